@@ -1,0 +1,83 @@
+"""cb_callback: per-component benchmarks of PyTorch models (the Component Benchmark method).
+
+Public surface::
+
+    from cb_callback import profile_components, Report, BenchmarkConfig
+    report = profile_components(model, args=(x,))
+    print(report.summary())
+
+``ComponentBenchmark`` (the Lightning callback) is imported lazily, so that the
+engine works without importing Lightning.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cb_callback._capture import Capture
+from cb_callback._config import BenchmarkConfig
+from cb_callback._engine import ReplicateBatch, profile_captured, profile_components
+from cb_callback._inputs import ComponentInputs, register_batch_rule, replicate_batch, slice_batch
+from cb_callback._isolate import Replay, ReplayInputs
+from cb_callback._metrics import (
+    FlopsMetric,
+    LatencyMetric,
+    MemoryMetric,
+    TrafficMetric,
+    register_traffic_rule,
+)
+from cb_callback._plugins import (
+    MeasureContext,
+    MetricPlugin,
+    PrepareContext,
+    Preprocessor,
+    ReportContext,
+    Reporter,
+)
+from cb_callback._report import COLUMNS, STATUSES, ComponentRow, Report
+from cb_callback._state import StateGuard, register_state_saver
+
+if TYPE_CHECKING:
+    from cb_callback._callback import ComponentBenchmark
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "COLUMNS",
+    "STATUSES",
+    "BenchmarkConfig",
+    "Capture",
+    "ComponentBenchmark",
+    "ComponentInputs",
+    "ComponentRow",
+    "FlopsMetric",
+    "LatencyMetric",
+    "MeasureContext",
+    "MemoryMetric",
+    "MetricPlugin",
+    "PrepareContext",
+    "Preprocessor",
+    "Replay",
+    "ReplayInputs",
+    "ReplicateBatch",
+    "Report",
+    "ReportContext",
+    "Reporter",
+    "StateGuard",
+    "TrafficMetric",
+    "profile_captured",
+    "profile_components",
+    "register_batch_rule",
+    "register_state_saver",
+    "register_traffic_rule",
+    "replicate_batch",
+    "slice_batch",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ComponentBenchmark":
+        from cb_callback._callback import ComponentBenchmark
+
+        return ComponentBenchmark
+    raise AttributeError(f"module 'cb_callback' has no attribute {name!r}")

@@ -1,0 +1,180 @@
+"""``BenchmarkConfig``: every option of a profiling run, validated."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["BenchmarkConfig"]
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+@dataclass
+class BenchmarkConfig:
+    """Options of :func:`cb_callback.profile_components`.
+
+    Args:
+        max_depth: deepest component profiled (root is 0); ``None`` for all.
+        include: glob patterns on the dotted path; only matching components (and
+            the ancestors that lead to them) are profiled. Empty: all.
+        exclude: glob patterns; matching components become ``skipped``.
+        backward: also replay and measure the backward pass.
+        warmup: untimed runs before timing, per pass.
+        min_run_time_s: timing budget per component and pass (repeats adapt to it).
+        min_repeats: timed runs per pass, at least (also past ``min_run_time_s``).
+        max_repeats: timed runs per pass, at most.
+        max_total_time_s: wall-clock budget of the whole run; components not
+            started in time become ``skipped``. ``None``: no limit.
+        device: where to replay; ``None`` means where the model's parameters are.
+        dtype: compute dtype used to choose the peak for MFU (``"bf16"``, ``"tf32"``
+            …); ``None`` infers it (autocast, else the parameters' dtype).
+        peak_flops: override of the peak FLOP/s (wins over datasheet/measured).
+        peak_bandwidth: override of the peak memory bandwidth in bytes/s.
+        batch_size: replicate captured inputs along dim 0 to this batch size.
+        preprocessors: :class:`cb_callback.Preprocessor` plugins, applied in order
+            after the built-ins.
+        metrics: extra :class:`cb_callback.MetricPlugin` plugins, run after the
+            built-ins.
+        reporters: :class:`cb_callback.Reporter` plugins called with the report.
+        output_dir: where reporters and metric artifacts write files; ``None``:
+            nothing is written by the engine.
+        seed: seed of the random gradient of the outputs in the backward replay.
+        progress: called as ``progress(done, total, path)`` after each component.
+        load_plugins: also use plugins registered under the entry-point group
+            ``cb_callback.plugins``.
+    """
+
+    max_depth: int | None = None
+    include: Sequence[str] = ()
+    exclude: Sequence[str] = ()
+    backward: bool = True
+    warmup: int = 2
+    min_run_time_s: float = 0.1
+    min_repeats: int = 3
+    max_repeats: int = 1000
+    max_total_time_s: float | None = None
+    device: str | torch.device | None = None
+    dtype: str | torch.dtype | None = None
+    peak_flops: float | None = None
+    peak_bandwidth: float | None = None
+    batch_size: int | None = None
+    preprocessors: Sequence[Any] = ()
+    metrics: Sequence[Any] = ()
+    reporters: Sequence[Any] = ()
+    output_dir: str | None = None
+    seed: int = 0
+    progress: Any = field(default=None, repr=False, compare=False)
+    load_plugins: bool = True
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"BenchmarkConfig.{name}={getattr(self, name)!r} is invalid: {why}")
+
+        def non_negative_int(name: str, allow_none: bool = False) -> None:
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise bad(name, "expected an integer >= 0" + (" or None" if allow_none else ""))
+
+        def positive_number(name: str, allow_none: bool = False, allow_zero: bool = False) -> None:
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or v < 0 or (v == 0 and not allow_zero):
+                raise bad(name, "expected a finite number > 0" + (" or None" if allow_none else ""))
+
+        non_negative_int("max_depth", allow_none=True)
+        non_negative_int("warmup")
+        non_negative_int("min_repeats")
+        non_negative_int("max_repeats")
+        if self.max_repeats < max(self.min_repeats, 1):
+            raise bad("max_repeats", f"must be >= max(min_repeats, 1) = {max(self.min_repeats, 1)}")
+        positive_number("min_run_time_s", allow_zero=True)
+        positive_number("max_total_time_s", allow_none=True, allow_zero=True)
+        positive_number("peak_flops", allow_none=True)
+        positive_number("peak_bandwidth", allow_none=True)
+        if self.batch_size is not None:
+            non_negative_int("batch_size")
+            if self.batch_size == 0:
+                raise bad("batch_size", "expected an integer >= 1 or None")
+        if not isinstance(self.backward, bool):
+            raise bad("backward", "expected True or False")
+        for name in ("include", "exclude"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                setattr(self, name, (v,))
+            elif not all(isinstance(p, str) for p in v):
+                raise bad(name, "expected glob patterns (strings)")
+            else:
+                setattr(self, name, tuple(v))
+        for name in ("preprocessors", "metrics", "reporters"):
+            v = getattr(self, name)
+            if not isinstance(v, (list, tuple)):
+                raise bad(name, "expected a list of plugins")
+            setattr(self, name, tuple(v))
+        if self.device is not None:
+            try:
+                torch.device(self.device)
+            except (RuntimeError, TypeError) as e:
+                raise bad("device", str(e)) from None
+        if self.dtype is not None and not isinstance(self.dtype, torch.dtype) and self.dtype not in _DTYPES:
+            raise bad("dtype", f"expected a torch.dtype or one of {sorted(_DTYPES)}")
+        if self.progress is not None and not callable(self.progress):
+            raise bad("progress", "expected a callable progress(done, total, path)")
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The names accepted as ``**options``."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def replace(self, **options: Any) -> BenchmarkConfig:
+        """A copy with ``options`` changed; unknown names raise ``ValueError``."""
+        unknown = sorted(set(options) - set(self.field_names()))
+        if unknown:
+            raise ValueError(
+                f"unknown option(s) {unknown}; BenchmarkConfig fields are {list(self.field_names())}"
+            )
+        return dataclasses.replace(self, **options)
+
+    def to_metadata(self) -> dict[str, Any]:
+        """A JSON-friendly view of the options (plugins by class name)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("preprocessors", "metrics", "reporters"):
+                v = [type(p).__name__ for p in v]
+            elif f.name == "progress":
+                continue
+            elif isinstance(v, (torch.device, torch.dtype)):
+                v = str(v)
+            elif isinstance(v, tuple):
+                v = list(v)
+            out[f.name] = v
+        return out
+
+
+def resolve_dtype(value: str | torch.dtype) -> tuple[torch.dtype, str]:
+    """``(torch dtype, peak key)``; the key tells tf32 from plain fp32."""
+    if isinstance(value, torch.dtype):
+        return value, {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
+            value, str(value).replace("torch.", "")
+        )
+    key = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}.get(value, value)
+    return _DTYPES[value], key

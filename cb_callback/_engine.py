@@ -1,0 +1,391 @@
+"""``profile_components``: capture, replay each component in isolation, measure, estimate."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import datetime as _dt
+import platform
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cb_callback._capture import Capture
+from cb_callback._config import BenchmarkConfig, resolve_dtype
+from cb_callback._estimate import derive, estimate_from_children
+from cb_callback._hardware import Peaks, resolve_peaks
+from cb_callback._inputs import ComponentInputs, leading_batch_size, replicate_batch, to_device
+from cb_callback._isolate import Replay
+from cb_callback._metrics import builtin_metrics
+from cb_callback._plugins import (
+    MeasureContext,
+    PrepareContext,
+    Preprocessor,
+    ReportContext,
+    load_entry_point_plugins,
+    validate_plugin,
+)
+from cb_callback._report import ComponentRow, Report
+from cb_callback._state import StateGuard
+from cb_callback._timing import timed_seconds
+from cb_callback._tree import Node, build_tree, filter_reason
+
+__all__ = ["ReplicateBatch", "profile_captured", "profile_components"]
+
+_MIB = 1024.0 * 1024.0
+
+
+class ReplicateBatch(Preprocessor):
+    """Tile captured inputs along dim 0 to ``batch_size`` samples (built-in).
+
+    Leaves whose leading dimension is the captured batch size are tiled
+    (``[x0..xk, x0..xk, …]``), which keeps the captured samples' distribution;
+    types with a registered batch rule (a ``KeyedJaggedTensor``) use it.
+    """
+
+    name = "replicate_batch"
+
+    def __init__(self, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"ReplicateBatch(batch_size={batch_size!r}): expected an integer >= 1")
+        self.batch_size = batch_size
+
+    def process_inputs(self, inputs: ComponentInputs, ctx: PrepareContext) -> ComponentInputs:
+        if ctx.batch_size is None or ctx.batch_size == self.batch_size:
+            return inputs
+        args, kwargs = replicate_batch((inputs.args, inputs.kwargs), ctx.batch_size, self.batch_size)
+        return dataclasses.replace(inputs, args=tuple(args), kwargs=dict(kwargs))
+
+
+class _ToDevice(Preprocessor):
+    name = "to_device"
+
+    def process_inputs(self, inputs: ComponentInputs, ctx: PrepareContext) -> ComponentInputs:
+        args, kwargs = to_device((inputs.args, inputs.kwargs), ctx.device)
+        return dataclasses.replace(inputs, args=tuple(args), kwargs=dict(kwargs))
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.device.type != "meta":
+            return t.device
+    return torch.device("cpu")
+
+
+def _params_mb(module: nn.Module) -> float:
+    """Parameters and buffers of ``module``'s subtree, unique storages, MiB."""
+    seen: set[int] = set()
+    total = 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        try:
+            key = t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
+            size = t.untyped_storage().nbytes() if t.device.type != "meta" else t.numel() * t.element_size()
+        except (RuntimeError, NotImplementedError):
+            key, size = id(t), t.numel() * t.element_size()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += size
+    return total / _MIB
+
+
+def _infer_dtype(model: nn.Module, device: torch.device, cfg: BenchmarkConfig) -> str:
+    if cfg.dtype is not None:
+        return resolve_dtype(cfg.dtype)[1]
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    key = resolve_dtype(dtype)[1]
+    if key == "fp32" and device.type == "cuda" and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return key
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for dist in ("cb-callback", "numpy", "lightning", "torchrec", "fbgemm-gpu-cpu", "fbgemm-gpu"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[dist] = version(dist)
+    return out
+
+
+def _plugins(cfg: BenchmarkConfig) -> tuple[list[Any], list[Any], list[Any]]:
+    found = load_entry_point_plugins() if cfg.load_plugins else {"metric": [], "reporter": [], "preprocessor": []}
+    pre = [validate_plugin(p, "preprocessor") for p in cfg.preprocessors] + found["preprocessor"]
+    met = [validate_plugin(p, "metric") for p in cfg.metrics] + found["metric"]
+    rep = [validate_plugin(p, "reporter") for p in cfg.reporters] + found["reporter"]
+    return pre, met, rep
+
+
+def _error_text(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip()
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+class _Run:
+    """One profiling run over a captured model (internal state of the loop)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        calls: Mapping[str, ComponentInputs],
+        cfg: BenchmarkConfig,
+        device: torch.device,
+        prepare_ctx: PrepareContext,
+        preprocessors: Sequence[Preprocessor],
+        metrics: Sequence[Any],
+        forward_context: Callable[[], AbstractContextManager[Any]] | None,
+    ) -> None:
+        self.model = model
+        self.calls = calls
+        self.cfg = cfg
+        self.device = device
+        self.prepare_ctx = prepare_ctx
+        self.preprocessors = preprocessors
+        self.builtin = builtin_metrics()
+        self.user_metrics = list(metrics)
+        self.forward_context = forward_context
+        self.warned: set[str] = set()
+
+    def inputs_for(self, path: str) -> ComponentInputs:
+        inputs = self.calls[path]
+        for p in self.preprocessors:
+            inputs = p.process_inputs(inputs, self.prepare_ctx)
+        return inputs
+
+    def measure(self, row: ComponentRow, module: nn.Module) -> None:
+        """Replay one component and fill ``row`` (status ``ok`` or ``failed``)."""
+        try:
+            inputs = self.inputs_for(row.path)
+            replay = Replay(
+                module, inputs, device=self.device, seed=self.cfg.seed, forward_context=self.forward_context
+            )
+            replay.probe()
+        except Exception as e:
+            row.status, row.error = "failed", f"replay raised {_error_text(e)}"
+            self._after_error(e)
+            return
+        if inputs.unknown_leaves:
+            row.details["unknown_leaves"] = inputs.unknown_leaves
+        values: dict[str, Any] = {}
+        for plugin in [*self.builtin, *self.user_metrics]:
+            ctx = MeasureContext(row.path, module, replay, self.cfg, self.device, dict(values))
+            try:
+                values.update(plugin.measure(ctx))
+            except Exception as e:
+                self._after_error(e)
+                if plugin in self.builtin:
+                    row.status, row.error = "failed", f"{plugin.name} metric raised {_error_text(e)}"
+                    return
+                row.details.setdefault("metric_errors", {})[plugin.name] = _error_text(e)
+                if plugin.name not in self.warned:
+                    self.warned.add(plugin.name)
+                    warnings.warn(
+                        f"cb_callback: metric plugin {plugin.name!r} raised on {row.path or 'root'!r}: {e}",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
+        columns = {f for f in ComponentRow.__dataclass_fields__ if f != "details"}
+        for key, value in values.items():
+            if key in columns:
+                setattr(row, key, value)
+            else:
+                row.details[key] = value
+        row.status = "ok"
+
+    def _after_error(self, e: BaseException) -> None:
+        if isinstance(e, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def profile_captured(
+    model: nn.Module,
+    calls: Mapping[str, ComponentInputs],
+    *,
+    config: BenchmarkConfig | None = None,
+    captured_batch_size: int | None = None,
+    forward_context: Callable[[], AbstractContextManager[Any]] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Report:
+    """Profile ``model`` from inputs captured elsewhere (by :class:`Capture`).
+
+    Args:
+        model: the root of the tree, on the device to profile (or
+            ``config.device``).
+        calls: captured first calls by path.
+        config: options.
+        captured_batch_size: the batch size the captured inputs hold (for
+            ``config.batch_size`` replication).
+        forward_context: a context entered around each replayed forward (the
+            Lightning callback passes the Trainer's precision context).
+        metadata: extra metadata merged into the report's.
+
+    Returns:
+        The report; the model's state (weights, buffers, grads, flags, RNG) is as
+        it was.
+    """
+    cfg = config or BenchmarkConfig()
+    wall0 = time.perf_counter()
+    timed0 = timed_seconds()
+    device = torch.device(cfg.device) if cfg.device is not None else _model_device(model)
+    meta: dict[str, Any] = dict(metadata or {})
+    pre_user, met_user, reporters = _plugins(cfg)
+    builtins: list[Preprocessor] = [_ToDevice()]
+    if cfg.batch_size is not None:
+        builtins.append(ReplicateBatch(cfg.batch_size))
+    prepare_ctx = PrepareContext(cfg, device, meta, captured_batch_size)
+    dtype = _infer_dtype(model, device, cfg)
+    peaks: Peaks = resolve_peaks(device, dtype, peak_flops=cfg.peak_flops, peak_bandwidth=cfg.peak_bandwidth)
+    run = _Run(model, calls, cfg, device, prepare_ctx, [*builtins, *pre_user], met_user, forward_context)
+    nodes, modules = build_tree(model, calls, cfg.max_depth)
+    rows: dict[str, ComponentRow] = {}
+    descendants_called = _descendants_called(nodes, calls)
+    with StateGuard(model):
+        for done, node in enumerate(nodes, start=1):
+            row = ComponentRow(
+                path=node.path,
+                module_type=node.module_type,
+                depth=node.depth,
+                parent=node.parent,
+                calls=calls[node.path].calls if node.path in calls else 0,
+                params_mb=_params_mb(modules[node.path]),
+            )
+            rows[node.path] = row
+            reason = filter_reason(node.path, cfg.include, cfg.exclude)
+            elapsed = time.perf_counter() - wall0
+            if reason is not None:
+                row.status, row.error = "skipped", reason
+            elif cfg.max_total_time_s is not None and elapsed >= cfg.max_total_time_s:
+                row.status = "skipped"
+                row.error = f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed)"
+            elif node.path in calls:
+                run.measure(row, modules[node.path])
+            elif descendants_called[node.path]:
+                row.status, row.error = "estimated", "never called itself (a container)"
+            else:
+                row.status, row.error = "not_run", "neither it nor a descendant ran in the captured forward"
+            if cfg.progress is not None:
+                cfg.progress(done, len(nodes), node.path)
+    _estimate_parents(nodes, rows)
+    for row in rows.values():
+        derive(row, peaks.flops, peaks.bandwidth)
+    wall = time.perf_counter() - wall0
+    timed = timed_seconds() - timed0
+    meta.update(
+        device=str(device),
+        device_name=peaks.device_name,
+        dtype=dtype,
+        peaks=peaks.to_metadata(),
+        versions=_versions(),
+        config=cfg.to_metadata(),
+        torch_threads=torch.get_num_threads(),
+        captured_batch_size=captured_batch_size,
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        timing={"wall_s": wall, "timed_s": timed, "harness_efficiency": timed / wall if wall > 0 else None},
+    )
+    report = Report([rows[n.path] for n in nodes], meta)
+    _write(report, reporters, cfg)
+    return report
+
+
+def _descendants_called(nodes: list[Node], calls: Mapping[str, ComponentInputs]) -> dict[str, bool]:
+    out = {n.path: n.path in calls for n in nodes}
+    by_path = {n.path: n for n in nodes}
+    for n in sorted(nodes, key=lambda n: -n.depth):
+        if out[n.path] and n.parent is not None and n.parent in by_path:
+            out[n.parent] = True
+    return out
+
+
+def _estimate_parents(nodes: list[Node], rows: dict[str, ComponentRow]) -> None:
+    """Bottom-up: a failed or container row takes its children's sums."""
+    for node in sorted(nodes, key=lambda n: -n.depth):
+        row = rows[node.path]
+        if row.status not in ("failed", "estimated"):
+            continue
+        children = [rows[c] for c in node.children if c in rows]
+        reason = row.error or row.status
+        if not children:
+            row.status = "failed"
+            continue
+        estimate_from_children(row, children, reason)
+
+
+def _write(report: Report, reporters: Sequence[Any], cfg: BenchmarkConfig) -> None:
+    ctx = ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
+    for reporter in reporters:
+        try:
+            reporter.write(report, ctx)
+        except Exception as e:
+            warnings.warn(f"cb_callback: reporter {reporter.name!r} failed: {e}", RuntimeWarning, stacklevel=3)
+
+
+def profile_components(
+    model: nn.Module,
+    args: Any = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    config: BenchmarkConfig | None = None,
+    **options: Any,
+) -> Report:
+    """Profile every component of ``model`` on the inputs ``model(*args, **kwargs)``.
+
+    One forward is run with capture hooks (its result is discarded), then each
+    component is replayed alone, forward and backward, breadth-first from the
+    root, and measured by the metric plugins. A component that cannot be
+    measured whole is estimated from its children.
+
+    Args:
+        model: any ``nn.Module``; its state is the same afterwards.
+        args: positional inputs of ``model`` (a tensor is taken as ``(tensor,)``).
+        kwargs: keyword inputs.
+        config: a :class:`BenchmarkConfig`; ``options`` override its fields.
+        **options: :class:`BenchmarkConfig` fields.
+
+    Returns:
+        A :class:`Report`, one row per component.
+
+    Raises:
+        ValueError: an unknown option or an invalid value (naming it).
+
+    Notes:
+        Isolation cannot see cross-module fusion, cache warmth left by the
+        previous component, or overlap with communication in a real step.
+    """
+    cfg = (config or BenchmarkConfig()).replace(**options) if options else (config or BenchmarkConfig())
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model={type(model).__name__!r} is not an nn.Module")
+    if isinstance(args, (torch.Tensor, dict)) or not isinstance(args, (tuple, list)):
+        args = (args,)
+    kwargs = dict(kwargs or {})
+    device = torch.device(cfg.device) if cfg.device is not None else _model_device(model)
+    pre_user, _, _ = _plugins(cfg)
+    meta: dict[str, Any] = {}
+    batch = leading_batch_size((args, kwargs))
+    prepare_ctx = PrepareContext(cfg, device, meta, batch)
+    for p in pre_user:
+        model = p.prepare_model(model, prepare_ctx)
+    if _model_device(model) != device:
+        model = copy.deepcopy(model).to(device)
+    args, kwargs = to_device((tuple(args), kwargs), device)
+    capture = Capture(model)
+    with StateGuard(model):
+        try:
+            with capture:
+                model(*args, **kwargs)
+        except Exception as e:
+            meta["capture_error"] = _error_text(e)
+            warnings.warn(
+                f"cb_callback: the capture forward raised {_error_text(e)}; profiling what was captured",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return profile_captured(
+        model, capture.calls, config=cfg, captured_batch_size=capture.batch_size, metadata=meta
+    )

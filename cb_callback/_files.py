@@ -1,0 +1,48 @@
+"""Write a :class:`~cb_callback._report.Report` to files: JSON, CSV and icicle PNGs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cb_callback._icicle import resolve_metric, save_icicles
+
+if TYPE_CHECKING:
+    from cb_callback._plugins import ReportContext
+    from cb_callback._report import Report
+
+__all__ = ["FileReporter"]
+
+
+class FileReporter:
+    """A reporter that writes ``report.json``, ``components.csv`` and icicle PNGs.
+
+    Args:
+        icicle_metrics: one ``icicle_<metric>.png`` per metric (see
+            :func:`cb_callback._icicle.save_icicles`); empty for none.
+
+    Raises:
+        ValueError: for an icicle metric that is not supported.
+    """
+
+    name = "files"
+
+    def __init__(self, icicle_metrics: Iterable[str] = ("mfu", "total_ms", "peak_mem_mb")) -> None:
+        self.icicle_metrics = tuple(resolve_metric(m) for m in icicle_metrics)
+
+    def write(self, report: Report, ctx: ReportContext) -> list[Path]:
+        """Write the files into ``ctx.output_dir`` (created if missing).
+
+        Returns:
+            The written files: ``report.json``, ``components.csv``, then the PNGs;
+            ``[]`` when ``ctx.output_dir`` is ``None``.
+        """
+        if ctx.output_dir is None:
+            return []
+        out = report.save(ctx.output_dir)
+        return [
+            out / report.REPORT_FILE,
+            out / report.CSV_FILE,
+            *save_icicles(report, out, self.icicle_metrics),
+        ]

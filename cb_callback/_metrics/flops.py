@@ -1,0 +1,127 @@
+"""FLOPs of the isolated forward and backward, counted by ``FlopCounterMode``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import (
+    FlopCounterMode,
+    flop_registry,
+    register_flop_formula,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
+
+from cb_callback._plugins import MeasureContext
+
+__all__ = ["FlopsMetric", "count_flops"]
+
+aten = torch.ops.aten
+
+# Ops that move or describe data but compute nothing worth a FLOP formula; they
+# are not listed as "uncounted".
+_NO_COMPUTE = {
+    "aten.detach", "aten.view", "aten._unsafe_view", "aten.t", "aten.transpose", "aten.permute",
+    "aten.expand", "aten.reshape", "aten.squeeze", "aten.unsqueeze", "aten.clone", "aten.copy_",
+    "aten._to_copy", "aten.slice", "aten.select", "aten.split", "aten.split_with_sizes",
+    "aten.cat", "aten.stack", "aten.empty", "aten.empty_like", "aten.zeros", "aten.zeros_like",
+    "aten.ones_like", "aten.full", "aten.fill_", "aten.zero_", "aten.new_empty", "aten.new_zeros",
+    "aten.new_empty_strided", "aten.empty_strided", "aten.alias", "aten.lift_fresh", "aten.as_strided",
+    "aten.unbind", "aten.chunk", "aten._reshape_alias", "aten.contiguous", "aten.index",
+    "aten.index_select", "aten.gather", "aten.embedding", "aten.masked_fill", "aten.where",
+    "aten.arange", "aten.scalar_tensor", "aten._local_scalar_dense", "aten.flatten",
+    "aten.unflatten", "aten.repeat", "aten.constant_pad_nd", "aten.resize_", "aten.set_",
+    "aten.nonzero", "aten.eq", "aten.ne", "aten.lt", "aten.gt", "aten.le", "aten.ge",
+    "aten.native_dropout", "aten.bernoulli_", "aten.randn", "aten.rand", "aten.ones",
+    "aten.new_ones", "aten.new_full", "aten.full_like", "aten.view_as", "aten.slice_backward",
+    "aten.select_backward", "aten.detach_", "aten.copy", "aten.lift_fresh_copy", "aten.narrow",
+}
+
+
+def _register_cpu_sdpa() -> None:
+    """FLOP formulas for CPU flash attention, which torch 2.13 counts as 0.
+
+    Same arithmetic as torch's CUDA flash-attention formulas (``sdpa_flop_count``:
+    ``4 * B * H * Lq * Lk * E`` forward, 2.5x that for backward when ``E == Ev``),
+    so CPU and GPU reports agree. A causal mask is not discounted (as in torch).
+    """
+    fwd = aten._scaled_dot_product_flash_attention_for_cpu
+    bwd = aten._scaled_dot_product_flash_attention_for_cpu_backward
+    if fwd not in flop_registry:
+
+        @register_flop_formula(fwd)
+        def _fwd(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+            return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    if bwd not in flop_registry:
+
+        @register_flop_formula(bwd)
+        def _bwd(grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+            return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+_register_cpu_sdpa()
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records the name of every aten op that runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[Any] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.add(func.overloadpacket)
+        return func(*args, **(kwargs or {}))
+
+
+def count_flops(fn: Any) -> tuple[int, list[str]]:
+    """FLOPs of ``fn()`` and the ops it ran that have no FLOP formula.
+
+    Returns:
+        ``(flops, uncounted)``: total FLOPs (a multiply-add is 2) and the sorted
+        names of ops that computed something but had no formula (counted as 0).
+    """
+    recorder = _OpRecorder()
+    counter = FlopCounterMode(display=False)
+    with counter, recorder:
+        fn()
+    uncounted = sorted(
+        name for name in (str(op) for op in recorder.ops if op not in counter.flop_registry)
+        if name not in _NO_COMPUTE
+    )
+    return int(counter.get_total_flops()), uncounted
+
+
+class FlopsMetric:
+    """``fwd_flops`` and ``bwd_flops`` of one call; details ``uncounted_ops``.
+
+    Notes:
+        Counted per aten op by torch's ``FlopCounterMode`` (matmuls, convolutions,
+        attention) plus the formulas registered here and by integrations.
+        Elementwise ops, norms and reductions have no formula: their FLOPs are
+        not in the total (they are memory-bound; see ``bytes``), and they are
+        listed in ``uncounted_ops``.
+    """
+
+    name = "flops"
+
+    def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
+        replay = ctx.replay
+        inputs = replay.fresh_inputs()
+        fwd, fwd_unc = count_flops(lambda: replay.forward(inputs))
+        out: dict[str, Any] = {"fwd_flops": float(fwd), "bwd_flops": 0.0}
+        unc = set(fwd_unc)
+        if ctx.config.backward:
+            backward = replay.backward()
+            if backward is not None:
+                bwd, bwd_unc = count_flops(backward)
+                out["bwd_flops"] = float(bwd)
+                unc.update(bwd_unc)
+        else:
+            out["bwd_flops"] = float("nan")
+        out["uncounted_ops"] = sorted(unc)
+        return out

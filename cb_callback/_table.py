@@ -1,0 +1,217 @@
+"""Plain-text and markdown tables of a :class:`~cb_callback._report.Report`."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from cb_callback._report import STATUSES
+
+if TYPE_CHECKING:
+    from cb_callback._report import ComponentRow, Report
+
+__all__ = ["MARKDOWN_HEADERS", "SUMMARY_HEADERS", "format_summary", "markdown_table"]
+
+#: Columns of :func:`markdown_table`, in order (a contract: TensorBoard shows them).
+MARKDOWN_HEADERS: tuple[str, ...] = (
+    "path",
+    "type",
+    "status",
+    "ms",
+    "TFLOP/s",
+    "MFU",
+    "MB",
+    "bound",
+)
+
+#: Columns of the component lines of :func:`format_summary`, in order.
+SUMMARY_HEADERS: tuple[str, ...] = (
+    "path", "type", "status", "calls", "fwd ms", "bwd ms", "total ms",
+    "GFLOP", "TFLOP/s", "MFU %", "peak MB", "GB/s", "bound",
+)  # fmt: skip
+
+_MISSING = "-"
+_ROOT_LABEL = "(root)"
+_NBSP = "\u00a0"
+_ERROR_CHARS = 120
+
+
+def _num(value: Any, digits: int, scale: float = 1.0) -> str:
+    """``value * scale`` with ``digits`` decimals; ``"-"`` for None, NaN and inf."""
+    if value is None:
+        return _MISSING
+    v = float(value)
+    if not math.isfinite(v):
+        return _MISSING
+    return f"{v * scale:.{digits}f}"
+
+
+def _total_flops(row: ComponentRow) -> float:
+    """Forward plus backward FLOPs per call; a missing pass counts 0, both missing is NaN."""
+    passes = [v for v in (row.fwd_flops, row.bwd_flops) if math.isfinite(v)]
+    return math.fsum(passes) if passes else math.nan
+
+
+def _path_label(row: ComponentRow) -> str:
+    return row.path if row.path else _ROOT_LABEL
+
+
+def _roots(report: Report) -> list[ComponentRow]:
+    """Rows with no parent in the report (normally the single root, path ``""``)."""
+    paths = {r.path for r in report.rows}
+    return [r for r in report.rows if r.parent is None or r.parent not in paths]
+
+
+def _summary_cells(row: ComponentRow) -> list[str]:
+    return [
+        _path_label(row),
+        row.module_type,
+        row.status,
+        str(row.calls),
+        _num(row.fwd_ms, 3),
+        _num(row.bwd_ms, 3),
+        _num(row.total_ms, 3),
+        _num(_total_flops(row), 3, 1e-9),
+        _num(row.tflops, 3),
+        _num(row.mfu, 1, 100.0),
+        _num(row.peak_mem_mb, 1),
+        _num(row.gbps, 1),
+        row.bound or _MISSING,
+    ]
+
+
+def _aligned(header: Sequence[str], lines: Sequence[Sequence[str]]) -> list[str]:
+    """Left-align the first three columns (names), right-align the numbers."""
+    widths = [max(len(c) for c in col) for col in zip(header, *lines, strict=True)]
+
+    def one(cells: Sequence[str]) -> str:
+        out = [
+            c.ljust(w) if i < 3 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(out).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return [one(header), rule, *(one(cells) for cells in lines)]
+
+
+def _metadata_lines(metadata: dict[str, Any]) -> list[str]:
+    lines = []
+    device = metadata.get("device_name")
+    dtype = metadata.get("dtype")
+    if device is not None or dtype is not None:
+        parts = []
+        if device is not None:
+            parts.append(f"device: {device}")
+        if dtype is not None:
+            parts.append(f"dtype: {dtype}")
+        lines.append("  ".join(parts))
+    peaks = metadata.get("peaks")
+    if isinstance(peaks, dict):
+        parts = []
+        for key, unit, scale in (("flops", "TFLOP/s", 1e-12), ("bandwidth", "GB/s", 1e-9)):
+            value = peaks.get(key)
+            if value is None:
+                continue
+            text = f"{_num(value, 1, scale)} {unit}"
+            source = peaks.get(f"{key}_source")
+            if source:
+                text += f" ({source})"
+            parts.append(text)
+        if parts:
+            lines.append("peak: " + ", ".join(parts))
+    return lines
+
+
+def format_summary(report: Report, top: int = 10) -> str:
+    """A human plain-text summary: metadata, the whole model, then the hotspots.
+
+    Args:
+        report: the report to summarise.
+        top: how many hotspots (:meth:`Report.hotspots`) to list.
+
+    Returns:
+        Lines of text: device, dtype and peaks (with their sources) when the
+        metadata has them; the row counts by status; the root row; the ``top``
+        hotspots, most expensive over the step first; the failed and estimated
+        rows with their error, one line each. Missing values show as ``"-"``.
+
+    Notes:
+        Times, FLOPs, memory and bandwidth are per call; ``calls`` says how many
+        calls the real step made (a hotspot's rank is ``total ms * calls``).
+        ``GFLOP`` is forward plus backward; ``MFU %`` is percent of the peak.
+    """
+    lines = ["cb_callback component benchmark", *_metadata_lines(report.metadata)]
+    counts = Counter(r.status for r in report.rows)
+    order = [s for s in STATUSES if counts[s]] + sorted(s for s in counts if s not in STATUSES)
+    lines.append(
+        f"components: {len(report.rows)}"
+        + (" (" + ", ".join(f"{counts[s]} {s}" for s in order) + ")" if order else "")
+    )
+
+    roots = _roots(report)
+    if roots:
+        lines += [
+            "",
+            "whole model:",
+            *_aligned(SUMMARY_HEADERS, [_summary_cells(r) for r in roots]),
+        ]
+    hot = report.hotspots(top)
+    if hot:
+        lines += [
+            "",
+            f"top {len(hot)} hotspots (by total ms x calls):",
+            *_aligned(SUMMARY_HEADERS, [_summary_cells(r) for r in hot]),
+        ]
+
+    troubled = [r for r in report.rows if r.status in ("failed", "estimated") and r.error]
+    if troubled:
+        lines += ["", "errors:"]
+        for r in troubled:
+            error = " ".join(str(r.error).split())
+            if len(error) > _ERROR_CHARS:
+                error = error[: _ERROR_CHARS - 3] + "..."
+            lines.append(f"  {_path_label(r)} [{r.status}]: {error}")
+    return "\n".join(lines)
+
+
+def _md_cell(text: str) -> str:
+    """One markdown table cell: pipes escaped, line breaks folded."""
+    return " ".join(text.split("\n")).replace("|", "\\|")
+
+
+_MARKDOWN_CELLS: tuple[Callable[[ComponentRow], str], ...] = (
+    lambda r: _NBSP * (2 * r.depth) + _path_label(r),
+    lambda r: r.module_type,
+    lambda r: r.status,
+    lambda r: _num(r.total_ms, 3),
+    lambda r: _num(r.tflops, 3),
+    lambda r: _num(r.mfu, 1, 100.0) + ("%" if math.isfinite(r.mfu) else ""),
+    lambda r: _num(r.peak_mem_mb, 1),
+    lambda r: r.bound or _MISSING,
+)
+
+
+def markdown_table(report: Report) -> str:
+    """A markdown table of every row, in report order.
+
+    Args:
+        report: the report to show.
+
+    Returns:
+        A header line with :data:`MARKDOWN_HEADERS`, a separator, then one line
+        per row: the full dotted path (``(root)`` for the root) indented by two
+        non-breaking spaces per depth level, the module type, the status,
+        ``total_ms`` (3 decimals), ``tflops`` (3 decimals), ``mfu`` as a percent
+        (``"12.5%"``), ``peak_mem_mb`` (1 decimal) and ``bound``. Missing values
+        show as ``"-"``; ``|`` in a cell is escaped as ``\\|``.
+    """
+    lines = [
+        "| " + " | ".join(MARKDOWN_HEADERS) + " |",
+        "|" + "|".join(":---" if i < 3 else "---:" for i in range(len(MARKDOWN_HEADERS))) + "|",
+    ]
+    for row in report.rows:
+        lines.append("| " + " | ".join(_md_cell(cell(row)) for cell in _MARKDOWN_CELLS) + " |")
+    return "\n".join(lines)

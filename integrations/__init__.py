@@ -1,0 +1,1 @@
+"""Optional integrations (torchrec, ...); import each submodule explicitly."""

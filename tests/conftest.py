@@ -1,0 +1,46 @@
+"""Shared fixtures: every test proves hooks never leak."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+# Settings that make a replay cheap and deterministic: one untimed warm-up-free run.
+FAST: dict[str, Any] = dict(warmup=0, min_run_time_s=0.0, min_repeats=1, max_repeats=1, load_plugins=False)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_hooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail a test that leaves a forward (pre-)hook installed by cb_callback."""
+    installed: list[tuple[weakref.ref[nn.Module], int, str]] = []
+    for kind in ("register_forward_pre_hook", "register_forward_hook"):
+        original = getattr(nn.Module, kind)
+
+        def wrapper(self: nn.Module, *args: Any, _orig: Any = original, _kind: str = kind, **kwargs: Any) -> Any:
+            handle = _orig(self, *args, **kwargs)
+            hook = args[0] if args else kwargs.get("hook")
+            if str(getattr(hook, "__module__", "")).startswith("cb_callback"):
+                installed.append((weakref.ref(self), handle.id, _kind))
+            return handle
+
+        monkeypatch.setattr(nn.Module, kind, wrapper)
+    yield
+    leaked = []
+    for ref, hid, kind in installed:
+        mod = ref()
+        if mod is None:
+            continue
+        table = mod._forward_pre_hooks if kind == "register_forward_pre_hook" else mod._forward_hooks
+        if hid in table:
+            leaked.append(f"{type(mod).__name__}.{kind}#{hid}")
+    assert not leaked, f"hooks left installed: {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)

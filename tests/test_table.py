@@ -1,0 +1,128 @@
+"""Tests of the plain-text summary and the markdown table."""
+
+from __future__ import annotations
+
+import math
+
+from cb_callback._report import ComponentRow, Report
+from cb_callback._table import MARKDOWN_HEADERS, format_summary, markdown_table
+
+NAN = math.nan
+NB2 = "\u00a0\u00a0"  # two non-breaking spaces: one depth level
+
+
+def _report() -> Report:
+    rows = [
+        ComponentRow(
+            "", "Net", 0, None, "ok", calls=1, fwd_ms=4.0, bwd_ms=6.0, total_ms=10.0,
+            fwd_flops=2e9, bwd_flops=4e9, tflops=0.6, mfu=0.125, peak_mem_mb=12.5,
+            gbps=50.0, bound="compute",
+        ),
+        ComponentRow("a", "Block", 1, "", "ok", calls=1, total_ms=6.0, mfu=0.2),
+        ComponentRow(
+            "b", "Seq", 1, "", "estimated", error="b could not run whole", calls=1,
+            total_ms=3.0,
+        ),
+        ComponentRow(
+            "a.x", "Linear", 2, "a", "ok", calls=2, fwd_ms=0.5, bwd_ms=1.5, total_ms=2.0,
+            fwd_flops=1e9, bwd_flops=2e9, tflops=1.5, mfu=0.25, peak_mem_mb=3.5,
+            gbps=20.0, bound="compute",
+        ),
+        ComponentRow("b.0", "Dropout", 2, "b", "failed", error="RuntimeError: boom\nline 2"),
+        ComponentRow(
+            "b.1", "My|Mod", 2, "b", "ok", calls=1, fwd_ms=1.5, total_ms=1.5,
+            fwd_flops=5e8, bound="memory",
+        ),
+    ]  # fmt: skip
+    metadata = {
+        "device_name": "NVIDIA H200",
+        "dtype": "bfloat16",
+        "peaks": {
+            "flops": 989e12, "bandwidth": 4.8e12,
+            "flops_source": "datasheet", "bandwidth_source": "datasheet HBM3e",
+        },
+    }  # fmt: skip
+    return Report(rows, metadata)
+
+
+def test_markdown_headers_and_one_line_per_row() -> None:
+    report = _report()
+    lines = markdown_table(report).split("\n")
+    assert lines[0] == "| path | type | status | ms | TFLOP/s | MFU | MB | bound |"
+    assert MARKDOWN_HEADERS == ("path", "type", "status", "ms", "TFLOP/s", "MFU", "MB", "bound")
+    assert lines[1] == "|:---|:---|:---|---:|---:|---:|---:|---:|"
+    assert len(lines) == 2 + len(report)
+
+
+def test_markdown_values() -> None:
+    lines = markdown_table(_report()).split("\n")
+    # root: total 10 ms, 0.6 TFLOP/s, mfu 0.125 -> 12.5 %, 12.5 MiB
+    assert lines[2] == "| (root) | Net | ok | 10.000 | 0.600 | 12.5% | 12.5 | compute |"
+    # a.x: depth 2 -> 4 non-breaking spaces; mfu 0.25 -> 25.0 %
+    assert lines[5] == f"| {NB2 * 2}a.x | Linear | ok | 2.000 | 1.500 | 25.0% | 3.5 | compute |"
+    # failed row: every number missing
+    assert lines[6] == f"| {NB2 * 2}b.0 | Dropout | failed | - | - | - | - | - |"
+    # the pipe in the type is escaped, so the row keeps 8 cells
+    assert lines[7] == f"| {NB2 * 2}b.1 | My\\|Mod | ok | 1.500 | - | - | - | memory |"
+
+
+def test_markdown_empty_report() -> None:
+    assert len(markdown_table(Report([])).split("\n")) == 2
+
+
+def test_summary_metadata_and_counts() -> None:
+    text = format_summary(_report())
+    lines = text.split("\n")
+    assert lines[0] == "cb_callback component benchmark"
+    assert lines[1] == "device: NVIDIA H200  dtype: bfloat16"
+    # 989e12 FLOP/s -> 989.0 TFLOP/s; 4.8e12 B/s -> 4800.0 GB/s
+    assert lines[2] == "peak: 989.0 TFLOP/s (datasheet), 4800.0 GB/s (datasheet HBM3e)"
+    assert lines[3] == "components: 6 (4 ok, 1 estimated, 1 failed)"
+
+
+def test_summary_root_then_hotspots_in_order() -> None:
+    lines = format_summary(_report()).split("\n")
+    header = lines.index("whole model:")
+    root = lines[header + 3].split()
+    # GFLOP = (2e9 + 4e9) / 1e9; MFU % = 0.125 * 100
+    assert root == [
+        "(root)", "Net", "ok", "1", "4.000", "6.000", "10.000",
+        "6.000", "0.600", "12.5", "12.5", "50.0", "compute",
+    ]  # fmt: skip
+    hot = lines.index("top 2 hotspots (by total ms x calls):")
+    # a.x costs 2 ms x 2 calls = 4 ms, b.1 1.5 ms x 1; a and b are containers
+    first, second = lines[hot + 3].split(), lines[hot + 4].split()
+    assert first == [
+        "a.x", "Linear", "ok", "2", "0.500", "1.500", "2.000",
+        "3.000", "1.500", "25.0", "3.5", "20.0", "compute",
+    ]  # fmt: skip
+    # no backward flops: GFLOP is the forward's 0.5; NaN shows as "-"
+    assert second == [
+        "b.1", "My|Mod", "ok", "1", "1.500", "-", "1.500",
+        "0.500", "-", "-", "-", "-", "memory",
+    ]  # fmt: skip
+    assert lines[hot + 5] == ""
+
+
+def test_summary_top_limits_hotspots() -> None:
+    text = format_summary(_report(), top=1)
+    assert "top 1 hotspots" in text
+    assert "\nb.1 " not in text
+
+
+def test_summary_lists_errors() -> None:
+    lines = format_summary(_report()).split("\n")
+    start = lines.index("errors:")
+    assert lines[start + 1 :] == [
+        "  b [estimated]: b could not run whole",
+        "  b.0 [failed]: RuntimeError: boom line 2",
+    ]
+
+
+def test_summary_is_report_summary_and_handles_empty() -> None:
+    report = _report()
+    assert report.summary(top=3) == format_summary(report, top=3)
+    assert format_summary(Report([])).split("\n") == [
+        "cb_callback component benchmark",
+        "components: 0",
+    ]
