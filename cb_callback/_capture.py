@@ -50,6 +50,7 @@ class Capture:
         self._keep = keep_samples
         self._handles: list[RemovableHandle] = []
         self.calls: dict[str, ComponentInputs] = {}
+        #: Leading dimension of the first captured call's inputs (the real batch size).
         self.batch_size: int | None = None
         self._order = 0
 
@@ -99,6 +100,13 @@ class Capture:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+    @property
+    def stored_batch_size(self) -> int | None:
+        """The batch size the stored inputs hold (``keep_samples`` if it sliced)."""
+        if self.batch_size is None or self._keep is None:
+            return self.batch_size
+        return min(self.batch_size, self._keep)
 
     @property
     def active(self) -> bool:

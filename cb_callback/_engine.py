@@ -241,12 +241,14 @@ def profile_captured(
         builtins.append(ReplicateBatch(cfg.batch_size))
     prepare_ctx = PrepareContext(cfg, device, meta, captured_batch_size)
     dtype = _infer_dtype(model, device, cfg)
-    peaks: Peaks = resolve_peaks(device, dtype, peak_flops=cfg.peak_flops, peak_bandwidth=cfg.peak_bandwidth)
     run = _Run(model, calls, cfg, device, prepare_ctx, [*builtins, *pre_user], met_user, forward_context)
     nodes, modules = build_tree(model, calls, cfg.max_depth)
     rows: dict[str, ComponentRow] = {}
     descendants_called = _descendants_called(nodes, calls)
-    with StateGuard(model):
+    with StateGuard(model):  # also restores the RNG a CPU calibration draws from
+        peaks: Peaks = resolve_peaks(
+            device, dtype, peak_flops=cfg.peak_flops, peak_bandwidth=cfg.peak_bandwidth
+        )
         for done, node in enumerate(nodes, start=1):
             row = ComponentRow(
                 path=node.path,

@@ -381,7 +381,9 @@ _MEMORY_TOKEN = re.compile(r"^(\d+)gb$")
 
 def _tokens(device_name: str) -> list[str]:
     """Lower-case alphanumeric tokens: ``"NVIDIA A100-SXM4-80GB"`` -> ``[a100, sxm4, 80gb]``."""
-    return [t for t in re.split(r"[^a-z0-9]+", device_name.lower()) if t and t not in _VENDOR_TOKENS]
+    return [
+        t for t in re.split(r"[^a-z0-9]+", device_name.lower()) if t and t not in _VENDOR_TOKENS
+    ]
 
 
 def _form(tokens: list[str]) -> str | None:
@@ -491,7 +493,9 @@ _FLOPS_CACHE: dict[tuple[torch.dtype, int], float] = {}
 _BANDWIDTH_CACHE: dict[int, float] = {}
 
 
-def _best_seconds(fn: Callable[[], object], min_repeats: int, budget_s: float) -> tuple[float, float]:
+def _best_seconds(
+    fn: Callable[[], object], min_repeats: int, budget_s: float
+) -> tuple[float, float]:
     """Time calls of ``fn`` after one warm-up call: ``(best call, total spent)`` in seconds.
 
     Calls until at least ``min_repeats`` were timed and ``budget_s`` was spent (at
@@ -719,7 +723,9 @@ def resolve_peaks(
         if needs_bandwidth:
             bandwidth = measure_cpu_bandwidth()
             bandwidth_source = "measured"
-            bandwidth_ref = f"best copy_ of {_COPY_BYTES >> 20} MiB (read + write), {threads} threads"
+            bandwidth_ref = (
+                f"best copy_ of {_COPY_BYTES >> 20} MiB (read + write), {threads} threads"
+            )
     else:
         name = str(device)
         if needs_flops or needs_bandwidth:

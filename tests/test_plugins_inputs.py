@@ -1,0 +1,161 @@
+"""Plugin contracts, entry points, batch replication and capture hygiene."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from cb_callback import (
+    Capture,
+    ComponentInputs,
+    MeasureContext,
+    PrepareContext,
+    Preprocessor,
+    Report,
+    ReportContext,
+    profile_components,
+    replicate_batch,
+    slice_batch,
+)
+from cb_callback._plugins import load_entry_point_plugins, validate_plugin
+from tests.conftest import FAST
+
+
+class CountParams:
+    name = "count_params"
+
+    def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
+        # "calls" is a column; "n_params" is not and lands in details
+        return {"n_params": sum(p.numel() for p in ctx.module.parameters()), "seen_fwd": "fwd_ms" in ctx.values}
+
+
+class Broken:
+    name = "broken"
+
+    def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
+        raise RuntimeError("plugin bug")
+
+
+class Collect:
+    name = "collect"
+
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+
+    def write(self, report: Report, ctx: ReportContext) -> list[Path]:
+        self.reports.append(report)
+        return []
+
+
+class Double(Preprocessor):
+    name = "double"
+
+    def process_inputs(self, inputs: ComponentInputs, ctx: PrepareContext) -> ComponentInputs:
+        return ComponentInputs(tuple(a * 2 for a in inputs.args), inputs.kwargs, inputs.calls,
+                               inputs.training, inputs.order)
+
+
+def test_user_metric_reporter_and_preprocessor() -> None:
+    collect = Collect()
+    report = profile_components(
+        nn.Linear(3, 2), (torch.randn(4, 3),), metrics=[CountParams()], reporters=[collect],
+        preprocessors=[Double()], **FAST,
+    )
+    row = report.row("")
+    assert row.details["n_params"] == 3 * 2 + 2
+    assert row.details["seen_fwd"] is True  # built-ins run first
+    assert collect.reports == [report]
+
+
+def test_a_failing_user_metric_is_recorded_not_fatal() -> None:
+    with pytest.warns(RuntimeWarning, match="metric plugin 'broken' raised"):
+        report = profile_components(nn.Linear(3, 2), (torch.randn(4, 3),), metrics=[Broken()], **FAST)
+    row = report.row("")
+    assert row.status == "ok"
+    assert row.details["metric_errors"] == {"broken": "RuntimeError: plugin bug"}
+
+
+def test_validation_names_the_plugin_and_hook() -> None:
+    with pytest.raises(TypeError, match=r"metric plugin 'collect' has no callable measure\(\) hook"):
+        validate_plugin(Collect(), "metric")
+    with pytest.raises(TypeError, match="is a class; pass an instance"):
+        validate_plugin(CountParams, "metric")
+
+
+def test_entry_points_are_loaded_by_kind_and_bad_ones_skipped() -> None:
+    class EP:
+        def __init__(self, name: str, obj: Any) -> None:
+            self.name, self.value, self._obj = name, f"pkg:{name}", obj
+
+        def load(self) -> Any:
+            if isinstance(self._obj, Exception):
+                raise self._obj
+            return self._obj
+
+    eps = [EP("count", CountParams), EP("collect", Collect()), EP("bad", ImportError("no pkg")), EP("odd", 3)]
+    with pytest.warns(RuntimeWarning, match="skipping plugin entry point") as rec:
+        found = load_entry_point_plugins(lambda: eps)
+    assert [type(p).__name__ for p in found["metric"]] == ["CountParams"]
+    assert [type(p).__name__ for p in found["reporter"]] == ["Collect"]
+    assert len(rec) == 2
+
+
+def test_replicate_and_slice_by_tiling() -> None:
+    x = torch.arange(6.0).reshape(3, 2)
+    other = torch.zeros(5)  # leading dim is not the batch: untouched
+    (rx, ro), = [replicate_batch((x, other), 3, 7)]
+    assert torch.equal(rx, torch.cat([x, x, x[:1]]))
+    assert ro is other
+    (sx, so) = slice_batch((x, other), 3, 2)
+    assert torch.equal(sx, x[:2]) and so is other
+
+
+def test_capture_removes_hooks_when_the_forward_raises() -> None:
+    class Boom(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("in the step")
+
+    model = nn.Sequential(nn.Linear(2, 2), Boom())
+    cap = Capture(model)
+    with pytest.raises(ValueError), cap:
+        model(torch.randn(1, 2))
+    assert not cap.active
+    assert all(not m._forward_pre_hooks for m in model.modules())
+    assert set(cap.calls) == {"", "0", "1"}
+
+
+def test_capture_keeps_requires_grad_and_counts_calls() -> None:
+    lin = nn.Linear(2, 2)
+    model = nn.Sequential(lin, nn.ReLU())
+    x = torch.randn(4, 2, requires_grad=True)
+    with Capture(model, keep_samples=2) as cap:
+        model(x)
+        model(x)
+    assert cap.calls["0"].calls == 2
+    assert cap.batch_size == 4 and cap.stored_batch_size == 2
+    root_x = cap.calls[""].args[0]
+    assert root_x.requires_grad and root_x.is_leaf and root_x.shape == (2, 2)
+    relu_in = cap.calls["1"].args[0]
+    assert relu_in.requires_grad and relu_in.is_leaf  # lin's output required grad; copy is detached
+
+
+def test_profile_components_warns_when_the_capture_forward_raises() -> None:
+    class Half(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.lin(x)
+            raise RuntimeError("after lin")
+
+    with pytest.warns(RuntimeWarning, match="the capture forward raised"):
+        report = profile_components(Half(), (torch.randn(3, 2),), **FAST)
+    assert report.row("lin").status == "ok"
+    assert report.row("").status == "estimated"
+    assert report.metadata["capture_error"] == "RuntimeError: after lin"
