@@ -34,7 +34,8 @@ class BenchmarkConfig:
             the ancestors that lead to them) are profiled. Empty: all.
         exclude: glob patterns; matching components become ``skipped``.
         backward: also replay and measure the backward pass.
-        warmup: untimed runs before timing, per pass.
+        warmup: untimed runs before timing, per pass; the engine's instrumented
+            pass (FLOPs, bytes, memory) counts as the first.
         min_run_time_s: timing budget per component and pass (repeats adapt to it).
         min_repeats: timed runs per pass, at least (also past ``min_run_time_s``).
         max_repeats: timed runs per pass, at most.
@@ -63,9 +64,9 @@ class BenchmarkConfig:
     include: Sequence[str] = ()
     exclude: Sequence[str] = ()
     backward: bool = True
-    warmup: int = 2
+    warmup: int = 1
     min_run_time_s: float = 0.1
-    min_repeats: int = 3
+    min_repeats: int = 5
     max_repeats: int = 1000
     max_total_time_s: float | None = None
     device: str | torch.device | None = None

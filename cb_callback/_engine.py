@@ -23,7 +23,7 @@ from cb_callback._config import BenchmarkConfig, resolve_dtype
 from cb_callback._estimate import derive, estimate_from_children
 from cb_callback._hardware import Peaks, resolve_peaks
 from cb_callback._inputs import ComponentInputs, leading_batch_size, replicate_batch, to_device
-from cb_callback._isolate import Replay
+from cb_callback._isolate import Replay, instrumented_pass
 from cb_callback._metrics import builtin_metrics
 from cb_callback._plugins import (
     MeasureContext,
@@ -160,37 +160,58 @@ class _Run:
         return inputs
 
     def measure(self, row: ComponentRow, module: nn.Module) -> None:
-        """Replay one component and fill ``row`` (status ``ok`` or ``failed``)."""
+        """Replay one component and fill ``row`` (status ``ok`` or ``failed``).
+
+        One instrumented forward + backward is observed by every plugin that
+        offers ``instrument(ctx)`` (FLOPs, bytes, memory); then the plugins that
+        run their own replays (latency, user plugins) measure.
+        """
         try:
             inputs = self.inputs_for(row.path)
-            replay = Replay(
-                module, inputs, device=self.device, seed=self.cfg.seed, forward_context=self.forward_context
-            )
-            replay.probe()
         except Exception as e:
-            row.status, row.error = "failed", f"replay raised {_error_text(e)}"
-            self._after_error(e)
+            row.status, row.error = "failed", f"preprocessing inputs raised {_error_text(e)}"
             return
-        if inputs.unknown_leaves:
-            row.details["unknown_leaves"] = inputs.unknown_leaves
+        replay = Replay(module, inputs, device=self.device, seed=self.cfg.seed, forward_context=self.forward_context)
+        plugins = [*self.builtin, *self.user_metrics]
+        ctx = MeasureContext(row.path, module, replay, self.cfg, self.device, {})
+        observing = [p for p in plugins if callable(getattr(p, "instrument", None))]
+        try:
+            instruments = [p.instrument(ctx) for p in observing]
+            result = instrumented_pass(replay, instruments, self.cfg.backward)
+        except Exception as e:
+            self._after_error(e)
+            try:
+                replay.probe(self.cfg.backward)
+            except Exception as plain:
+                self._after_error(plain)
+                row.status, row.error = "failed", f"replay raised {_error_text(plain)}"
+                return
+            row.status, row.error = "failed", f"instrumented pass raised {_error_text(e)}"
+            return
+        finally:
+            replay.current_inputs = None
         values: dict[str, Any] = {}
-        for plugin in [*self.builtin, *self.user_metrics]:
-            ctx = MeasureContext(row.path, module, replay, self.cfg, self.device, dict(values))
+        for plugin, ins in zip(observing, instruments, strict=True):
+            try:
+                values.update(ins.values())
+            except Exception as e:
+                if self._plugin_error(row, plugin, e):
+                    return
+        replay.reuse_inputs = not result.mutates_inputs
+        values["mutates_inputs"] = result.mutates_inputs
+        if inputs.unknown_leaves:
+            values["unknown_leaves"] = inputs.unknown_leaves
+        for plugin in plugins:
+            if plugin in observing:
+                continue
+            ctx.values = dict(values)
             try:
                 values.update(plugin.measure(ctx))
             except Exception as e:
-                self._after_error(e)
-                if plugin in self.builtin:
-                    row.status, row.error = "failed", f"{plugin.name} metric raised {_error_text(e)}"
+                if self._plugin_error(row, plugin, e):
                     return
-                row.details.setdefault("metric_errors", {})[plugin.name] = _error_text(e)
-                if plugin.name not in self.warned:
-                    self.warned.add(plugin.name)
-                    warnings.warn(
-                        f"cb_callback: metric plugin {plugin.name!r} raised on {row.path or 'root'!r}: {e}",
-                        RuntimeWarning,
-                        stacklevel=4,
-                    )
+        if not self.cfg.backward:
+            values["bwd_flops"] = float("nan")
         columns = {f for f in ComponentRow.__dataclass_fields__ if f != "details"}
         for key, value in values.items():
             if key in columns:
@@ -198,6 +219,22 @@ class _Run:
             else:
                 row.details[key] = value
         row.status = "ok"
+
+    def _plugin_error(self, row: ComponentRow, plugin: Any, e: BaseException) -> bool:
+        """Record a plugin's error; return whether the component has failed."""
+        self._after_error(e)
+        if plugin in self.builtin:
+            row.status, row.error = "failed", f"{plugin.name} metric raised {_error_text(e)}"
+            return True
+        row.details.setdefault("metric_errors", {})[plugin.name] = _error_text(e)
+        if plugin.name not in self.warned:
+            self.warned.add(plugin.name)
+            warnings.warn(
+                f"cb_callback: metric plugin {plugin.name!r} raised on {row.path or 'root'!r}: {e}",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return False
 
     def _after_error(self, e: BaseException) -> None:
         if isinstance(e, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():

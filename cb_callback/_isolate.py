@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -14,7 +14,7 @@ from torch.utils import _pytree as pytree
 
 from cb_callback._inputs import ComponentInputs, clone_tree
 
-__all__ = ["Backward", "Replay", "ReplayInputs"]
+__all__ = ["Backward", "Instrument", "PassResult", "Replay", "ReplayInputs", "instrumented_pass"]
 
 
 @dataclass
@@ -90,9 +90,20 @@ class Replay:
         self.device = device
         self.seed = seed
         self._context = forward_context or contextlib.nullcontext
+        #: Reuse one copy of the inputs for every run (safe when the forward
+        #: changes no input in place; the engine sets it after the first pass).
+        self.reuse_inputs = False
+        self._cached: ReplayInputs | None = None
+        #: The inputs of the instrumented pass in progress (for instruments).
+        self.current_inputs: ReplayInputs | None = None
 
     def fresh_inputs(self) -> ReplayInputs:
-        """A new copy of the inputs: in-place ops in one run can't leak to the next."""
+        """A new copy of the inputs: in-place ops in one run can't leak to the next.
+
+        With ``reuse_inputs`` the same copy is returned every time.
+        """
+        if self.reuse_inputs and self._cached is not None:
+            return self._cached
         leaves: list[torch.Tensor] = []
 
         def leaf(x: Any) -> Any:
@@ -102,7 +113,10 @@ class Replay:
             return x
 
         args, kwargs = pytree.tree_map(leaf, clone_tree((self.inputs.args, self.inputs.kwargs)))
-        return ReplayInputs(tuple(args), dict(kwargs), leaves)
+        fresh = ReplayInputs(tuple(args), dict(kwargs), leaves)
+        if self.reuse_inputs:
+            self._cached = fresh
+        return fresh
 
     def forward(self, inputs: ReplayInputs | None = None) -> Any:
         """One forward on ``inputs`` (fresh ones if ``None``), with grad enabled."""
@@ -116,15 +130,19 @@ class Replay:
         params = [p for p in self.module.parameters() if p.requires_grad]
         return list(inputs.leaves) + params
 
-    def backward(self) -> Backward | None:
-        """Run one forward and return its backward, or ``None`` if there is none.
+    def backward(self, inputs: ReplayInputs | None = None, out: Any = None) -> Backward | None:
+        """The backward of one forward, or ``None`` if there is none.
 
-        There is no backward when no output requires grad (the component runs
-        under ``no_grad`` in effect, or only on integer data) or nothing to
-        differentiate against.
+        Runs a forward on ``inputs`` (fresh ones if ``None``) unless its output
+        ``out`` is given. There is no backward when no output requires grad (the
+        component runs under ``no_grad`` in effect, or only on integer data) or
+        nothing to differentiate against.
         """
-        inputs = self.fresh_inputs()
-        out = self.forward(inputs)
+        if inputs is None:
+            inputs = self.fresh_inputs()
+            out = None
+        if out is None:
+            out = self.forward(inputs)
         outputs = [
             t for t in pytree.tree_leaves(out)
             if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None
@@ -134,19 +152,84 @@ class Replay:
             return None
         gen = torch.Generator(device=self.device)
         gen.manual_seed(self.seed)
-        grads = [
-            torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype) for t in outputs
-        ]
+        grads = [torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype) for t in outputs]
         return Backward(outputs, grads, targets)
 
-    def probe(self) -> bool:
-        """One forward and (if any) one backward; raises what they raise.
+    def probe(self, backward: bool = True) -> bool:
+        """One plain forward and (if any) one backward; raises what they raise.
 
         Returns:
             Whether the component has a backward.
         """
-        bwd = self.backward()
+        bwd = self.backward() if backward else None
         if bwd is None:
+            if not backward:
+                self.forward()
             return False
         bwd()
         return True
+
+
+@runtime_checkable
+class Instrument(Protocol):
+    """Observes the one instrumented forward + backward of a component.
+
+    ``observe(phase)`` returns a context manager entered around the whole pass
+    (``"pass"``), then around its forward (``"forward"``) and its backward
+    (``"backward"``); ``values()`` is read after the pass. Metric plugins that
+    can observe rather than run their own replays (FLOPs, bytes, memory) offer an
+    ``instrument(ctx)`` method, so all of them share a single pass.
+    """
+
+    def observe(self, phase: str) -> AbstractContextManager[Any]: ...
+
+    def values(self) -> Mapping[str, Any]: ...
+
+
+@dataclass
+class PassResult:
+    """What the instrumented pass learned about the component.
+
+    Attributes:
+        has_backward: whether some output required grad.
+        mutates_inputs: whether the forward changed an input in place (then every
+            timed run needs a fresh copy of the inputs).
+    """
+
+    has_backward: bool
+    mutates_inputs: bool
+
+
+def _versions(inputs: ReplayInputs) -> list[int]:
+    return [
+        t._version for t in pytree.tree_leaves((inputs.args, inputs.kwargs)) if isinstance(t, torch.Tensor)
+    ]
+
+
+def instrumented_pass(replay: Replay, instruments: Sequence[Instrument], backward: bool = True) -> PassResult:
+    """One forward and (if ``backward`` and there is one) one backward, observed.
+
+    Raises what the component raises.
+    """
+    inputs = replay.fresh_inputs()
+    replay.current_inputs = inputs
+    before = _versions(inputs)
+    has_backward = False
+    with contextlib.ExitStack() as whole:
+        for ins in instruments:
+            whole.enter_context(ins.observe("pass"))
+        with contextlib.ExitStack() as fwd:
+            for ins in instruments:
+                fwd.enter_context(ins.observe("forward"))
+            out = replay.forward(inputs)
+        mutated = _versions(inputs) != before
+        bwd = replay.backward(inputs, out) if backward else None
+        del out
+        if bwd is not None:
+            has_backward = True
+            with contextlib.ExitStack() as bw:
+                for ins in instruments:
+                    bw.enter_context(ins.observe("backward"))
+                torch.autograd.grad(bwd.outputs, bwd.targets, bwd.grad_outputs, allow_unused=True)
+            del bwd
+    return PassResult(has_backward, mutated)

@@ -37,10 +37,14 @@ class Timing:
         device_ms: per run, device time (CUDA events) on CUDA, else wall time.
         host_ms: per run, host time until the call returned (on CUDA: launch
             time, without waiting for the device; on CPU equal to ``device_ms``).
+        last_arg: what ``setup()`` returned for the last run (with ``keep_last``).
+        last_out: what the last run returned (with ``keep_last``).
     """
 
     device_ms: list[float] = field(default_factory=list)
     host_ms: list[float] = field(default_factory=list)
+    last_arg: Any = field(default=None, repr=False)
+    last_out: Any = field(default=None, repr=False)
 
     @property
     def median(self) -> float:
@@ -74,13 +78,16 @@ def time_fn(
     min_repeats: int = 3,
     max_repeats: int = 1000,
     clock: Callable[[], float] = time.perf_counter,
+    keep_last: bool = False,
 ) -> Timing:
     """Time ``fn(setup())`` repeatedly; ``setup`` runs untimed before each run.
 
     Repeats continue until ``min_run_time_s`` of wall time has passed and at
     least ``min_repeats`` runs were timed, or ``max_repeats`` is reached. On CUDA
     the device is synchronised before each run, and each run is bracketed by CUDA
-    events; the thread count is left as the caller set it.
+    events; the thread count is left as the caller set it. With ``keep_last`` the
+    last run's argument and result are kept (e.g. a forward's graph, to time its
+    backward without another forward).
 
     Notes:
         Each run is timed on its own (not a loop of runs divided by its count),
@@ -103,7 +110,7 @@ def time_fn(
             ev1 = torch.cuda.Event(enable_timing=True)
             t0 = clock()
             ev0.record()
-            fn(arg)
+            result = fn(arg)
             ev1.record()
             t1 = clock()
             ev1.synchronize()
@@ -113,12 +120,15 @@ def time_fn(
             _TIMED[0] += t2 - t0
         else:
             t0 = clock()
-            fn(arg)
+            result = fn(arg)
             t1 = clock()
             out.device_ms.append((t1 - t0) * 1e3)
             out.host_ms.append((t1 - t0) * 1e3)
             _TIMED[0] += t1 - t0
         n = len(out.device_ms)
+        if keep_last:
+            out.last_arg, out.last_out = arg, result
+        del result
         if n >= max_repeats or (n >= min_repeats and clock() - start_wall >= min_run_time_s):
             break
     return out

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
+from cb_callback._isolate import instrumented_pass
 from cb_callback._plugins import MeasureContext
 
 __all__ = ["FlopsMetric", "count_flops"]
@@ -78,6 +80,13 @@ class _OpRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _uncounted(recorder: _OpRecorder, counter: FlopCounterMode) -> list[str]:
+    return sorted(
+        name for name in (str(op) for op in recorder.ops if op not in counter.flop_registry)
+        if name not in _NO_COMPUTE
+    )
+
+
 def count_flops(fn: Any) -> tuple[int, list[str]]:
     """FLOPs of ``fn()`` and the ops it ran that have no FLOP formula.
 
@@ -89,11 +98,32 @@ def count_flops(fn: Any) -> tuple[int, list[str]]:
     counter = FlopCounterMode(display=False)
     with counter, recorder:
         fn()
-    uncounted = sorted(
-        name for name in (str(op) for op in recorder.ops if op not in counter.flop_registry)
-        if name not in _NO_COMPUTE
-    )
-    return int(counter.get_total_flops()), uncounted
+    return int(counter.get_total_flops()), _uncounted(recorder, counter)
+
+
+class _FlopsInstrument:
+    def __init__(self) -> None:
+        self.flops: dict[str, int] = {}
+        self.uncounted: set[str] = set()
+
+    @contextlib.contextmanager
+    def observe(self, phase: str) -> Iterator[None]:
+        if phase == "pass":
+            yield
+            return
+        recorder = _OpRecorder()
+        counter = FlopCounterMode(display=False)
+        with counter, recorder:
+            yield
+        self.flops[phase] = int(counter.get_total_flops())
+        self.uncounted.update(_uncounted(recorder, counter))
+
+    def values(self) -> Mapping[str, Any]:
+        return {
+            "fwd_flops": float(self.flops.get("forward", 0)),
+            "bwd_flops": float(self.flops.get("backward", 0)),
+            "uncounted_ops": sorted(self.uncounted),
+        }
 
 
 class FlopsMetric:
@@ -109,19 +139,15 @@ class FlopsMetric:
 
     name = "flops"
 
+    def instrument(self, ctx: MeasureContext) -> _FlopsInstrument:
+        """An observer of the engine's shared instrumented pass."""
+        return _FlopsInstrument()
+
     def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
-        replay = ctx.replay
-        inputs = replay.fresh_inputs()
-        fwd, fwd_unc = count_flops(lambda: replay.forward(inputs))
-        out: dict[str, Any] = {"fwd_flops": float(fwd), "bwd_flops": 0.0}
-        unc = set(fwd_unc)
-        if ctx.config.backward:
-            backward = replay.backward()
-            if backward is not None:
-                bwd, bwd_unc = count_flops(backward)
-                out["bwd_flops"] = float(bwd)
-                unc.update(bwd_unc)
-        else:
+        """Run an instrumented pass of its own (when used outside the engine's)."""
+        ins = self.instrument(ctx)
+        instrumented_pass(ctx.replay, [ins], ctx.config.backward)
+        out = dict(ins.values())
+        if not ctx.config.backward:
             out["bwd_flops"] = float("nan")
-        out["uncounted_ops"] = sorted(unc)
         return out

@@ -19,9 +19,10 @@ class LatencyMetric:
     ``fwd_iqr_ms``, ``bwd_iqr_ms``, ``fwd_repeats``, ``bwd_repeats``.
 
     Notes:
-        The forward runs on a fresh copy of the inputs each time (the copy is not
-        timed). The backward is one forward's graph replayed with
-        ``retain_graph=True``, so it includes no forward. A component without a
+        The forward runs on a fresh copy of the inputs each time it could change
+        them in place (the copy is not timed), else on one copy. The backward is
+        the last timed forward's graph replayed with ``retain_graph=True``, so it
+        includes no forward. A component without a
         backward (no output requires grad) has ``bwd_ms = 0``.
     """
 
@@ -29,14 +30,18 @@ class LatencyMetric:
 
     def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
         cfg = ctx.config
+        # The engine's instrumented pass already ran the component once.
+        warmup = max(cfg.warmup - 1, 0) if "mutates_inputs" in ctx.values else cfg.warmup
         knobs = dict(
             device=ctx.device,
-            warmup=cfg.warmup,
+            warmup=warmup,
             min_run_time_s=cfg.min_run_time_s,
             min_repeats=cfg.min_repeats,
             max_repeats=cfg.max_repeats,
         )
-        fwd = time_fn(ctx.replay.forward, setup=ctx.replay.fresh_inputs, **knobs)  # type: ignore[arg-type]
+        fwd = time_fn(
+            ctx.replay.forward, setup=ctx.replay.fresh_inputs, keep_last=cfg.backward, **knobs  # type: ignore[arg-type]
+        )
         out: dict[str, Any] = {
             "fwd_ms": fwd.median,
             "fwd_iqr_ms": fwd.iqr,
@@ -45,7 +50,9 @@ class LatencyMetric:
             "cpu_ms": fwd.host_median,
             "device_ms": fwd.median,
         }
-        backward = ctx.replay.backward() if cfg.backward else None
+        # The last timed forward's graph is the one whose backward is timed.
+        backward = ctx.replay.backward(fwd.last_arg, fwd.last_out) if cfg.backward else None
+        fwd.last_arg = fwd.last_out = None
         if backward is not None:
             bwd = time_fn(backward, **knobs)  # type: ignore[arg-type]
             out.update(

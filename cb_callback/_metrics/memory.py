@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
+from cb_callback._isolate import ReplayInputs, instrumented_pass
 from cb_callback._plugins import MeasureContext
 
-__all__ = ["MemoryMetric", "cpu_peak_bytes", "saved_activation_bytes"]
+__all__ = ["MemoryMetric"]
 
 _MIB = 1024.0 * 1024.0
 
@@ -22,46 +24,10 @@ def _storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
-def saved_activation_bytes(replay: Any, inputs: Any) -> int:
-    """Bytes autograd saves for backward in one forward, deduplicated by storage.
-
-    Tensors sharing storage with a parameter, a buffer or an input are excluded
-    (they exist anyway); each remaining storage counts once, whole.
-    """
-    module = replay.module
-    excluded: set[int] = set()
-    given = pytree.tree_leaves((inputs.args, inputs.kwargs)) + list(inputs.leaves)
-    for t in list(module.parameters()) + list(module.buffers()) + [
-        x for x in given if isinstance(x, torch.Tensor)
-    ]:
-        key = _storage_key(t)
-        if key is not None:
-            excluded.add(key)
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(t)
-        if key is not None and key not in excluded and key != 0:
-            saved[key] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = replay.forward(inputs)
-    del out
-    return sum(saved.values())
-
-
-def cpu_peak_bytes(fn: Any) -> int:
-    """Peak bytes the CPU allocator held during ``fn()``, above the level before it.
-
-    Read from the allocator's own accounting as the profiler reports it
-    (``total_allocated`` of each allocation event), never process RSS.
-    """
+def _cpu_allocation_peak(prof: Any) -> int:
+    """Peak of ``total_allocated`` over a profile's CPU allocation events, above the start."""
     from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
-        fn()
     events: list[tuple[int, int, int]] = []
 
     def walk(nodes: Any) -> None:
@@ -70,7 +36,7 @@ def cpu_peak_bytes(fn: Any) -> int:
                 events.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.total_allocated))
             walk(e.children)
 
-    walk(prof.profiler.kineto_results.experimental_event_tree())  # type: ignore[union-attr]
+    walk(prof.profiler.kineto_results.experimental_event_tree())
     if not events:
         return 0
     events.sort()
@@ -79,49 +45,89 @@ def cpu_peak_bytes(fn: Any) -> int:
     return max(0, max(total for _, _, total in events) - baseline)
 
 
+@contextlib.contextmanager
+def _cpu_peak() -> Iterator[list[int]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    result: list[int] = []
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+        yield result
+    result.append(_cpu_allocation_peak(prof))
+
+
+class _MemoryInstrument:
+    def __init__(self, ctx: MeasureContext) -> None:
+        self.ctx = ctx
+        self.saved: dict[int, int] = {}
+        self.peak: int | None = None
+        self.source = "unsupported device"
+
+    def _excluded(self, inputs: ReplayInputs | None) -> set[int]:
+        module = self.ctx.module
+        given: list[Any] = list(module.parameters()) + list(module.buffers())
+        if inputs is not None:
+            given += pytree.tree_leaves((inputs.args, inputs.kwargs)) + list(inputs.leaves)
+        keys = {_storage_key(t) for t in given if isinstance(t, torch.Tensor)}
+        return {k for k in keys if k is not None}
+
+    @contextlib.contextmanager
+    def observe(self, phase: str) -> Iterator[None]:
+        device = self.ctx.device
+        if phase == "forward":
+            excluded = self._excluded(self.ctx.replay.current_inputs)
+
+            def pack(t: torch.Tensor) -> torch.Tensor:
+                key = _storage_key(t)
+                if key is not None and key != 0 and key not in excluded:
+                    self.saved[key] = t.untyped_storage().nbytes()
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                yield
+        elif phase == "pass" and device.type == "cuda":
+            torch.cuda.synchronize(device)
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            yield
+            torch.cuda.synchronize(device)
+            self.peak = max(0, torch.cuda.max_memory_allocated(device) - before)
+            self.source = "cuda_caching_allocator"
+        elif phase == "pass" and device.type == "cpu":
+            with _cpu_peak() as result:
+                yield
+            self.peak = result[0]
+            self.source = "cpu_profiler_allocations"
+        else:
+            yield
+
+    def values(self) -> Mapping[str, Any]:
+        out: dict[str, Any] = {"activation_mb": sum(self.saved.values()) / _MIB, "peak_mem_source": self.source}
+        if self.peak is not None:
+            out["peak_mem_mb"] = self.peak / _MIB
+        return out
+
+
 class MemoryMetric:
     """``activation_mb`` and ``peak_mem_mb`` of one forward + backward.
 
     Notes:
-        ``activation_mb``: storages autograd saves for backward (MiB), without
-        parameters, buffers and the component's inputs. ``peak_mem_mb``: the
-        allocator's peak during one forward and backward above the level before
-        it — on CUDA the caching allocator's ``max_memory_allocated``, on CPU the
-        profiler's allocation events. Isolation cannot see what the rest of the
-        model holds at that moment in a real step.
+        ``activation_mb``: storages autograd saves for backward (MiB, each once),
+        without parameters, buffers and the component's inputs. ``peak_mem_mb``:
+        the allocator's peak during one forward and backward above the level
+        before it — on CUDA the caching allocator's ``max_memory_allocated``, on
+        CPU the profiler's allocation events. It includes the output, the output
+        gradient and the gradients computed. Isolation cannot see what the rest
+        of the model holds at that moment in a real step.
     """
 
     name = "memory"
 
+    def instrument(self, ctx: MeasureContext) -> _MemoryInstrument:
+        """An observer of the engine's shared instrumented pass."""
+        return _MemoryInstrument(ctx)
+
     def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
-        replay = ctx.replay
-        act = saved_activation_bytes(replay, replay.fresh_inputs())
-        inputs = replay.fresh_inputs()
-
-        def step() -> None:
-            out = replay.forward(inputs)
-            if not ctx.config.backward:
-                return
-            outputs = [
-                t for t in pytree.tree_leaves(out)
-                if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None
-            ]
-            targets = replay.grad_targets(inputs)
-            if outputs and targets:
-                grads = [torch.ones_like(t) for t in outputs]
-                torch.autograd.grad(outputs, targets, grads, allow_unused=True)
-
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
-            before = torch.cuda.memory_allocated(ctx.device)
-            torch.cuda.reset_peak_memory_stats(ctx.device)
-            step()
-            torch.cuda.synchronize(ctx.device)
-            peak = max(0, torch.cuda.max_memory_allocated(ctx.device) - before)
-            source = "cuda_caching_allocator"
-        elif ctx.device.type == "cpu":
-            peak = cpu_peak_bytes(step)
-            source = "cpu_profiler_allocations"
-        else:
-            return {"activation_mb": act / _MIB, "peak_mem_source": "unsupported device"}
-        return {"activation_mb": act / _MIB, "peak_mem_mb": peak / _MIB, "peak_mem_source": source}
+        """Run an instrumented pass of its own (when used outside the engine's)."""
+        ins = self.instrument(ctx)
+        instrumented_pass(ctx.replay, [ins], ctx.config.backward)
+        return ins.values()

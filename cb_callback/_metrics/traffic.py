@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cb_callback._isolate import instrumented_pass
 from cb_callback._plugins import MeasureContext
 
 __all__ = ["TrafficMetric", "count_bytes", "register_traffic_rule", "tensor_bytes"]
@@ -105,11 +107,17 @@ def _embedding_bag(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> 
 
 
 # --- scatters of gradients: read grads and index, read-modify-write touched rows --
+def _dense_gradient(out: Any) -> int:
+    # A dense embedding backward materialises the table-sized gradient: zero-filled
+    # once, a real full-table write (sparse gradients and fused optimizers avoid it).
+    return sum(tensor_bytes(t) for t in _tensors(out) if not t.is_sparse)
+
+
 def _embedding_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
     # embedding_dense_backward(grad_output, indices, num_weights, ...): each index
-    # adds one grad row into the table's gradient (read + write of that row).
+    # adds one grad row into the table's gradient (read grad row, read + write that row).
     grad, indices = args[0], args[1]
-    return tensor_bytes(grad) + tensor_bytes(indices) + 2 * tensor_bytes(grad)
+    return tensor_bytes(indices) + 3 * tensor_bytes(grad) + _dense_gradient(out)
 
 
 def _embedding_bag_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
@@ -118,7 +126,7 @@ def _embedding_bag_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out:
     grad, indices = args[0], args[1]
     small = [a for a in args[2:] if isinstance(a, torch.Tensor)]
     row = (grad.numel() // max(grad.shape[0], 1)) * grad.element_size()
-    return tensor_bytes(indices) + _unique_bytes(small) + 3 * indices.numel() * row
+    return tensor_bytes(indices) + _unique_bytes(small) + 3 * indices.numel() * row + _dense_gradient(out)
 
 
 def _embedding_bag_psw_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
@@ -211,6 +219,29 @@ def count_bytes(fn: Callable[[], Any]) -> tuple[int, dict[str, int]]:
     return mode.bytes, mode.by_op
 
 
+class _TrafficInstrument:
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = {}
+        self.by_op: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def observe(self, phase: str) -> Iterator[None]:
+        if phase == "pass":
+            yield
+            return
+        mode = _TrafficMode()
+        with mode:
+            yield
+        self.bytes[phase] = mode.bytes
+        for k, v in mode.by_op.items():
+            self.by_op[k] = self.by_op.get(k, 0) + v
+
+    def values(self) -> Mapping[str, Any]:
+        fwd, bwd = self.bytes.get("forward", 0), self.bytes.get("backward", 0)
+        top = dict(sorted(self.by_op.items(), key=lambda kv: -kv[1])[:5])
+        return {"bytes": float(fwd + bwd), "fwd_bytes": fwd, "bwd_bytes": bwd, "top_bytes_ops": top}
+
+
 class TrafficMetric:
     """``bytes``: a lower bound of memory traffic over forward and backward.
 
@@ -221,25 +252,21 @@ class TrafficMetric:
         tensor once, an expanded tensor at most its storage); views and reshapes
         move nothing. Gathers and scatters (embedding, embedding_bag,
         index_select, gather, index_add, scatter_add and their backwards) count
-        the rows they touch, not the whole table. It is a lower bound: it assumes
+        the rows they touch, not the whole table — except that a dense embedding
+        backward also writes the table-sized gradient once (its zero fill), which
+        is counted because it is real traffic. It is a lower bound: it assumes
         each tensor crosses memory once per op, and it does not see traffic inside
-        a kernel (a matmul re-reading tiles) or cache reuse across ops. A dense
-        embedding backward also zero-fills the table's full gradient, which
-        appears under ``zeros``/``fill_`` when torch dispatches it.
+        a kernel (a matmul re-reading tiles) or cache reuse across ops.
     """
 
     name = "traffic"
 
+    def instrument(self, ctx: MeasureContext) -> _TrafficInstrument:
+        """An observer of the engine's shared instrumented pass."""
+        return _TrafficInstrument()
+
     def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
-        replay = ctx.replay
-        inputs = replay.fresh_inputs()
-        fwd, by_op = count_bytes(lambda: replay.forward(inputs))
-        bwd = 0
-        if ctx.config.backward:
-            backward = replay.backward()
-            if backward is not None:
-                bwd, bwd_by_op = count_bytes(backward)
-                for k, v in bwd_by_op.items():
-                    by_op[k] = by_op.get(k, 0) + v
-        top = dict(sorted(by_op.items(), key=lambda kv: -kv[1])[:5])
-        return {"bytes": float(fwd + bwd), "fwd_bytes": fwd, "bwd_bytes": bwd, "top_bytes_ops": top}
+        """Run an instrumented pass of its own (when used outside the engine's)."""
+        ins = self.instrument(ctx)
+        instrumented_pass(ctx.replay, [ins], ctx.config.backward)
+        return ins.values()

@@ -1,0 +1,369 @@
+"""Snapshots: a model, its captured inputs and the options, saved to profile elsewhere.
+
+A snapshot directory holds two files:
+
+- ``snapshot.pt``: a :func:`torch.save` pickle of the model object (its class is
+  pickled by reference: module and name), the captured first call of every
+  component, the benchmark options that can be pickled, and the metadata.
+- ``snapshot.json``: a human-readable description (the model's class, the torch
+  version, the device and precision it was captured with, the options), read
+  without unpickling anything.
+
+The Lightning callback writes one in ``mode="fork"`` and profiles it in a child
+process; ``cb replay SNAPSHOT_DIR`` profiles one offline, e.g. on another machine.
+
+Warning:
+    A snapshot is a pickle: loading one runs code named by its author. Only load
+    snapshots you trust (your own runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as _dt
+import json
+import pickle
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cb_callback._config import BenchmarkConfig
+from cb_callback._engine import profile_captured
+from cb_callback._inputs import ComponentInputs
+from cb_callback._report import Report
+
+__all__ = [
+    "META_FILE",
+    "SNAPSHOT_FILE",
+    "Snapshot",
+    "SnapshotError",
+    "load_snapshot",
+    "precision_context",
+    "save_snapshot",
+]
+
+SNAPSHOT_FILE = "snapshot.pt"
+META_FILE = "snapshot.json"
+FORMAT = 1
+
+# Options that describe where a run writes or reports progress: they belong to the
+# process that profiles the snapshot, not to the snapshot.
+_LOCAL_OPTIONS = ("progress", "output_dir")
+_PLUGIN_OPTIONS = ("preprocessors", "metrics", "reporters")
+
+_AUTOCAST = {"bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16, "16-mixed": torch.float16, "16": torch.float16}
+_DEFAULT_DTYPE = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64, "64": torch.float64}
+
+_IMPORT_HINT = (
+    "Define the class in an importable module (not in `__main__` of a notebook, a "
+    "`python -c` string or an interactive session) and make that module importable "
+    "here (install it or add it to PYTHONPATH). For mode='fork', the training script "
+    'also needs an `if __name__ == "__main__":` guard around its training code, '
+    "because the spawned profiling process re-imports it."
+)
+
+
+class SnapshotError(RuntimeError):
+    """A snapshot cannot be written or read (the message says why and the fix)."""
+
+
+@dataclass
+class Snapshot:
+    """A loaded snapshot.
+
+    Attributes:
+        model: the root module (on the ``map_location`` it was loaded to).
+        calls: the captured first call of every component, by path.
+        config: :class:`BenchmarkConfig` options as saved (picklable ones only).
+        captured_batch_size: the batch size the stored inputs hold.
+        precision: the Lightning precision the step ran with (``"bf16-mixed"`` …),
+            or ``None``.
+        metadata: what the capturing run recorded (capture step, rank, device …).
+    """
+
+    model: nn.Module
+    calls: dict[str, ComponentInputs]
+    config: dict[str, Any] = field(default_factory=dict)
+    captured_batch_size: int | None = None
+    precision: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def benchmark_config(self, **overrides: Any) -> BenchmarkConfig:
+        """The saved options as a :class:`BenchmarkConfig`, with ``overrides`` applied.
+
+        Raises:
+            ValueError: an unknown option or an invalid value (naming it).
+        """
+        known = set(BenchmarkConfig.field_names())
+        saved = {k: v for k, v in self.config.items() if k in known}
+        return BenchmarkConfig(**saved).replace(**overrides)
+
+    def profile(
+        self,
+        *,
+        device: str | torch.device | None = None,
+        output_dir: str | Path | None = None,
+        progress: Callable[[int, int, str], None] | None = None,
+        **overrides: Any,
+    ) -> Report:
+        """Profile the snapshot with :func:`cb_callback.profile_captured`.
+
+        Args:
+            device: where to replay (the model is moved there); ``None`` keeps the
+                saved ``device`` option, else where the model's parameters are.
+            output_dir: passed to the options (user reporters write there).
+            progress: ``progress(done, total, path)`` after each component.
+            **overrides: other :class:`BenchmarkConfig` options.
+
+        Returns:
+            The report; its metadata holds the snapshot's metadata and
+            ``snapshot_precision``.
+
+        Notes:
+            The replay runs inside the autocast (``*-mixed``) or default-dtype
+            (``*-true``) context of the saved precision, rebuilt with torch alone,
+            like Lightning's precision plugin's ``forward_context``.
+        """
+        opts: dict[str, Any] = dict(overrides)
+        if device is not None:
+            opts["device"] = str(device)
+        opts["output_dir"] = None if output_dir is None else str(output_dir)
+        opts["progress"] = progress
+        cfg = self.benchmark_config(**opts)
+        model = self.model
+        if cfg.device is not None:
+            model = model.to(torch.device(cfg.device))
+        target = torch.device(cfg.device) if cfg.device is not None else _first_device(model)
+        meta = dict(self.metadata)
+        meta["snapshot_precision"] = self.precision
+        return profile_captured(
+            model,
+            self.calls,
+            config=cfg,
+            captured_batch_size=self.captured_batch_size,
+            forward_context=precision_context(self.precision, target.type),
+            metadata=meta,
+        )
+
+
+def _first_device(model: nn.Module) -> torch.device:
+    for t in [*model.parameters(), *model.buffers()]:
+        return t.device
+    return torch.device("cpu")
+
+
+def precision_context(
+    precision: str | None, device_type: str
+) -> Callable[[], AbstractContextManager[Any]] | None:
+    """A factory of the forward context of a Lightning ``precision`` string, built on torch.
+
+    ``"bf16-mixed"`` / ``"16-mixed"`` give :func:`torch.autocast` on ``device_type``;
+    ``"bf16-true"`` / ``"16-true"`` / ``"64-true"`` set the default dtype (tensors
+    created inside the forward take it); anything else (``"32-true"``, ``None``)
+    gives ``None``: no context.
+    """
+    if precision in _AUTOCAST:
+        dtype = _AUTOCAST[precision]
+        return lambda: torch.autocast(device_type, dtype=dtype)
+    if precision in _DEFAULT_DTYPE:
+        return lambda: _default_dtype(_DEFAULT_DTYPE[precision])
+    return None
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _class_path(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
+
+
+def _config_fields(config: BenchmarkConfig) -> tuple[dict[str, Any], list[str]]:
+    """The options to save, and the names of plugins left out (not picklable)."""
+    saved: dict[str, Any] = {}
+    dropped: list[str] = []
+    for f in dataclasses.fields(config):
+        if f.name in _LOCAL_OPTIONS:
+            continue
+        value = getattr(config, f.name)
+        if f.name in _PLUGIN_OPTIONS:
+            kept = []
+            for plugin in value:
+                if _picklable(plugin):
+                    kept.append(plugin)
+                else:
+                    dropped.append(f"{f.name}: {getattr(plugin, 'name', type(plugin).__name__)}")
+            value = tuple(kept)
+        elif isinstance(value, torch.device):
+            value = str(value)
+        saved[f.name] = value
+    return saved, dropped
+
+
+def _calls_to_plain(calls: Mapping[str, ComponentInputs]) -> dict[str, dict[str, Any]]:
+    # Plain dicts, so that a later ComponentInputs (new fields) still reads old snapshots.
+    names = [f.name for f in dataclasses.fields(ComponentInputs)]
+    return {path: {name: getattr(ci, name) for name in names} for path, ci in calls.items()}
+
+
+def _calls_from_plain(data: Mapping[str, Mapping[str, Any]]) -> dict[str, ComponentInputs]:
+    known = {f.name for f in dataclasses.fields(ComponentInputs)}
+    return {path: ComponentInputs(**{k: v for k, v in d.items() if k in known}) for path, d in data.items()}
+
+
+def save_snapshot(
+    directory: str | Path,
+    model: nn.Module,
+    calls: Mapping[str, ComponentInputs],
+    *,
+    config: BenchmarkConfig | None = None,
+    captured_batch_size: int | None = None,
+    precision: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a snapshot of ``model`` and its captured ``calls`` into ``directory``.
+
+    Args:
+        directory: created if missing; ``snapshot.pt`` and ``snapshot.json`` are
+            (over)written in it.
+        model: the root module, pickled whole (its class by reference).
+        calls: the captured calls (a :class:`cb_callback.Capture`'s ``calls``).
+        config: the options; ``progress`` and ``output_dir`` are not saved, nor
+            plugins that cannot be pickled (listed in the metadata under
+            ``snapshot_dropped_plugins``).
+        captured_batch_size: the batch size the stored inputs hold.
+        precision: the Lightning precision string of the step, if any.
+        metadata: JSON-friendly facts about the capturing run.
+
+    Returns:
+        The directory.
+
+    Raises:
+        SnapshotError: when the model or an input cannot be pickled (a lambda, an
+            open file, a class defined inside a function …), naming the object.
+        OSError: when the directory cannot be written.
+    """
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = config or BenchmarkConfig()
+    options, dropped = _config_fields(cfg)
+    meta = dict(metadata or {})
+    if dropped:
+        meta["snapshot_dropped_plugins"] = dropped
+    payload = {
+        "format": FORMAT,
+        "model": model,
+        "calls": _calls_to_plain(calls),
+        "config": options,
+        "captured_batch_size": captured_batch_size,
+        "precision": precision,
+        "metadata": meta,
+    }
+    tmp = out / (SNAPSHOT_FILE + ".tmp")
+    try:
+        torch.save(payload, tmp)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        tmp.unlink(missing_ok=True)
+        raise SnapshotError(
+            f"cannot pickle the model {_class_path(model)} or its captured inputs for a snapshot: "
+            f"{type(e).__name__}: {e}. Snapshots pickle the module object (torch.save(module)); "
+            "make its attributes picklable (no lambdas, open files, or classes defined inside "
+            "functions), or use mode='pause'."
+        ) from e
+    tmp.replace(out / SNAPSHOT_FILE)
+    description = {
+        "format": FORMAT,
+        "model_class": _class_path(model),
+        "components_captured": len(calls),
+        "captured_batch_size": captured_batch_size,
+        "precision": precision,
+        "torch": torch.__version__,
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": cfg.to_metadata() | {"output_dir": None},
+        "metadata": meta,
+        "warning": "snapshot.pt is a pickle: only load snapshots you trust.",
+    }
+    (out / META_FILE).write_text(json.dumps(description, indent=1, default=str))
+    return out
+
+
+def read_description(directory: str | Path) -> dict[str, Any]:
+    """``snapshot.json`` of a snapshot directory (no unpickling), ``{}`` if missing or unreadable."""
+    try:
+        data = json.loads((Path(directory) / META_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_snapshot(directory: str | Path, *, map_location: str | torch.device | None = None) -> Snapshot:
+    """Read a snapshot written by :func:`save_snapshot`.
+
+    Args:
+        directory: the snapshot directory (or its ``snapshot.pt``).
+        map_location: where to load tensors (``torch.load``'s ``map_location``),
+            e.g. ``"cpu"`` for a snapshot taken on a GPU.
+
+    Returns:
+        The snapshot.
+
+    Raises:
+        SnapshotError: no snapshot there, a format this version does not read, or a
+            class in it cannot be imported (named, with the fix).
+
+    Warning:
+        This unpickles ``snapshot.pt`` (``torch.load(weights_only=False)``), which
+        can run arbitrary code: only load snapshots you trust.
+    """
+    path = Path(directory)
+    if path.is_dir():
+        path = path / SNAPSHOT_FILE
+    if not path.is_file():
+        raise SnapshotError(f"no snapshot at {path}: expected a directory with {SNAPSHOT_FILE}")
+    description = read_description(path.parent)
+    model_class = description.get("model_class", "the model's class")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=False)
+    except (AttributeError, ImportError) as e:
+        raise SnapshotError(
+            f"cannot load the snapshot {path}: a class it references cannot be imported here "
+            f"({type(e).__name__}: {e}). The snapshot's model is {model_class}. {_IMPORT_HINT}"
+        ) from e
+    except (pickle.UnpicklingError, EOFError, RuntimeError) as e:
+        raise SnapshotError(f"cannot read the snapshot {path} (truncated or not a snapshot?): {e}") from e
+    if not isinstance(payload, dict) or "model" not in payload:
+        raise SnapshotError(f"{path} is not a cb_callback snapshot")
+    if payload.get("format", 0) > FORMAT:
+        raise SnapshotError(
+            f"{path} has snapshot format {payload.get('format')}; this cb_callback reads format "
+            f"{FORMAT} and older: upgrade cb_callback"
+        )
+    return Snapshot(
+        model=payload["model"],
+        calls=_calls_from_plain(payload.get("calls", {})),
+        config=dict(payload.get("config", {})),
+        captured_batch_size=payload.get("captured_batch_size"),
+        precision=payload.get("precision"),
+        metadata=dict(payload.get("metadata", {})),
+    )

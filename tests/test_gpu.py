@@ -1,0 +1,39 @@
+"""CUDA paths: events, allocator peaks, datasheet peaks. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from cb_callback import profile_components
+from tests.conftest import FAST
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def test_cuda_linear_profile_uses_events_allocator_and_datasheet() -> None:
+    model = nn.Linear(1024, 1024).cuda()
+    x = torch.randn(512, 1024, device="cuda")
+    report = profile_components(model, (x,), **{**FAST, "max_repeats": 5, "min_repeats": 5})
+    row = report.row("")
+    assert row.status == "ok"
+    assert row.fwd_flops == 2 * 512 * 1024 * 1024
+    assert row.details["peak_mem_source"] == "cuda_caching_allocator"
+    # alive at the end: y, dY (512x1024 fp32 each), dW (1024x1024), db (1024)
+    assert row.peak_mem_mb * 2**20 >= 4 * (2 * 512 * 1024 + 1024 * 1024 + 1024)
+    assert row.device_ms > 0 and row.cpu_ms > 0
+    peaks = report.metadata["peaks"]
+    assert peaks["flops_source"] in ("datasheet", "unknown")
+    if peaks["flops_source"] == "datasheet":
+        assert 0 < row.mfu < 1
+
+
+def test_cuda_bf16_dtype_peak() -> None:
+    model = nn.Linear(256, 256).cuda().to(torch.bfloat16)
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    report = profile_components(model, (x,), **FAST)
+    assert report.metadata["dtype"] == "bf16"
