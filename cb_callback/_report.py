@@ -82,8 +82,14 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
+_ROW_FIELDS = {f.name for f in fields(ComponentRow)}
+
+
 def _from_json(data: dict[str, Any]) -> ComponentRow:
-    values = dict(data)
+    values = {k: v for k, v in data.items() if k in _ROW_FIELDS}
+    extra = {k: v for k, v in data.items() if k not in _ROW_FIELDS}
+    if extra:  # written by a newer version: keep what we cannot place
+        values["details"] = {**(values.get("details") or {}), **extra}
     for name in COLUMNS:
         if values.get(name) is None and name not in ("error", "parent", "bound"):
             values[name] = _NAN
@@ -166,13 +172,14 @@ class Report:
     def hotspots(self, top: int = 10) -> list[ComponentRow]:
         """The leaf-most measured rows that cost the most time over the step.
 
-        A row's cost is ``total_ms * calls``. Containers are left out when any of
-        their children is in the report, so a hotspot is a place to act on.
+        A row's cost is ``total_ms * calls``. A row with a measured (or estimated)
+        child is left out, so a hotspot is a place to act on.
         """
-        parents = {r.parent for r in self.rows if r.parent is not None}
+        measured = ("ok", "estimated")
+        parents = {r.parent for r in self.rows if r.parent is not None and r.status in measured}
         leaves = [
             r for r in self.rows
-            if r.path not in parents and r.status in ("ok", "estimated") and math.isfinite(r.total_ms)
+            if r.path not in parents and r.status in measured and math.isfinite(r.total_ms)
         ]
         return sorted(leaves, key=lambda r: -r.total_ms * max(r.calls, 1))[:top]
 

@@ -159,3 +159,15 @@ def test_profile_components_warns_when_the_capture_forward_raises() -> None:
     assert report.row("lin").status == "ok"
     assert report.row("").status == "estimated"
     assert report.metadata["capture_error"] == "RuntimeError: after lin"
+
+
+def test_import_cb_callback_imports_neither_torchrec_nor_lightning() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, cb_callback; "
+        "print(sorted(m for m in ('torchrec', 'lightning', 'fbgemm_gpu', 'pytorch_lightning') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
