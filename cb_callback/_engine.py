@@ -153,10 +153,11 @@ class _Run:
         self.forward_context = forward_context
         self.warned: set[str] = set()
 
-    def inputs_for(self, path: str) -> ComponentInputs:
+    def inputs_for(self, path: str, module: nn.Module) -> ComponentInputs:
         inputs = self.calls[path]
+        ctx = dataclasses.replace(self.prepare_ctx, path=path, module=module)
         for p in self.preprocessors:
-            inputs = p.process_inputs(inputs, self.prepare_ctx)
+            inputs = p.process_inputs(inputs, ctx)
         return inputs
 
     def measure(self, row: ComponentRow, module: nn.Module) -> None:
@@ -167,7 +168,7 @@ class _Run:
         run their own replays (latency, user plugins) measure.
         """
         try:
-            inputs = self.inputs_for(row.path)
+            inputs = self.inputs_for(row.path, module)
         except Exception as e:
             row.status, row.error = "failed", f"preprocessing inputs raised {_error_text(e)}"
             return

@@ -53,12 +53,16 @@ class PrepareContext:
             (e.g. reduced embedding tables), under a key of its own.
         batch_size: the batch size the inputs were captured with (leading
             dimension of the root's first tensor input), if known.
+        path: in ``process_inputs``, the component's dotted path.
+        module: in ``process_inputs``, the component.
     """
 
     config: BenchmarkConfig
     device: torch.device
     metadata: dict[str, Any]
     batch_size: int | None = None
+    path: str | None = None
+    module: nn.Module | None = None
 
 
 class Preprocessor:

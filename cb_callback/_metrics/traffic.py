@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from cb_callback._isolate import instrumented_pass
 from cb_callback._plugins import MeasureContext
@@ -203,7 +203,8 @@ class _TrafficMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        n = _op_bytes(func, args, kwargs, out)
+        with _disable_current_modes():  # a rule's own tensor ops are not the component's
+            n = _op_bytes(func, args, kwargs, out)
         if n:
             self.bytes += n
             name = str(func.overloadpacket)

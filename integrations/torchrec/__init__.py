@@ -1,1 +1,72 @@
-"""torchrec integration."""
+"""torchrec integration: jagged inputs, embedding traffic, hash-size reduction, fused optimizers.
+
+Importing this module registers, once per process, everything the engine
+needs to profile torchrec models (through ``cb_callback``'s public API only):
+
+* batch rules for ``KeyedJaggedTensor``, ``JaggedTensor`` and ``KeyedTensor``
+  (slicing and replication per key; see :mod:`._jagged`), and torchrec's
+  ``Batch`` as a pytree node;
+* memory-traffic rules for fbgemm's table-batched embedding kernels (the rows
+  touched, not the whole table; see :mod:`._traffic`);
+* a state saver for fused optimizers' Python-level state and hidden TBEs (see
+  :mod:`._fused`).
+
+Then use::
+
+    import cb_callback
+    from cb_callback.integrations.torchrec import ReduceHashSize
+
+    report = cb_callback.profile_components(
+        model, (dense, kjt), preprocessors=[ReduceHashSize(max_rows=100_000)]
+    )
+
+``import cb_callback`` never imports torchrec; only this module does.
+"""
+
+from __future__ import annotations
+
+from ._fused import fused_tbe_state_saver, register_fused_state_saver
+from ._fused_backward import FusedBackward
+from ._hash_size import ReduceHashSize
+from ._hidden import tbe_modules
+from ._jagged import (
+    register_jagged_batch_rules,
+    take_jt,
+    take_kjt,
+    take_kt,
+)
+from ._sharded import ShardedModelCheck, unwrap_model
+from ._traffic import (
+    register_tbe_traffic_rules,
+    tbe_backward_bytes,
+    tbe_forward_bytes,
+)
+
+__all__ = [
+    "FusedBackward",
+    "ReduceHashSize",
+    "ShardedModelCheck",
+    "fused_tbe_state_saver",
+    "register",
+    "take_jt",
+    "take_kjt",
+    "take_kt",
+    "tbe_backward_bytes",
+    "tbe_forward_bytes",
+    "tbe_modules",
+    "unwrap_model",
+]
+
+
+def register() -> None:
+    """Register the integration's batch rules, traffic rules and state saver (idempotent).
+
+    Called on import; call it again after loading more fbgemm operator
+    libraries so their TBE ops get traffic rules too.
+    """
+    register_jagged_batch_rules()
+    register_tbe_traffic_rules()
+    register_fused_state_saver()
+
+
+register()
