@@ -18,7 +18,7 @@ from cb_callback._capture import Capture
 from cb_callback._config import BenchmarkConfig
 from cb_callback._engine import ReplicateBatch, profile_captured, profile_components
 from cb_callback._inputs import ComponentInputs, register_batch_rule, replicate_batch, slice_batch
-from cb_callback._isolate import Replay, ReplayInputs
+from cb_callback._isolate import Instrument, Replay, ReplayInputs, register_grad_targets
 from cb_callback._metrics import (
     FlopsMetric,
     LatencyMetric,
@@ -51,6 +51,7 @@ __all__ = [
     "ComponentInputs",
     "ComponentRow",
     "FlopsMetric",
+    "Instrument",
     "LatencyMetric",
     "MeasureContext",
     "MemoryMetric",
@@ -68,6 +69,7 @@ __all__ = [
     "profile_captured",
     "profile_components",
     "register_batch_rule",
+    "register_grad_targets",
     "register_state_saver",
     "register_traffic_rule",
     "replicate_batch",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -14,7 +14,33 @@ from torch.utils import _pytree as pytree
 
 from cb_callback._inputs import ComponentInputs, clone_tree
 
-__all__ = ["Backward", "Instrument", "PassResult", "Replay", "ReplayInputs", "instrumented_pass"]
+__all__ = [
+    "Backward",
+    "Instrument",
+    "PassResult",
+    "Replay",
+    "ReplayInputs",
+    "instrumented_pass",
+    "register_grad_targets",
+]
+
+_GRAD_TARGETS: list[Callable[[nn.Module], Iterable[torch.Tensor]]] = []
+
+
+def register_grad_targets(fn: Callable[[nn.Module], Iterable[torch.Tensor]]) -> None:
+    """Add tensors the isolated backward differentiates against, per component.
+
+    ``fn(module)`` returns tensors (requiring grad) that the component's forward
+    uses but ``module.parameters()`` does not list — e.g. the placeholder tensor
+    of an fbgemm TBE kept outside the module tree, without which the fused
+    backward would be pruned from the graph.
+
+    Raises:
+        ValueError: if ``fn`` is already registered.
+    """
+    if fn in _GRAD_TARGETS:
+        raise ValueError(f"grad-target function {fn!r} is already registered")
+    _GRAD_TARGETS.append(fn)
 
 
 @dataclass
@@ -94,6 +120,8 @@ class Replay:
         #: changes no input in place; the engine sets it after the first pass).
         self.reuse_inputs = False
         self._cached: ReplayInputs | None = None
+        #: Why :meth:`backward` found no backward (set when it returns ``None``).
+        self.no_backward: str | None = None
         #: The inputs of the instrumented pass in progress (for instruments).
         self.current_inputs: ReplayInputs | None = None
 
@@ -126,9 +154,16 @@ class Replay:
             return self.module(*inp.args, **inp.kwargs)
 
     def grad_targets(self, inputs: ReplayInputs) -> list[torch.Tensor]:
-        """Inputs that required grad (their leaves), then the component's parameters that do."""
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        return list(inputs.leaves) + params
+        """Inputs that required grad (their leaves), the component's parameters that do,
+        then what registered :func:`register_grad_targets` functions add (once each)."""
+        targets = list(inputs.leaves) + [p for p in self.module.parameters() if p.requires_grad]
+        seen = {id(t) for t in targets}
+        for fn in _GRAD_TARGETS:
+            for t in fn(self.module):
+                if id(t) not in seen and t.requires_grad:
+                    seen.add(id(t))
+                    targets.append(t)
+        return targets
 
     def backward(self, inputs: ReplayInputs | None = None, out: Any = None) -> Backward | None:
         """The backward of one forward, or ``None`` if there is none.
@@ -149,6 +184,10 @@ class Replay:
         ]
         targets = self.grad_targets(inputs)
         if not outputs or not targets:
+            self.no_backward = (
+                "no output requires grad" if not outputs
+                else "no input or parameter of the component requires grad"
+            )
             return None
         gen = torch.Generator(device=self.device)
         gen.manual_seed(self.seed)

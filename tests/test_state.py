@@ -130,3 +130,30 @@ def test_guard_restores_after_an_exception() -> None:
         pass
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+def test_registered_grad_targets_reach_hidden_tensors() -> None:
+    from cb_callback import _isolate, register_grad_targets
+
+    class Hidden(nn.Module):
+        """Uses a tensor that is not one of its parameters (kept in a plain list)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.hidden = [torch.randn(4, 4, requires_grad=True)]
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.hidden[0]
+
+    def targets(module: nn.Module) -> list[torch.Tensor]:
+        return list(module.hidden) if isinstance(module, Hidden) else []
+
+    x = torch.randn(2, 4)
+    no_target = profile_components(Hidden(), (x,), **FAST).row("").details["no_backward"]
+    assert no_target == "no input or parameter of the component requires grad"
+    register_grad_targets(targets)
+    try:
+        row = profile_components(Hidden(), (x,), **FAST).row("")
+    finally:
+        _isolate._GRAD_TARGETS.remove(targets)
+    assert row.bwd_flops == 2 * 4 * 2 * 4  # d(hidden) = x^T @ dY: one [4,2]x[2,4] matmul
