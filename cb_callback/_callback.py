@@ -14,9 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import torch
 from lightning.pytorch.callbacks.callback import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch import nn
 from typing_extensions import override
 
 from cb_callback._capture import Capture
@@ -49,6 +51,8 @@ _PRECISION_DTYPES = {
     "bf16-mixed": "bf16", "bf16-true": "bf16", "bf16": "bf16",
     "16-mixed": "fp16", "16-true": "fp16", "16": "fp16",
 }  # fmt: skip
+# The benchmark options' defaults are BenchmarkConfig's (one source of truth).
+_DEFAULTS = BenchmarkConfig()
 _GUARD_RE = re.compile(r"""__name__\s*==\s*["']__main__["']""")
 
 
@@ -103,6 +107,27 @@ def _spawn_problem(model_cls: type) -> str | None:
     return None
 
 
+def _is_redirected(module: Any) -> bool:
+    """Whether this call of ``module`` is Lightning's forward redirection to ``training_step``.
+
+    DDP-like strategies patch the LightningModule's ``forward`` on the instance and
+    call the wrapped module, so that ``training_step(batch, batch_idx)`` runs
+    inside DDP's forward; that call is not a forward of the module.
+    """
+    patched = module.__dict__.get("forward")
+    return patched is not None and "_ForwardRedirection" in getattr(patched, "__qualname__", "")
+
+
+def _step_capture(root: nn.Module, keep_samples: int | None) -> Capture:
+    """A capture of one training step that ignores Lightning's forward redirection.
+
+    Under DDP-like strategies the root's first call is the redirected
+    ``training_step``; it is skipped, so the root's real ``forward`` (if
+    ``training_step`` calls ``self(...)``) is what gets captured.
+    """
+    return Capture(root, keep_samples=keep_samples, skip=lambda module, args, kwargs: _is_redirected(module))
+
+
 class _ProgressBar:
     """``progress(done, total, path)`` drawn as a tqdm bar (created on the first call)."""
 
@@ -136,6 +161,8 @@ class ComponentBenchmark(Callback):
     backward (see :func:`cb_callback.profile_components`). The report is written
     to ``output_dir`` (``report.json``, ``components.csv``, icicle PNGs) and, with a
     ``TensorBoardLogger``, logged at ``capture_step`` under ``component_benchmark/``.
+    The options from ``max_depth`` to ``load_plugins`` are those of
+    :class:`cb_callback.BenchmarkConfig`, with its defaults.
 
     Example::
 
@@ -214,25 +241,25 @@ class ComponentBenchmark(Callback):
         capture_step: int = 10,
         mode: Literal["pause", "fork"] = "pause",
         *,
-        max_depth: int | None = None,
-        include: Sequence[str] = (),
-        exclude: Sequence[str] = (),
-        backward: bool = True,
-        warmup: int = 2,
-        min_run_time_s: float = 0.1,
-        min_repeats: int = 3,
-        max_repeats: int = 1000,
-        max_total_time_s: float | None = None,
+        max_depth: int | None = _DEFAULTS.max_depth,
+        include: Sequence[str] = tuple(_DEFAULTS.include),
+        exclude: Sequence[str] = tuple(_DEFAULTS.exclude),
+        backward: bool = _DEFAULTS.backward,
+        warmup: int = _DEFAULTS.warmup,
+        min_run_time_s: float = _DEFAULTS.min_run_time_s,
+        min_repeats: int = _DEFAULTS.min_repeats,
+        max_repeats: int = _DEFAULTS.max_repeats,
+        max_total_time_s: float | None = _DEFAULTS.max_total_time_s,
         device: str | None = None,
         dtype: str | None = None,
-        peak_flops: float | None = None,
-        peak_bandwidth: float | None = None,
-        batch_size: int | None = None,
+        peak_flops: float | None = _DEFAULTS.peak_flops,
+        peak_bandwidth: float | None = _DEFAULTS.peak_bandwidth,
+        batch_size: int | None = _DEFAULTS.batch_size,
         preprocessors: Sequence[Any] = (),
         metrics: Sequence[Any] = (),
         reporters: Sequence[Any] = (),
-        seed: int = 0,
-        load_plugins: bool = True,
+        seed: int = _DEFAULTS.seed,
+        load_plugins: bool = _DEFAULTS.load_plugins,
         capture_batch_size: int | None = None,
         output_dir: str | None = None,
         log_to_tensorboard: bool = True,
@@ -290,6 +317,11 @@ class ComponentBenchmark(Callback):
         self.fork_timeout_s = None if fork_timeout_s is None else float(fork_timeout_s)
         self._output_dir_arg = None if output_dir is None else os.fspath(output_dir)
 
+        # Lightning reads state_key around every hook call: build it once.
+        self._state_key = self._generate_state_key(
+            capture_step=capture_step, mode=mode, ranks=ranks, max_depth=self.config.max_depth,
+            include=list(self.config.include), exclude=list(self.config.exclude), output_dir=self._output_dir_arg,
+        )  # fmt: skip
         self.report: Report | None = None
         self.output_dir: Path | None = None
         self._active = False
@@ -308,11 +340,7 @@ class ComponentBenchmark(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(
-            capture_step=self.capture_step, mode=self.mode, ranks=self.ranks,
-            max_depth=self.config.max_depth, include=list(self.config.include),
-            exclude=list(self.config.exclude),
-        )  # fmt: skip
+        return self._state_key
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -389,8 +417,6 @@ class ComponentBenchmark(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active or self.mode != "pause" or self.config.device is None:
             return
-        import torch
-
         wanted, actual = torch.device(self.config.device), pl_module.device
         if wanted.type != actual.type or (wanted.index is not None and wanted.index != actual.index):
             raise ValueError(
@@ -414,9 +440,7 @@ class ComponentBenchmark(Callback):
             return
         self._pending = True
         if self._profiles_here(trainer):
-            capture = Capture(pl_module, keep_samples=self.capture_batch_size)
-            capture.__enter__()
-            self._capture = capture
+            self._capture = _step_capture(pl_module, self.capture_batch_size).__enter__()
 
     def _remove_hooks(self) -> Capture | None:
         capture, self._capture = self._capture, None
@@ -530,6 +554,7 @@ class ComponentBenchmark(Callback):
                 captured_batch_size=capture.stored_batch_size,
                 forward_context=trainer.precision_plugin.forward_context,
                 metadata=self._metadata(trainer, pl_module, capture),
+                report_context=ReportContext(output_dir=out, step=self.capture_step),
             )
         finally:
             if bar is not None:
@@ -540,10 +565,10 @@ class ComponentBenchmark(Callback):
             try:
                 FileReporter().write(report, ReportContext(output_dir=out, step=self.capture_step))
                 written = True
-            except OSError as e:
+            except Exception as e:
                 warnings.warn(
-                    f"cb_callback: could not write the report files to {out} ({e}); the report is in "
-                    "ComponentBenchmark.report.",
+                    f"cb_callback: could not write the report files to {out} ({type(e).__name__}: {e}); the "
+                    "report is in ComponentBenchmark.report.",
                     RuntimeWarning,
                     stacklevel=3,
                 )
@@ -567,7 +592,7 @@ class ComponentBenchmark(Callback):
             precision=str(trainer.precision),
             metadata=metadata,
         )
-        child = ChildRun(snapshot, work, None if device is None else str(device), self.capture_step)
+        child = ChildRun(snapshot, work, str(device), self.capture_step)
         child.start()
         self._child = child
         rank_zero_info(
@@ -634,9 +659,18 @@ class ComponentBenchmark(Callback):
         )
         logger = self._tensorboard(trainer) if self.log_to_tensorboard else None
         if logger is not None:
-            writer = logger.experiment
-            log_report(writer, report, step=self.capture_step)
-            writer.flush()
+            try:
+                writer = logger.experiment
+                log_report(writer, report, step=self.capture_step)
+                writer.flush()
+            except Exception as e:
+                warnings.warn(
+                    f"cb_callback: could not log the report to TensorBoard ({type(e).__name__}: {e}); it is "
+                    f"{where}.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return
             rank_zero_info(
                 f"cb_callback: component report of step {self.capture_step} {where}; logged to TensorBoard "
                 f"under component_benchmark/: tensorboard --logdir {logger.log_dir}"

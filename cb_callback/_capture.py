@@ -30,6 +30,9 @@ class Capture:
             first name ``named_modules()`` gives it).
         keep_samples: keep only the first ``k`` samples of every input whose
             leading dimension is the root's batch size (small-batch capture).
+        skip: ``skip(module, args, kwargs)`` -> whether a call is not a real one
+            (neither recorded nor counted), e.g. a framework calling ``forward``
+            to redirect into ``training_step``.
 
     Notes:
         The copy is taken when the module is entered: an in-place op later in the
@@ -44,10 +47,12 @@ class Capture:
         paths: Iterable[str] | None = None,
         *,
         keep_samples: int | None = None,
+        skip: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], bool] | None = None,
     ) -> None:
         self._root = weakref.ref(root)
         self._paths = None if paths is None else set(paths)
         self._keep = keep_samples
+        self._skip = skip
         self._handles: list[RemovableHandle] = []
         self.calls: dict[str, ComponentInputs] = {}
         #: Leading dimension of the first captured call's inputs (the real batch size).
@@ -56,6 +61,8 @@ class Capture:
 
     def _hook(self, path: str) -> Callable[..., None]:
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if self._skip is not None and self._skip(module, args, kwargs):
+                return
             seen = self.calls.get(path)
             if seen is not None:
                 seen.calls += 1

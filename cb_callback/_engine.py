@@ -250,12 +250,14 @@ def profile_captured(
     captured_batch_size: int | None = None,
     forward_context: Callable[[], AbstractContextManager[Any]] | None = None,
     metadata: Mapping[str, Any] | None = None,
+    report_context: ReportContext | None = None,
+    prepare: bool = True,
 ) -> Report:
     """Profile ``model`` from inputs captured elsewhere (by :class:`Capture`).
 
     Args:
-        model: the root of the tree, on the device to profile (or
-            ``config.device``).
+        model: the root of the tree. If it is not on ``config.device``, a deep
+            copy is moved there (the model itself is left where it is).
         calls: captured first calls by path.
         config: options.
         captured_batch_size: the batch size the captured inputs hold (for
@@ -263,6 +265,10 @@ def profile_captured(
         forward_context: a context entered around each replayed forward (the
             Lightning callback passes the Trainer's precision context).
         metadata: extra metadata merged into the report's.
+        report_context: what reporters get (the step, a TensorBoard writer);
+            default: ``config.output_dir`` at step 0.
+        prepare: apply the preprocessors' ``prepare_model`` to ``model`` first
+            (:func:`profile_components` did so before its capture already).
 
     Returns:
         The report; the model's state (weights, buffers, grads, flags, RNG) is as
@@ -278,6 +284,11 @@ def profile_captured(
     if cfg.batch_size is not None:
         builtins.append(ReplicateBatch(cfg.batch_size))
     prepare_ctx = PrepareContext(cfg, device, meta, captured_batch_size)
+    if prepare:
+        for p in pre_user:
+            model = p.prepare_model(model, prepare_ctx)
+    if _model_device(model) != device:
+        model = copy.deepcopy(model).to(device)
     dtype = _infer_dtype(model, device, cfg)
     run = _Run(model, calls, cfg, device, prepare_ctx, [*builtins, *pre_user], met_user, forward_context)
     nodes, modules = build_tree(model, calls, cfg.max_depth)
@@ -330,7 +341,8 @@ def profile_captured(
         timing={"wall_s": wall, "timed_s": timed, "harness_efficiency": timed / wall if wall > 0 else None},
     )
     report = Report([rows[n.path] for n in nodes], meta)
-    _write(report, reporters, cfg)
+    ctx = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
+    _write(report, reporters, ctx)
     return report
 
 
@@ -357,8 +369,7 @@ def _estimate_parents(nodes: list[Node], rows: dict[str, ComponentRow]) -> None:
         estimate_from_children(row, children, reason)
 
 
-def _write(report: Report, reporters: Sequence[Any], cfg: BenchmarkConfig) -> None:
-    ctx = ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
+def _write(report: Report, reporters: Sequence[Any], ctx: ReportContext) -> None:
     for reporter in reporters:
         try:
             reporter.write(report, ctx)
@@ -427,5 +438,5 @@ def profile_components(
                 stacklevel=2,
             )
     return profile_captured(
-        model, capture.calls, config=cfg, captured_batch_size=capture.batch_size, metadata=meta
+        model, capture.calls, config=cfg, captured_batch_size=capture.batch_size, metadata=meta, prepare=False
     )

@@ -74,12 +74,14 @@ class Preprocessor:
     name: str = "preprocessor"
 
     def prepare_model(self, model: nn.Module, ctx: PrepareContext) -> nn.Module:
-        """Called once, before the capture forward of :func:`profile_components`.
+        """Called once per run, on the model to profile.
 
-        Returns the model to capture and profile (may be ``model`` itself, changed
-        in place, or a new module whose ``named_modules()`` paths match). Not
-        called when inputs were captured elsewhere (the Lightning callback runs it
-        before its capture step instead).
+        :func:`profile_components` calls it before its capture forward;
+        :func:`profile_captured` (the Lightning callback, ``cb replay``) after the
+        capture, on the captured model, before any replay. Returns the model to
+        profile: ``model`` itself, or a new module whose ``named_modules()`` paths
+        match the captured ones. It must not change the model a training run
+        goes on with (return a copy that shares the weights instead).
         """
         return model
 

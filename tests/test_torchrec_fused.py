@@ -1,4 +1,4 @@
-"""Fused optimizers: profiling leaves weights, optimizer state and step counters as they were."""
+"""Fused optimizers: the fused backward is measured; weights, optimizer state and step counters are left as they were."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 pytest.importorskip("torchrec")
 
@@ -20,9 +21,11 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from cb_callback import MeasureContext, profile_components
-from cb_callback.integrations.torchrec import FusedBackward, tbe_modules
+import cb_callback.integrations.torchrec as cbt
+from cb_callback import MeasureContext, profile_components, register_grad_targets
+from cb_callback.integrations.torchrec import hidden_tbe_grad_targets, register, tbe_modules
 from tests.conftest import FAST
+from tests.test_torchrec_embedding import _TABLES, F32, _nbytes, _RecordOp
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e12, peak_bandwidth=1e11)
 IDS = torch.tensor([1, 2, 2, 7, 7, 9, 9, 11])
@@ -81,33 +84,76 @@ def test_fused_tbe_weights_and_optimizer_state_are_unchanged_after_profiling() -
     assert _same(before, _snapshot(tbe)) == []  # … and everything is back
 
 
-def test_fused_ebc_backward_is_reached_and_its_state_restored() -> None:
-    ebc = FusedEmbeddingBagCollection(
+def _fused_ebc() -> FusedEmbeddingBagCollection:
+    return FusedEmbeddingBagCollection(
         tables=[
             EmbeddingBagConfig(name="t0", embedding_dim=4, num_embeddings=10, feature_names=["a"]),
             EmbeddingBagConfig(name="t1", embedding_dim=8, num_embeddings=20, feature_names=["b", "c"]),
         ],
         optimizer_type=torch.optim.Adagrad, optimizer_kwargs={"lr": 0.1}, device=torch.device("cpu"),
     )  # fmt: skip
+
+
+class _Head(nn.Module):
+    """A parent of the FusedEBC: its isolated backward must reach the hidden TBE too."""
+
+    def __init__(self, ebc: FusedEmbeddingBagCollection) -> None:
+        super().__init__()
+        self.ebc = ebc
+
+    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        return self.ebc(kjt).values().sum(dim=1)
+
+
+def test_fused_ebc_backward_is_measured_by_default_and_its_state_restored() -> None:
+    ebc = _fused_ebc()
+    # 3 features x 2 samples: a (t0, dim 4): [1], [2, 3]; b, c (both t1, dim 8): [4], [5] | [6, 7], [8]
     kjt = KeyedJaggedTensor.from_lengths_sync(
         keys=["a", "b", "c"], values=torch.tensor([1, 2, 3, 4, 5, 6, 7, 8]), lengths=torch.tensor([1, 2, 1, 1, 2, 1])
     )
-    ebc(kjt).values().sum().backward()
+    rec = _RecordOp("backward_codegen")
+    with rec:
+        ebc(kjt).values().sum().backward()  # one real step: the fused Adagrad update ran
+    named, bwd_out = rec.calls[0]
     (tbe,) = tbe_modules(ebc)  # hidden in a plain list, not a registered submodule
+    model = _Head(ebc)
+    for mod in (ebc, model):  # the owner and its parent; once each, however deep
+        (target,) = hidden_tbe_grad_targets(mod)
+        assert target is tbe.placeholder_autograd_tensor
+    # distinct rows: t0 ids {1, 2, 3} (dim 4), t1 ids {4, 5, 6, 7, 8} (dim 8)
+    dims = 3 * 4 + 5 * 8
+    skip = (*_TABLES, "momentum1_host", "momentum1_dev", "momentum1_uvm")
+    expected = (
+        _nbytes(named, skip=skip)  # grad_output, indices, offsets, metadata, lr
+        + 2 * dims * F32  # read + write of each updated weight row
+        + 2 * dims * F32  # read + write of each row's Adagrad momentum (element-wise: D fp32)
+    )
+    assert bwd_out is None and cbt.tbe_backward_bytes(named, bwd_out) == expected
     before = _snapshot(tbe)
-    names = [n for n, _ in ebc.named_parameters()]
+    names = [n for n, _ in model.named_parameters()]
     spy = _WeightsChanged(tbe, before["weights_host"])
-    report = profile_components(ebc, (kjt,), preprocessors=[FusedBackward()], metrics=[spy], **FAST, **PEAKS)
-    row = report.row("")
-    assert row.status == "ok" and row.details["weights_changed"] is True
+    report = profile_components(model, (kjt,), metrics=[spy], **FAST, **PEAKS)  # no preprocessor needed
     bwd_op = "fbgemm.split_embedding_backward_codegen_adagrad_unweighted_pt2_wrapper"  # torch.optim.Adagrad
-    assert bwd_op in row.details["top_bytes_ops"]  # the fused backward is in the measured backward
+    for path in ("", "ebc"):
+        row = report.row(path)
+        assert row.status == "ok" and row.details["weights_changed"] is True, path
+        # the fused backward (gradient scatter + Adagrad update) is in the measured backward, exactly
+        assert row.details["top_bytes_ops"][bwd_op] == expected, path
+        assert row.details["bwd_bytes"] >= expected and row.bwd_ms > 0, path
     assert _same(before, _snapshot(tbe)) == []
-    assert [n for n, _ in ebc.named_parameters()] == names  # the user's module is not changed
-    assert report.metadata["fused_backward"] == {"modules": [""]}
+    assert [n for n, _ in model.named_parameters()] == names  # the user's module is not changed
 
 
-def test_fused_ebc_without_fused_backward_still_restores_its_step_counter() -> None:
+def test_grad_targets_are_registered_once() -> None:
+    register()  # a second registration is a no-op …
+    with pytest.raises(ValueError, match="already registered"):  # … of a function the engine already has
+        register_grad_targets(hidden_tbe_grad_targets)
+    assert hidden_tbe_grad_targets(nn.Linear(2, 2)) == []  # no hidden TBE: nothing added
+    tbe = _trained_tbe()  # a registered TBE: its placeholder already is a parameter of the component
+    assert hidden_tbe_grad_targets(tbe) == []
+
+
+def test_fused_ebc_with_sgd_restores_its_step_counter() -> None:
     ebc = FusedEmbeddingBagCollection(
         tables=[EmbeddingBagConfig(name="t0", embedding_dim=4, num_embeddings=10, feature_names=["a"])],
         optimizer_type=torch.optim.SGD, optimizer_kwargs={"lr": 0.1}, device=torch.device("cpu"),

@@ -20,7 +20,12 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import cb_callback.integrations.torchrec._sharded as sharded
 from cb_callback import BenchmarkConfig, PrepareContext, profile_components
-from cb_callback.integrations.torchrec import FusedBackward, ShardedModelCheck, unwrap_model
+from cb_callback.integrations.torchrec import (
+    ShardedModelCheck,
+    hidden_tbe_grad_targets,
+    tbe_modules,
+    unwrap_model,
+)
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e12, peak_bandwidth=1e11)
@@ -55,7 +60,7 @@ def test_dmp_on_one_rank_profiles_under_the_unsharded_paths(one_rank: None) -> N
     dmp = DistributedModelParallel(model, device=torch.device("cpu"))
     kjt = KeyedJaggedTensor.from_lengths_sync(keys=["a"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 2]))
     report = profile_components(
-        dmp, (torch.randn(2, 4), kjt), preprocessors=[ShardedModelCheck(), FusedBackward()], **FAST, **PEAKS
+        dmp, (torch.randn(2, 4), kjt), preprocessors=[ShardedModelCheck()], **FAST, **PEAKS
     )
     got = {r.path for r in report}
     assert paths <= got and not any(p.startswith("_dmp_wrapped_module") for p in got)
@@ -66,6 +71,12 @@ def test_dmp_on_one_rank_profiles_under_the_unsharded_paths(one_rank: None) -> N
     # the data-parallel lookup is charged the rows it reads, not its table
     lookup = report.row(ebc).details["top_bytes_ops"]["fbgemm.dense_embedding_codegen_lookup_function"]
     assert lookup < 100 * 8 * 4
+    # its dense TBE is hidden outside the module tree; its weights are grad targets, so the
+    # parents' backward, with no preprocessor, computes its table-sized gradient (100 x 8 fp32)
+    sharded_ebc = unwrap_model(dmp).get_submodule(ebc)
+    (tbe,), (target,) = tbe_modules(sharded_ebc), hidden_tbe_grad_targets(sharded_ebc)
+    assert target is tbe.weights
+    assert report.row("sparse_arch").details["bwd_bytes"] >= 100 * 8 * 4
 
 
 def test_several_ranks_are_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,12 @@ needs to profile torchrec models (through ``cb_callback``'s public API only):
 * memory-traffic rules for fbgemm's table-batched embedding kernels (the rows
   touched, not the whole table; see :mod:`._traffic`);
 * a state saver for fused optimizers' Python-level state and hidden TBEs (see
-  :mod:`._fused`).
+  :mod:`._fused`);
+* grad targets for fbgemm TBEs kept outside the module tree (torchrec's
+  ``FusedEmbeddingBagCollection``, sharded lookups): their placeholder tensor,
+  or a dense TBE's weights, so the isolated backward of every component that
+  holds one (and of its parents) runs and measures the fused backward — the
+  gradient scatter and the optimizer update (see :mod:`._grad_targets`).
 
 Then use::
 
@@ -26,7 +31,7 @@ Then use::
 from __future__ import annotations
 
 from ._fused import fused_tbe_state_saver, register_fused_state_saver
-from ._fused_backward import FusedBackward
+from ._grad_targets import hidden_tbe_grad_targets, register_hidden_tbe_grad_targets
 from ._hash_size import ReduceHashSize
 from ._hidden import tbe_modules
 from ._jagged import (
@@ -43,10 +48,10 @@ from ._traffic import (
 )
 
 __all__ = [
-    "FusedBackward",
     "ReduceHashSize",
     "ShardedModelCheck",
     "fused_tbe_state_saver",
+    "hidden_tbe_grad_targets",
     "register",
     "take_jt",
     "take_kjt",
@@ -59,7 +64,7 @@ __all__ = [
 
 
 def register() -> None:
-    """Register the integration's batch rules, traffic rules and state saver (idempotent).
+    """Register the integration's batch rules, traffic rules, state saver and grad targets (idempotent).
 
     Called on import; call it again after loading more fbgemm operator
     libraries so their TBE ops get traffic rules too.
@@ -67,6 +72,7 @@ def register() -> None:
     register_jagged_batch_rules()
     register_tbe_traffic_rules()
     register_fused_state_saver()
+    register_hidden_tbe_grad_targets()
 
 
 register()

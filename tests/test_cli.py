@@ -1,0 +1,109 @@
+"""The ``cb`` command: replay, report, diff."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from cb_callback import BenchmarkConfig, Capture, ComponentRow, Report
+from cb_callback._cli import _default_device, diff_lines, main
+from cb_callback._snapshot import SNAPSHOT_FILE, save_snapshot
+from tests.conftest import FAST
+
+PEAKS: dict[str, Any] = dict(peak_flops=1e11, peak_bandwidth=1e10)
+
+
+def _snapshot(directory: Path, device: str = "cpu") -> Path:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with Capture(model) as capture:
+        model(torch.randn(5, 4))
+    return save_snapshot(
+        directory, model, capture.calls, config=BenchmarkConfig(**FAST, **PEAKS), captured_batch_size=5,
+        metadata={"capture_step": 3, "capture_device": device},
+    )  # fmt: skip
+
+
+def test_replay_profiles_a_snapshot_and_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snap = _snapshot(tmp_path / "snap")
+    out = tmp_path / "out"
+    assert main(["replay", str(snap), "--device", "cpu", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    report = Report.load(out)
+    assert [r.path for r in report.rows] == ["", "0", "1", "2"]
+    assert [r.status for r in report.rows] == ["ok"] * 4
+    assert report.metadata["capture_step"] == 3
+    assert report.row("0").fwd_flops == 2 * 5 * 4 * 8  # Linear(4 -> 8) on 5 samples
+    assert "only replay snapshots you trust" in stdout
+    assert "cb_callback component benchmark" in stdout
+    assert stdout.rstrip().endswith(
+        f"cb: report written to {out} (report.json, components.csv, icicle_mfu.png, "
+        "icicle_total_ms.png, icicle_peak_mem_mb.png)"
+    )
+
+
+def test_replay_defaults_to_cpu_when_the_capture_device_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snap = _snapshot(tmp_path / "snap", device="cuda:0")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has the capture device")
+    assert main(["replay", str(snap)]) == 0
+    stdout = capsys.readouterr().out
+    assert "cb: the snapshot was captured on cuda:0; no CUDA device here, replaying on cpu" in stdout
+    assert Report.load(snap / "replay").metadata["device"] == "cpu"
+    assert _default_device(None) == ("cpu", None)
+    assert _default_device("cpu") == ("cpu", None)
+
+
+def test_replay_of_a_broken_snapshot_fails_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / SNAPSHOT_FILE).write_bytes(b"garbage")
+    assert main(["replay", str(tmp_path), "--device", "cpu"]) == 1
+    assert "cb: error: cannot read the snapshot" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "nowhere"), "--device", "cpu"]) == 1
+    assert "cb: error: no snapshot at" in capsys.readouterr().err
+
+
+def _report(total_ms: dict[str, float]) -> Report:
+    rows = [ComponentRow("", "Net", 0, None, "ok", calls=1, total_ms=total_ms.get("", math.nan))]
+    rows += [
+        ComponentRow(p, "Linear", 1, "", "ok", calls=1, total_ms=v) for p, v in total_ms.items() if p != ""
+    ]
+    return Report(rows, {"device_name": "cpu", "dtype": "fp32"})
+
+
+def test_report_prints_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = _report({"": 3.0, "a": 2.0, "b": 1.0})
+    report.save(tmp_path)
+    assert main(["report", str(tmp_path), "--top", "1"]) == 0
+    assert capsys.readouterr().out == Report.load(tmp_path).summary(top=1) + "\n"
+    assert main(["report", str(tmp_path / "missing")]) == 1
+    assert "cb: error: cannot read a report at" in capsys.readouterr().err
+
+
+def test_diff_prints_per_path_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = _report({"": 10.0, "a": 4.0, "b": 6.0})
+    b = _report({"": 5.0, "a": 4.0, "c": 1.0})
+    assert diff_lines(a, b) == [
+        "path    type    A total_ms  B total_ms    B/A",
+        "------  ------  ----------  ----------  -----",
+        "(root)  Net             10           5  0.500",
+        "a       Linear           4           4  1.000",
+        "b       Linear           6           -      -",
+        "c       Linear           -           1      -",
+    ]
+    a.save(tmp_path / "a")
+    b.save(tmp_path / "b")
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"A: {tmp_path / 'a'}  (cpu, fp32)"
+    assert out[2:] == diff_lines(a, b)
+    with pytest.raises(SystemExit):
+        main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--metric", "nonsense"])
