@@ -60,6 +60,7 @@ def estimate_from_children(row: ComponentRow, children: list[ComponentRow], reas
         measured: it misses the parent's own ops between its children and any
         overlap or fusion across them.
     """
+    children = [c for c in children if c.status != "not_run"]  # they cost nothing in the step
     usable = [c for c in children if c.status in ("ok", "estimated") and _finite(c.fwd_ms)]
     if not usable:
         row.status = "failed"

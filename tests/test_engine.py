@@ -273,3 +273,19 @@ def test_params_mb_is_exact_and_unique() -> None:
     # enc: 8*8 weight + 8 bias floats = 72 * 4 bytes; shared by dec, counted once in the root
     assert report.row("enc").params_mb == 72 * 4 / 2**20
     assert report.row("").params_mb == (72 + 9 + 3) * 4 / 2**20
+
+
+def test_an_unused_child_is_not_missing_from_an_estimate() -> None:
+    class WithUnused(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used = nn.ModuleList([nn.Linear(4, 4)])
+            self.unused = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.used[0](x)
+
+    model = nn.Sequential(Fragile(), WithUnused())
+    report = profile_components(model, (torch.randn(2, 4),), **FAST)
+    assert report.row("1.unused").status == "not_run"
+    assert report.row("").error == "replay raised RuntimeError: boom in isolation; estimated from 2 of 2 children"
