@@ -103,6 +103,7 @@ def time_fn(
     out = Timing()
     start_wall = clock()
     while True:
+        out.last_arg = out.last_out = None  # free the previous run's result before the next run
         arg = prepare()
         if cuda:
             torch.cuda.synchronize(device)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,7 +15,7 @@ from torchrec.models.dlrm import DLRM_DCN
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from cb_callback import Report, profile_components
-from tests.conftest import FAST
+from tests.conftest import FAST, load_example
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e12, peak_bandwidth=1e11)
 B = 32
@@ -26,21 +24,9 @@ F = 26  # sparse features
 ROWS = (1_000, 100, 50)
 
 
-def _example(name: str) -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
-    key = f"cb_examples_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
 @pytest.fixture(scope="module")
 def ex() -> ModuleType:
-    return _example("dlrm")
+    return load_example("dlrm")
 
 
 @pytest.fixture(scope="module")
