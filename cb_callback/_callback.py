@@ -372,7 +372,10 @@ class ComponentBenchmark(Callback):
                 )
             problem = _spawn_problem(type(pl_module))
             if problem is not None:
-                raise ValueError(f"ComponentBenchmark(mode='fork'): {problem}")
+                # Never crash the user's run: profile in-process instead, and say how to fork.
+                rank_zero_warn(f"cb_callback: ComponentBenchmark(mode='fork') cannot fork: {problem}. "
+                               "Profiling in-process (mode='pause') instead.")
+                self.mode = "pause"
         # trainer.log_dir broadcasts from rank 0: every rank must ask.
         base = self._output_dir_arg
         if base is None:
@@ -417,13 +420,14 @@ class ComponentBenchmark(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active or self.mode != "pause" or self.config.device is None:
             return
-        wanted, actual = torch.device(self.config.device), pl_module.device
-        if wanted.type != actual.type or (wanted.index is not None and wanted.index != actual.index):
+        wanted = torch.device(self.config.device)
+        if wanted.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(
-                f"ComponentBenchmark(device={self.config.device!r}): in mode='pause' the components are "
-                f"replayed where the module lives ({actual}); drop device= or use mode='fork' to profile "
-                "on another device"
+                f"ComponentBenchmark(device={self.config.device!r}): CUDA is not available here; drop "
+                "device= to profile where the module lives, or replay the fork-mode snapshot on a GPU "
+                "machine with `cb replay`"
             )
+        # Another available device: the engine profiles a copy of the module there.
 
     # --- capture -------------------------------------------------------------------
 

@@ -226,13 +226,15 @@ def test_spawn_problems_are_found_before_training(tmp_path: Path, monkeypatch: p
     assert _spawn_problem(MLPModule) is None
 
 
-def test_fork_refuses_a_class_defined_in_a_function(tmp_path: Path) -> None:
+def test_fork_of_a_class_defined_in_a_function_falls_back_to_pause(tmp_path: Path) -> None:
     class LocalModule(MLPModule):
         pass
 
     cb = ComponentBenchmark(capture_step=1, mode="fork", **OPTS)
-    with pytest.raises(ValueError, match=r"mode='fork'.*LocalModule is defined inside a function"):
+    with pytest.warns(UserWarning, match=r"mode='fork'.*LocalModule is defined inside a function.*mode='pause'"):
         run_fit(tmp_path, [cb], model_cls=LocalModule, max_steps=2, logger=False)
+    assert cb.mode == "pause"
+    assert cb.report is not None and cb.report.row("head").status == "ok"
 
 
 def test_training_inside_the_spawned_child_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
