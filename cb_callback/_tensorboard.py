@@ -60,6 +60,24 @@ def _figure_to_hwc(fig: Figure) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
 
 
+def _add_text(writer: Any, tag: str, text: str, step: int) -> None:
+    """A text summary stored under exactly ``tag``.
+
+    ``SummaryWriter.add_text`` stores ``<tag>/text_summary``; the text dashboard
+    shows any tensor with the text plugin's metadata, so the summary is written
+    with the tag itself (writers without a file writer get ``add_text``).
+    """
+    file_writer = getattr(writer, "_get_file_writer", None)
+    if not callable(file_writer):
+        writer.add_text(tag, text, global_step=step)
+        return
+    from torch.utils.tensorboard.summary import text as text_summary
+
+    summary = text_summary(tag, text)
+    summary.value[0].tag = tag
+    file_writer().add_summary(summary, step)
+
+
 def log_report(writer: Any, report: Report, step: int = 0) -> None:
     """Log ``report`` to a TensorBoard ``SummaryWriter``-like ``writer`` at ``step``.
 
@@ -81,8 +99,8 @@ def log_report(writer: Any, report: Report, step: int = 0) -> None:
             value = float(getattr(row, metric))
             if math.isfinite(value):
                 writer.add_scalar(scalar_tag(metric, row.path), value, global_step=step)
-    writer.add_text(f"{TAG_PREFIX}/table", markdown_table(report), global_step=step)
-    writer.add_text(f"{TAG_PREFIX}/summary", _summary_markdown(report), global_step=step)
+    _add_text(writer, f"{TAG_PREFIX}/table", markdown_table(report), step)
+    _add_text(writer, f"{TAG_PREFIX}/summary", _summary_markdown(report), step)
     for metric in ICICLE_IMAGE_METRICS:
         tag = f"{TAG_PREFIX}/icicle/{metric}"
         fig = icicle_figure(report, metric)
