@@ -61,8 +61,50 @@ class ReplicateBatch(Preprocessor):
     def process_inputs(self, inputs: ComponentInputs, ctx: PrepareContext) -> ComponentInputs:
         if ctx.batch_size is None or ctx.batch_size == self.batch_size:
             return inputs
+        if isinstance(ctx.module, nn.EmbeddingBag):
+            bags = _replicate_bags(inputs, ctx.batch_size, self.batch_size)
+            if bags is not None:
+                return bags
         args, kwargs = replicate_batch((inputs.args, inputs.kwargs), ctx.batch_size, self.batch_size)
         return dataclasses.replace(inputs, args=tuple(args), kwargs=dict(kwargs))
+
+
+def _replicate_bags(inputs: ComponentInputs, batch: int, n: int) -> ComponentInputs | None:
+    """Tile the bags of a 1-D ``EmbeddingBag(input, offsets)`` call: bag ``j`` of the
+    result is bag ``j % batch`` of the capture (with its per-sample weights).
+
+    ``None`` when the call is not that form (2-D input: the generic rule applies).
+    """
+    names = ("input", "offsets", "per_sample_weights")
+    given = dict(zip(names, inputs.args, strict=False)) | {k: v for k, v in inputs.kwargs.items() if k in names}
+    values, offsets = given.get("input"), given.get("offsets")
+    if not isinstance(values, torch.Tensor) or values.dim() != 1 or not isinstance(offsets, torch.Tensor):
+        return None
+    include_last = offsets.numel() == batch + 1
+    if offsets.numel() not in (batch, batch + 1):
+        return None
+    starts = offsets[:batch]
+    ends = torch.cat([offsets[1:batch], offsets.new_tensor([values.numel()])]) if not include_last else offsets[1:]
+    src = torch.arange(n) % batch
+    pieces = [torch.arange(int(starts[b]), int(ends[b])) for b in src.tolist()]
+    index = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.long)
+    lengths = (ends - starts)[src]
+    new_offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+    new_offsets = new_offsets if include_last else new_offsets[:-1]
+    out = {"input": values[index.to(values.device)], "offsets": new_offsets.to(offsets.device)}
+    psw = given.get("per_sample_weights")
+    if isinstance(psw, torch.Tensor):
+        out["per_sample_weights"] = psw.detach()[index.to(psw.device)].requires_grad_(psw.requires_grad)
+    args = list(inputs.args)
+    kwargs = dict(inputs.kwargs)
+    for i, name in enumerate(names):
+        if name not in out:
+            continue
+        if i < len(args):
+            args[i] = out[name]
+        elif name in kwargs:
+            kwargs[name] = out[name]
+    return dataclasses.replace(inputs, args=tuple(args), kwargs=kwargs)
 
 
 class _ToDevice(Preprocessor):

@@ -171,3 +171,36 @@ def test_import_cb_callback_imports_neither_torchrec_nor_lightning() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_embedding_bag_with_offsets_is_replicated_by_bag() -> None:
+    class Rec(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bag = nn.EmbeddingBag(10, 4, mode="sum")
+            self.dense = nn.Linear(2, 4)
+
+        def forward(self, x: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+            return self.dense(x) + self.bag(ids, offsets)
+
+    model = Rec()
+    bag = model.bag
+    values = torch.tensor([1, 2, 3, 4, 5, 6])
+    offsets = torch.tensor([0, 2, 3])  # bags [1, 2], [3], [4, 5, 6]
+    x = torch.randn(3, 2)  # the batch: 3 samples
+    report = profile_components(model, (x, values, offsets), batch_size=7, **FAST)
+    row = report.row("bag")
+    assert row.status == "ok"
+    # 7 bags tiled from 3: bag j = bag j % 3 -> lengths 2,1,3,2,1,3,2 = 14 ids looked up.
+    # _embedding_bag: ids (14 int64) + offsets (7 int64) + rows read (14 x 4 fp32)
+    # + outputs: pooled [7,4] fp32, offset2bag (empty in sum mode), bag_size and max_indices (7 int64)
+    assert row.details["fwd_bytes"] == 14 * 8 + 7 * 8 + 14 * 4 * 4 + (7 * 4 * 4 + 0 + 7 * 8 + 7 * 8)
+    from cb_callback._engine import _replicate_bags
+
+    rep = _replicate_bags(ComponentInputs((values, offsets), {}), 3, 7)
+    assert rep is not None
+    assert rep.args[0].tolist() == [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2]
+    assert rep.args[1].tolist() == [0, 2, 3, 6, 8, 9, 12]
+    out = bag(*rep.args)
+    ref = bag(values, offsets)
+    assert torch.equal(out, ref[torch.arange(7) % 3])
