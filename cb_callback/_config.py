@@ -99,7 +99,8 @@ class BenchmarkConfig:
                 return
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             if not ok or v < 0 or (v == 0 and not allow_zero):
-                raise bad(name, "expected a finite number > 0" + (" or None" if allow_none else ""))
+                bound = ">= 0" if allow_zero else "> 0"
+                raise bad(name, f"expected a finite number {bound}" + (" or None" if allow_none else ""))
 
         non_negative_int("max_depth", allow_none=True)
         non_negative_int("warmup")

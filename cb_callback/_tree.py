@@ -34,6 +34,9 @@ class Node:
     children: list[str] = field(default_factory=list)
 
 
+_PARAMETER_HOLDERS = (nn.ParameterList, nn.ParameterDict)
+
+
 def _depth(path: str) -> int:
     return 0 if path == "" else path.count(".") + 1
 
@@ -45,16 +48,24 @@ def build_tree(
 ) -> tuple[list[Node], dict[str, nn.Module]]:
     """Nodes in breadth-first order (depth, then first execution), and their modules.
 
-    A module registered under several names is one node, under its first name. A
+    Parameter holders (``nn.ParameterList``, ``nn.ParameterDict``) are not
+    components: they have no forward; their parameters count in the parent's
+    ``params_mb`` and its replay. A module registered under several names is one
+    node, under its first name. A
     node's execution order is its own first call, or, if never called itself (a
     ``ModuleList``), its earliest-called descendant; never-run nodes come last,
     in registration order.
     """
     nodes: dict[str, Node] = {}
     modules: dict[str, nn.Module] = {}
+    holders = [
+        p for p, m in root.named_modules() if isinstance(m, _PARAMETER_HOLDERS) and p not in calls
+    ]
     for i, (path, mod) in enumerate(root.named_modules()):
         depth = _depth(path)
         if max_depth is not None and depth > max_depth:
+            continue
+        if any(path == h or path.startswith(h + ".") for h in holders):
             continue
         parent = None if path == "" else (path.rsplit(".", 1)[0] if "." in path else "")
         nodes[path] = Node(path, type(mod).__name__, depth, parent, i)

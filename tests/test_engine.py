@@ -289,3 +289,23 @@ def test_an_unused_child_is_not_missing_from_an_estimate() -> None:
     report = profile_components(model, (torch.randn(2, 4),), **FAST)
     assert report.row("1.unused").status == "not_run"
     assert report.row("").error == "replay raised RuntimeError: boom in isolation; estimated from 2 of 2 children"
+
+
+def test_parameter_holders_are_not_components() -> None:
+    class Cross(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kernels = nn.ParameterList([nn.Parameter(torch.randn(4, 4)) for _ in range(2)])
+            self.out = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for w in self.kernels:
+                x = x @ w
+            return self.out(x)
+
+    report = profile_components(Cross(), (torch.randn(3, 4),), **FAST)
+    assert [r.path for r in report] == ["", "out"]
+    assert all(r.status == "ok" for r in report)
+    root = report.row("")
+    assert root.params_mb == (2 * 16 + 8 + 2) * 4 / 2**20  # the kernels count in the parent
+    assert root.fwd_flops == 2 * (2 * 3 * 4 * 4) + 2 * 3 * 4 * 2

@@ -240,17 +240,17 @@ def test_cpu_flops_are_cached_per_dtype_and_threads(fake_clock: FakeClock) -> No
     # With every GEMM taking 1 ms, all four sizes fit the budget and the largest wins.
     first = hw.measure_cpu_flops(torch.float32)
     assert first == 2 * 2048**3 / 1e-3
-    assert fake_clock.calls == 4  # sizes 256, 512, 1024, 2048
+    assert fake_clock.calls == 8  # sizes 256, 512, 1024, 2048, each with b and b.t()
     assert hw.measure_cpu_flops(torch.float32) == first
     assert resolve_peaks("cpu", "tf32", peak_bandwidth=1.0).flops == first  # tf32 -> fp32 GEMM
-    assert fake_clock.calls == 4  # nothing measured again
+    assert fake_clock.calls == 8  # nothing measured again
     hw.measure_cpu_flops(torch.bfloat16)
-    assert fake_clock.calls == 8  # another dtype is another measurement
+    assert fake_clock.calls == 16  # another dtype is another measurement
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
         hw.measure_cpu_flops(torch.float32)
-        assert fake_clock.calls == 12  # another thread count measures again
+        assert fake_clock.calls == 24  # another thread count measures again
     finally:
         torch.set_num_threads(threads)
 
@@ -261,7 +261,7 @@ def test_gemm_sizes_stop_growing_once_a_gemm_is_long_enough(
     clock = FakeClock(best=0.025)  # above the 20 ms "long enough"
     monkeypatch.setattr(hw, "_best_seconds", clock)
     assert hw.measure_cpu_flops(torch.float32) == 2 * 256**3 / 0.025
-    assert clock.calls == 1
+    assert clock.calls == 2  # size 256 in both layouts, then no larger size
 
 
 def test_cpu_bandwidth_counts_read_plus_write_and_is_cached(fake_clock: FakeClock) -> None:

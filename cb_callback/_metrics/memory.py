@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -46,12 +48,37 @@ def _cpu_allocation_peak(prof: Any) -> int:
 
 
 @contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Silence file descriptor 2 (kineto prints a line at each profiler start and stop)."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextlib.contextmanager
 def _cpu_peak() -> Iterator[list[int]]:
     from torch.profiler import ProfilerActivity, profile
 
     result: list[int] = []
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
+    with _native_stderr_silenced():  # only the start: the component's own output stays visible
+        prof.__enter__()
+    try:
         yield result
+    finally:
+        with _native_stderr_silenced():
+            prof.__exit__(None, None, None)
     result.append(_cpu_allocation_peak(prof))
 
 

@@ -107,17 +107,11 @@ def _embedding_bag(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> 
 
 
 # --- scatters of gradients: read grads and index, read-modify-write touched rows --
-def _dense_gradient(out: Any) -> int:
-    # A dense embedding backward materialises the table-sized gradient: zero-filled
-    # once, a real full-table write (sparse gradients and fused optimizers avoid it).
-    return sum(tensor_bytes(t) for t in _tensors(out) if not t.is_sparse)
-
-
 def _embedding_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
     # embedding_dense_backward(grad_output, indices, num_weights, ...): each index
     # adds one grad row into the table's gradient (read grad row, read + write that row).
     grad, indices = args[0], args[1]
-    return tensor_bytes(indices) + 3 * tensor_bytes(grad) + _dense_gradient(out)
+    return tensor_bytes(indices) + 3 * tensor_bytes(grad)
 
 
 def _embedding_bag_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
@@ -126,7 +120,7 @@ def _embedding_bag_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out:
     grad, indices = args[0], args[1]
     small = [a for a in args[2:] if isinstance(a, torch.Tensor)]
     row = (grad.numel() // max(grad.shape[0], 1)) * grad.element_size()
-    return tensor_bytes(indices) + _unique_bytes(small) + 3 * indices.numel() * row + _dense_gradient(out)
+    return tensor_bytes(indices) + _unique_bytes(small) + 3 * indices.numel() * row
 
 
 def _embedding_bag_psw_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
@@ -253,9 +247,11 @@ class TrafficMetric:
         tensor once, an expanded tensor at most its storage); views and reshapes
         move nothing. Gathers and scatters (embedding, embedding_bag,
         index_select, gather, index_add, scatter_add and their backwards) count
-        the rows they touch, not the whole table — except that a dense embedding
-        backward also writes the table-sized gradient once (its zero fill), which
-        is counted because it is real traffic. It is a lower bound: it assumes
+        the rows they touch, not the whole table: a lookup into a 10 GiB table
+        does not move 10 GiB. A *dense* embedding backward does also zero-fill a
+        table-sized gradient inside its kernel; that write is not counted, so
+        such a backward's time can far exceed what its bytes explain (a hint to
+        use sparse gradients or a fused optimizer). It is a lower bound: it assumes
         each tensor crosses memory once per op, and it does not see traffic inside
         a kernel (a matmul re-reading tiles) or cache reuse across ops.
     """
