@@ -204,3 +204,17 @@ def test_embedding_bag_with_offsets_is_replicated_by_bag() -> None:
     out = bag(*rep.args)
     ref = bag(values, offsets)
     assert torch.equal(out, ref[torch.arange(7) % 3])
+
+
+def test_builtin_observing_metrics_also_measure_on_their_own() -> None:
+    from cb_callback import BenchmarkConfig, FlopsMetric, MemoryMetric, Replay, TrafficMetric
+
+    lin = nn.Linear(4, 3, bias=False)
+    inputs = ComponentInputs((torch.randn(2, 4),), {})
+    replay = Replay(lin, inputs, device=torch.device("cpu"))
+    ctx = MeasureContext("", lin, replay, BenchmarkConfig(**FAST), torch.device("cpu"))
+    flops = FlopsMetric().measure(ctx)
+    assert (flops["fwd_flops"], flops["bwd_flops"]) == (2 * 2 * 4 * 3, 2 * 3 * 2 * 4)
+    # mm(x[2,4], W^T[4,3]) -> [2,3]; backward dW = mm(dY^T[3,2], x[2,4])
+    assert TrafficMetric().measure(ctx)["bytes"] == 4 * (8 + 12 + 6) + 4 * (6 + 8 + 12)
+    assert MemoryMetric().measure(ctx)["activation_mb"] == 0.0

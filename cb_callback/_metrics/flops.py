@@ -16,10 +16,10 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
-from cb_callback._isolate import instrumented_pass
+from cb_callback._metrics._observing import ObservingMetric
 from cb_callback._plugins import MeasureContext
 
-__all__ = ["FlopsMetric", "count_flops"]
+__all__ = ["FlopsMetric"]
 
 aten = torch.ops.aten
 
@@ -87,20 +87,6 @@ def _uncounted(recorder: _OpRecorder, counter: FlopCounterMode) -> list[str]:
     )
 
 
-def count_flops(fn: Any) -> tuple[int, list[str]]:
-    """FLOPs of ``fn()`` and the ops it ran that have no FLOP formula.
-
-    Returns:
-        ``(flops, uncounted)``: total FLOPs (a multiply-add is 2) and the sorted
-        names of ops that computed something but had no formula (counted as 0).
-    """
-    recorder = _OpRecorder()
-    counter = FlopCounterMode(display=False)
-    with counter, recorder:
-        fn()
-    return int(counter.get_total_flops()), _uncounted(recorder, counter)
-
-
 class _FlopsInstrument:
     def __init__(self) -> None:
         self.flops: dict[str, int] = {}
@@ -126,7 +112,7 @@ class _FlopsInstrument:
         }
 
 
-class FlopsMetric:
+class FlopsMetric(ObservingMetric):
     """``fwd_flops`` and ``bwd_flops`` of one call; details ``uncounted_ops``.
 
     Notes:
@@ -144,10 +130,7 @@ class FlopsMetric:
         return _FlopsInstrument()
 
     def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
-        """Run an instrumented pass of its own (when used outside the engine's)."""
-        ins = self.instrument(ctx)
-        instrumented_pass(ctx.replay, [ins], ctx.config.backward)
-        out = dict(ins.values())
+        out = dict(super().measure(ctx))
         if not ctx.config.backward:
             out["bwd_flops"] = float("nan")
         return out

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from cb_callback._isolate import ReplayInputs, instrumented_pass
+from cb_callback._isolate import ReplayInputs
+from cb_callback._metrics._observing import ObservingMetric
 from cb_callback._plugins import MeasureContext
 
 __all__ = ["MemoryMetric"]
@@ -134,7 +135,7 @@ class _MemoryInstrument:
         return out
 
 
-class MemoryMetric:
+class MemoryMetric(ObservingMetric):
     """``activation_mb`` and ``peak_mem_mb`` of one forward + backward.
 
     Notes:
@@ -152,9 +153,3 @@ class MemoryMetric:
     def instrument(self, ctx: MeasureContext) -> _MemoryInstrument:
         """An observer of the engine's shared instrumented pass."""
         return _MemoryInstrument(ctx)
-
-    def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
-        """Run an instrumented pass of its own (when used outside the engine's)."""
-        ins = self.instrument(ctx)
-        instrumented_pass(ctx.replay, [ins], ctx.config.backward)
-        return ins.values()

@@ -10,10 +10,10 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from cb_callback._isolate import instrumented_pass
+from cb_callback._metrics._observing import ObservingMetric
 from cb_callback._plugins import MeasureContext
 
-__all__ = ["TrafficMetric", "count_bytes", "register_traffic_rule", "tensor_bytes"]
+__all__ = ["TrafficMetric", "register_traffic_rule", "tensor_bytes"]
 
 aten = torch.ops.aten
 
@@ -206,14 +206,6 @@ class _TrafficMode(TorchDispatchMode):
         return out
 
 
-def count_bytes(fn: Callable[[], Any]) -> tuple[int, dict[str, int]]:
-    """Bytes moved by the aten ops ``fn()`` runs, total and per op."""
-    mode = _TrafficMode()
-    with mode:
-        fn()
-    return mode.bytes, mode.by_op
-
-
 class _TrafficInstrument:
     def __init__(self) -> None:
         self.bytes: dict[str, int] = {}
@@ -237,7 +229,7 @@ class _TrafficInstrument:
         return {"bytes": float(fwd + bwd), "fwd_bytes": fwd, "bwd_bytes": bwd, "top_bytes_ops": top}
 
 
-class TrafficMetric:
+class TrafficMetric(ObservingMetric):
     """``bytes``: a lower bound of memory traffic over forward and backward.
 
     Fills ``bytes`` and details ``fwd_bytes``, ``bwd_bytes``, ``top_bytes_ops``.
@@ -261,9 +253,3 @@ class TrafficMetric:
     def instrument(self, ctx: MeasureContext) -> _TrafficInstrument:
         """An observer of the engine's shared instrumented pass."""
         return _TrafficInstrument()
-
-    def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
-        """Run an instrumented pass of its own (when used outside the engine's)."""
-        ins = self.instrument(ctx)
-        instrumented_pass(ctx.replay, [ins], ctx.config.backward)
-        return ins.values()

@@ -1,0 +1,32 @@
+"""Base of the metric plugins that observe the engine's one instrumented pass."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cb_callback._isolate import Instrument, instrumented_pass
+from cb_callback._plugins import MeasureContext
+
+__all__ = ["ObservingMetric"]
+
+
+class ObservingMetric:
+    """A metric plugin that observes a forward + backward instead of running its own.
+
+    Subclasses implement ``instrument(ctx)``. Inside the engine all such plugins
+    share one instrumented pass per component; ``measure`` (for use on its own,
+    the :class:`cb_callback.MetricPlugin` contract) runs a pass just for it.
+    """
+
+    name = "observing"
+
+    def instrument(self, ctx: MeasureContext) -> Instrument:
+        """The observer of one pass; see :class:`cb_callback.Instrument`."""
+        raise NotImplementedError
+
+    def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
+        """Run an instrumented pass of its own and return what it observed."""
+        ins = self.instrument(ctx)
+        instrumented_pass(ctx.replay, [ins], ctx.config.backward)
+        return ins.values()
