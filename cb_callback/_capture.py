@@ -10,7 +10,13 @@ from typing import Any
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from cb_callback._inputs import ComponentInputs, clone_tree, leading_batch_size, slice_batch
+from cb_callback._inputs import (
+    ComponentInputs,
+    InputCopyError,
+    copy_call,
+    leading_batch_size,
+    slice_batch,
+)
 
 __all__ = ["Capture"]
 
@@ -35,10 +41,16 @@ class Capture:
             to redirect into ``training_step``.
 
     Notes:
-        The copy is taken when the module is entered: an in-place op later in the
-        step does not change what was captured. The hooks hold paths, not
-        modules; the capture keeps only a weak reference to ``root``. Hooks come
-        off in ``__exit__``, also when the forward raises.
+        The copy is taken when the module is entered (:func:`copy_call`: tensors
+        cloned, objects such as a KV cache deep-copied): an in-place op or an
+        append later in the step does not change what was captured. The hooks
+        run inside the user's real step and never raise into it: a call that
+        cannot be copied (an uncopyable object, out of memory while cloning) is
+        recorded with its ``capture_error`` and the step goes on. Each record's
+        ``modes`` (the subtree's ``training`` flags) is filled when the hooks come
+        off (``__exit__`` or :meth:`remove`). The hooks hold paths, not modules;
+        the capture keeps only a weak reference to ``root``. Hooks come off in
+        ``__exit__``, also when the forward raises.
     """
 
     def __init__(
@@ -58,39 +70,84 @@ class Capture:
         #: Leading dimension of the first captured call's inputs (the real batch size).
         self.batch_size: int | None = None
         self._order = 0
+        # id(module) -> its training flag when the hooks went on, for ``modes``.
+        self._flags: dict[int, bool] = {}
 
     def _hook(self, path: str) -> Callable[..., None]:
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if self._skip is not None and self._skip(module, args, kwargs):
-                return
-            seen = self.calls.get(path)
-            if seen is not None:
-                seen.calls += 1
-                return
-            if self.batch_size is None:
-                # The first call is the root's (or the first captured module's).
-                self.batch_size = leading_batch_size((args, kwargs))
-            unknown: list[str] = []
-            tree: Any = (args, kwargs)
-            if self._keep is not None and self.batch_size is not None:
-                tree = slice_batch(tree, self.batch_size, self._keep)
-            c_args, c_kwargs = clone_tree(tree, unknown)
-            self.calls[path] = ComponentInputs(
-                args=tuple(c_args),
-                kwargs=dict(c_kwargs),
-                calls=1,
-                training=module.training,
-                order=self._order,
-                unknown_leaves=sorted(set(unknown)),
-            )
-            self._order += 1
+            try:
+                self._record(path, module, args, kwargs)
+            except Exception as e:  # never into the user's step
+                if path not in self.calls:
+                    text = f"{type(e).__name__}: {e}".strip()
+                    self._failed(path, module, f"capturing the call raised {text[:400]}")
 
         return pre_hook
+
+    def _record(self, path: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._skip is not None and self._skip(module, args, kwargs):
+            return
+        seen = self.calls.get(path)
+        if seen is not None:
+            seen.calls += 1
+            return
+        if self.batch_size is None:
+            # The first call is the root's (or the first captured module's).
+            self.batch_size = leading_batch_size((args, kwargs))
+        tree: Any = (args, kwargs)
+        if self._keep is not None and self.batch_size is not None:
+            tree = slice_batch(tree, self.batch_size, self._keep)
+        try:
+            c_args, c_kwargs = copy_call(tuple(tree[0]), dict(tree[1]))
+        except InputCopyError as e:
+            unknown = [f"{e.where}: {e.type_name}"] if e.uncopyable else []
+            self._failed(path, module, str(e), unknown)
+            return
+        self.calls[path] = ComponentInputs(
+            args=c_args,
+            kwargs=c_kwargs,
+            calls=1,
+            training=module.training,
+            order=self._order,
+        )
+        self._order += 1
+
+    def _failed(self, path: str, module: nn.Module, error: str, unknown: list[str] | None = None) -> None:
+        """Record a call that could not be captured (its row fails with ``error``)."""
+        self.calls[path] = ComponentInputs(
+            args=(),
+            kwargs={},
+            calls=1,
+            training=module.training,
+            order=self._order,
+            unknown_leaves=list(unknown or []),
+            capture_error=error,
+        )
+        self._order += 1
+
+    def _fill_modes(self) -> None:
+        """Each record's ``modes``: its subtree's flags, as the real step ran them."""
+        root = self._root()
+        if root is None:
+            return
+        path_of = {id(m): p for p, m in root.named_modules()}
+        by_path = dict(root.named_modules())
+        for path, inputs in self.calls.items():
+            module = by_path.get(path)
+            if module is None:
+                continue
+            modes: dict[str, bool] = {}
+            for rel, m in module.named_modules():
+                called = self.calls.get(path_of[id(m)]) if id(m) in path_of else None
+                modes[rel] = called.training if called is not None else self._flags.get(id(m), m.training)
+            modes[""] = inputs.training
+            inputs.modes = modes
 
     def __enter__(self) -> Capture:
         root = self._root()
         if root is None:
             raise RuntimeError("the module to capture no longer exists")
+        self._flags = {id(m): m.training for m in root.modules()}
         try:
             for path, module in root.named_modules():
                 if self._paths is None or path in self._paths:
@@ -103,10 +160,17 @@ class Capture:
         return self
 
     def remove(self) -> None:
-        """Remove every hook (idempotent)."""
+        """Remove every hook and fill the records' ``modes`` (idempotent)."""
+        if not self._handles:
+            return
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        try:
+            self._fill_modes()
+        except Exception:  # never into the user's step; the replays fall back to ``training``
+            for inputs in self.calls.values():
+                inputs.modes = {}
 
     @property
     def stored_batch_size(self) -> int | None:

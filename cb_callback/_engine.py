@@ -209,12 +209,22 @@ class _Run:
         offers ``instrument(ctx)`` (FLOPs, bytes, memory); then the plugins that
         run their own replays (latency, user plugins) measure.
         """
+        captured = self.calls[row.path]
+        if captured.capture_error is not None:  # the capture hook could not copy the call
+            row.status, row.error = "failed", captured.capture_error
+            if captured.unknown_leaves:
+                row.details["unknown_leaves"] = list(captured.unknown_leaves)
+            return
         try:
             inputs = self.inputs_for(row.path, module)
         except Exception as e:
             row.status, row.error = "failed", f"preprocessing inputs raised {_error_text(e)}"
             return
-        replay = Replay(module, inputs, device=self.device, seed=self.cfg.seed, forward_context=self.forward_context)
+        # Forward-only replays keep the caller's no_grad (profile_components under no_grad/inference_mode).
+        replay = Replay(
+            module, inputs, device=self.device, seed=self.cfg.seed, forward_context=self.forward_context,
+            grad_enabled=self.cfg.backward or torch.is_grad_enabled(),
+        )
         plugins = [*self.builtin, *self.user_metrics]
         ctx = MeasureContext(row.path, module, replay, self.cfg, self.device, {})
         observing = [p for p in plugins if callable(getattr(p, "instrument", None))]
@@ -450,16 +460,25 @@ def profile_components(
     Notes:
         Isolation cannot see cross-module fusion, cache warmth left by the
         previous component, or overlap with communication in a real step.
+        Called under ``torch.no_grad()`` or ``torch.inference_mode()``, it
+        profiles the forward only (as ``backward=False``), replayed without grad,
+        and says so in ``report.metadata["grad_mode"]`` (one warning when a
+        backward was asked for).
     """
     cfg = (config or BenchmarkConfig()).replace(**options) if options else (config or BenchmarkConfig())
     if not isinstance(model, nn.Module):
         raise ValueError(f"model={type(model).__name__!r} is not an nn.Module")
+    inference = torch.is_inference_mode_enabled()
+    grad_note = _grad_mode_note(inference)
+    if grad_note is not None and cfg.backward:
+        warnings.warn(f"cb_callback: {grad_note}", RuntimeWarning, stacklevel=2)
+        cfg = cfg.replace(backward=False)
     if isinstance(args, (torch.Tensor, dict)) or not isinstance(args, (tuple, list)):
         args = (args,)
     kwargs = dict(kwargs or {})
     device = torch.device(cfg.device) if cfg.device is not None else _model_device(model)
     pre_user, _, _ = _plugins(cfg)
-    meta: dict[str, Any] = {}
+    meta: dict[str, Any] = {} if grad_note is None else {"grad_mode": grad_note}
     batch = leading_batch_size((args, kwargs))
     prepare_ctx = PrepareContext(cfg, device, meta, batch)
     for p in pre_user:
@@ -479,6 +498,21 @@ def profile_components(
                 RuntimeWarning,
                 stacklevel=2,
             )
-    return profile_captured(
-        model, capture.calls, config=cfg, captured_batch_size=capture.batch_size, metadata=meta, prepare=False
+    with contextlib.ExitStack() as mode:
+        if inference:  # the captured copies are normal tensors: replay them outside it, without grad
+            mode.enter_context(torch.inference_mode(False))
+            mode.enter_context(torch.no_grad())
+        return profile_captured(
+            model, capture.calls, config=cfg, captured_batch_size=capture.batch_size, metadata=meta, prepare=False
+        )
+
+
+def _grad_mode_note(inference: bool) -> str | None:
+    """What profiling under the caller's ``no_grad``/``inference_mode`` does, or ``None``."""
+    if not inference and torch.is_grad_enabled():
+        return None
+    mode = "torch.inference_mode()" if inference else "torch.no_grad()"
+    return (
+        f"profile_components was called under {mode}: profiled the forward only (backward=False), "
+        "replayed without grad; for backward numbers call it outside no_grad/inference_mode"
     )

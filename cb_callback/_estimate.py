@@ -53,7 +53,8 @@ def estimate_from_children(row: ComponentRow, children: list[ComponentRow], reas
     Additive values are ``sum(child.value * child.calls) / max(row.calls, 1)`` (per
     call of the parent); ``peak_mem_mb`` is the children's maximum. The row becomes
     ``estimated`` with ``reason`` and the children used in ``error``; with no
-    usable child it becomes ``failed``.
+    usable child it becomes ``failed``. ``details`` are kept (e.g. the
+    ``unknown_leaves`` of a call that could not be captured).
 
     Notes:
         An estimate is a lower bound of a parent that ran but could not be

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from cb_callback._inputs import ComponentInputs, clone_tree
+from cb_callback._inputs import ComponentInputs, copy_call, holds_objects
 
 __all__ = [
     "Backward",
@@ -95,11 +95,19 @@ class Replay:
         seed: seed of the random output gradients of the backward.
         forward_context: factory of a context entered around each forward (e.g.
             autocast for mixed precision); ``None`` for none.
+        grad_enabled: run the forwards with grad enabled (``False``: under
+            ``no_grad``, forward only, no autograd overhead timed).
 
     Notes:
-        The module runs with the ``training`` flag it had when captured. The
-        caller guards state (:class:`cb_callback._state.StateGuard`): a replay's
-        forward may update BatchNorm statistics or consume RNG.
+        Every module of the subtree runs with the ``training`` flag it had in the
+        real step (``inputs.modes``; a frozen ``eval()`` child stays in eval
+        during its parent's replay); the flags are set before each forward and
+        left so (the caller's guard restores them). Each run gets its own deep
+        copy of the captured call, objects such as a KV cache included, so no run
+        sees what another appended. The caller guards state
+        (:class:`cb_callback._state.StateGuard`): a replay's forward may update
+        BatchNorm statistics or consume RNG. Isolation cannot see state outside
+        the inputs and the module (a global cache, a tensor captured in a closure).
     """
 
     def __init__(
@@ -110,47 +118,89 @@ class Replay:
         device: torch.device,
         seed: int = 0,
         forward_context: Callable[[], AbstractContextManager[Any]] | None = None,
+        grad_enabled: bool = True,
     ) -> None:
         self.module = module
         self.inputs = inputs
         self.device = device
         self.seed = seed
+        self.grad_enabled = grad_enabled
         self._context = forward_context or contextlib.nullcontext
-        #: Reuse one copy of the inputs for every run (safe when the forward
-        #: changes no input in place; the engine sets it after the first pass).
-        self.reuse_inputs = False
+        self._reuse = False
+        # Objects other than pytree containers and tensors can change without a
+        # version counter seeing it: their copies are never reused.
+        self._objects = holds_objects((inputs.args, inputs.kwargs))
         self._cached: ReplayInputs | None = None
+        self._flags = self._subtree_flags()
         #: Why :meth:`backward` found no backward (set when it returns ``None``).
         self.no_backward: str | None = None
         #: The inputs of the instrumented pass in progress (for instruments).
         self.current_inputs: ReplayInputs | None = None
 
-    def fresh_inputs(self) -> ReplayInputs:
-        """A new copy of the inputs: in-place ops in one run can't leak to the next.
+    @property
+    def reuse_inputs(self) -> bool:
+        """Reuse one copy of the inputs for every run (the engine sets it after the
+        first pass when the forward changed no input in place).
 
-        With ``reuse_inputs`` the same copy is returned every time.
+        Always ``False`` when the inputs hold objects other than pytree
+        containers, tensors and immutables (a cache object may be appended to).
+        """
+        return self._reuse and not self._objects
+
+    @reuse_inputs.setter
+    def reuse_inputs(self, value: bool) -> None:
+        self._reuse = value
+
+    def _subtree_flags(self) -> list[tuple[nn.Module, bool]] | None:
+        """Each module of the subtree with the ``training`` flag it replays with
+        (``None``: no per-module modes were captured, the subtree takes ``training``)."""
+        modes = self.inputs.modes
+        if not modes:  # captured before per-module modes existed
+            return None
+        flags: dict[str, bool] = {}
+        out: list[tuple[nn.Module, bool]] = []
+        for rel, m in self.module.named_modules():
+            parent = rel.rpartition(".")[0]
+            flag = modes.get(rel, flags.get(parent, self.inputs.training))
+            flags[rel] = flag
+            out.append((m, flag))
+        return out
+
+    def fresh_inputs(self) -> ReplayInputs:
+        """A new deep copy of the inputs: nothing one run changes leaks to the next.
+
+        Tensors that required grad in the real step become new leaves (listed in
+        ``leaves``) and the arguments hold a clone of each; the captured copy is
+        never changed. With ``reuse_inputs`` the same copy is returned every time.
         """
         if self.reuse_inputs and self._cached is not None:
             return self._cached
         leaves: list[torch.Tensor] = []
 
-        def leaf(x: Any) -> Any:
-            if isinstance(x, torch.Tensor) and x.requires_grad:
-                leaves.append(x)
-                return x.clone()
-            return x
+        def tensor(t: torch.Tensor) -> torch.Tensor:
+            out = t.detach().clone()
+            if not t.requires_grad:
+                return out
+            out.requires_grad_(True)
+            leaves.append(out)
+            return out.clone()
 
-        args, kwargs = pytree.tree_map(leaf, clone_tree((self.inputs.args, self.inputs.kwargs)))
-        fresh = ReplayInputs(tuple(args), dict(kwargs), leaves)
+        args, kwargs = copy_call(self.inputs.args, self.inputs.kwargs, tensor)
+        fresh = ReplayInputs(args, kwargs, leaves)
         if self.reuse_inputs:
             self._cached = fresh
         return fresh
 
     def forward(self, inputs: ReplayInputs | None = None) -> Any:
-        """One forward on ``inputs`` (fresh ones if ``None``), with grad enabled."""
+        """One forward on ``inputs`` (fresh ones if ``None``), with grad enabled
+        unless ``grad_enabled`` is ``False``."""
         inp = inputs if inputs is not None else self.fresh_inputs()
-        self.module.train(self.inputs.training)
-        with torch.enable_grad(), self._context():
+        if self._flags is None:
+            self.module.train(self.inputs.training)
+        else:
+            for m, flag in self._flags:
+                m.training = flag
+        with torch.set_grad_enabled(self.grad_enabled), self._context():
             return self.module(*inp.args, **inp.kwargs)
 
     def grad_targets(self, inputs: ReplayInputs) -> list[torch.Tensor]:
@@ -231,18 +281,21 @@ class PassResult:
 
     Attributes:
         has_backward: whether some output required grad.
-        mutates_inputs: whether the forward changed an input in place (then every
-            timed run needs a fresh copy of the inputs).
+        mutates_inputs: whether the forward changed an input in place, or added
+            to or removed from a list or dict of its inputs (then every timed run
+            needs a fresh copy of the inputs). Changes inside other objects (a
+            cache object) are not seen; such inputs are copied for every run.
     """
 
     has_backward: bool
     mutates_inputs: bool
 
 
-def _versions(inputs: ReplayInputs) -> list[int]:
-    return [
-        t._version for t in pytree.tree_leaves((inputs.args, inputs.kwargs)) if isinstance(t, torch.Tensor)
-    ]
+def _versions(inputs: ReplayInputs) -> tuple[Any, list[tuple[int, int]]]:
+    """What an in-place change of the inputs changes: the pytree's structure (a list
+    appended to), its leaves and the tensors' version counters."""
+    leaves, spec = pytree.tree_flatten((inputs.args, inputs.kwargs))
+    return spec, [(id(x), x._version if isinstance(x, torch.Tensor) else 0) for x in leaves]
 
 
 def instrumented_pass(replay: Replay, instruments: Sequence[Instrument], backward: bool = True) -> PassResult:
