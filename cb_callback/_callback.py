@@ -50,6 +50,7 @@ _RANKS = ("zero", "all")
 _PRECISION_DTYPES = {
     "bf16-mixed": "bf16", "bf16-true": "bf16", "bf16": "bf16",
     "16-mixed": "fp16", "16-true": "fp16", "16": "fp16",
+    "64-true": "fp64", "64": "fp64",
 }  # fmt: skip
 # The benchmark options' defaults are BenchmarkConfig's (one source of truth).
 _DEFAULTS = BenchmarkConfig()

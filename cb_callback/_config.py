@@ -21,6 +21,9 @@ _DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
     "half": torch.float16,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+    "double": torch.float64,
 }
 
 
@@ -30,20 +33,30 @@ class BenchmarkConfig:
 
     Args:
         max_depth: deepest component profiled (root is 0); ``None`` for all.
-        include: glob patterns on the dotted path; only matching components (and
-            the ancestors that lead to them) are profiled. Empty: all.
-        exclude: glob patterns; matching components become ``skipped``.
+        include: glob patterns (:mod:`fnmatch`, ``*`` also matches dots) on the
+            dotted path; only matching components and the ancestors that lead to
+            them (the root included) are profiled, the rest become ``skipped``.
+            A pattern that matches no component warns once. Empty: all.
+        exclude: glob patterns; matching components become ``skipped``. Exclude
+            wins over include: an excluded match is skipped and keeps no ancestors.
         backward: also replay and measure the backward pass.
         warmup: untimed runs before timing, per pass; the engine's instrumented
             pass (FLOPs, bytes, memory) counts as the first.
         min_run_time_s: timing budget per component and pass (repeats adapt to it).
         min_repeats: timed runs per pass, at least (also past ``min_run_time_s``).
         max_repeats: timed runs per pass, at most.
-        max_total_time_s: wall-clock budget of the whole run; components not
-            started in time become ``skipped``. ``None``: no limit.
+        max_total_time_s: wall-clock budget of the components' replays; those not
+            started in time become ``skipped``. The clock starts after the one-off
+            peak calibration (CPU), whose seconds the report records in
+            ``metadata["timing"]["calibration_s"]``. With a budget above 0 the root
+            is always measured (it is first); ``0`` measures nothing (every row
+            ``skipped``). A component that runs past the budget is not
+            interrupted. ``None``: no limit.
         device: where to replay; ``None`` means where the model's parameters are.
-        dtype: compute dtype used to choose the peak for MFU (``"bf16"``, ``"tf32"``
-            …); ``None`` infers it (autocast, else the parameters' dtype).
+        dtype: compute dtype used to choose the peak for MFU (``"bf16"``, ``"tf32"``,
+            ``"fp64"`` …); ``None`` infers it (autocast, else the parameters' dtype).
+            A dtype without a peak (``torch.int8``) leaves MFU empty, with one
+            warning; the rest of the report is unaffected.
         peak_flops: override of the peak FLOP/s (wins over datasheet/measured).
         peak_bandwidth: override of the peak memory bandwidth in bytes/s.
         batch_size: replicate captured inputs along dim 0 to this batch size.
@@ -172,11 +185,31 @@ class BenchmarkConfig:
         return out
 
 
+_PEAK_KEYS = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float64: "fp64",
+    torch.float8_e4m3fn: "fp8",
+    torch.float8_e5m2: "fp8",
+}
+_NAME_KEYS = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float64": "fp64",
+    "double": "fp64",
+}
+
+
 def resolve_dtype(value: str | torch.dtype) -> tuple[torch.dtype, str]:
-    """``(torch dtype, peak key)``; the key tells tf32 from plain fp32."""
+    """``(torch dtype, peak key)``; the key tells tf32 from plain fp32.
+
+    A dtype with a peak key gets it (``torch.float64`` -> ``"fp64"``); any other
+    gets its full torch name (``torch.int8`` -> ``"torch.int8"``), which
+    :func:`cb_callback._hardware.resolve_peaks` takes as "no FLOP peak known".
+    """
     if isinstance(value, torch.dtype):
-        return value, {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
-            value, str(value).replace("torch.", "")
-        )
-    key = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}.get(value, value)
-    return _DTYPES[value], key
+        return value, _PEAK_KEYS.get(value, str(value))
+    return _DTYPES[value], _NAME_KEYS.get(value, value)

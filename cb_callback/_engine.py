@@ -36,7 +36,7 @@ from cb_callback._plugins import (
 from cb_callback._report import ComponentRow, Report
 from cb_callback._state import StateGuard
 from cb_callback._timing import timed_seconds
-from cb_callback._tree import Node, build_tree, filter_reason
+from cb_callback._tree import Node, build_tree, filter_reasons
 
 __all__ = ["ReplicateBatch", "profile_captured", "profile_components"]
 
@@ -346,10 +346,13 @@ def profile_captured(
     nodes, modules = build_tree(model, calls, cfg.max_depth)
     rows: dict[str, ComponentRow] = {}
     descendants_called = _descendants_called(nodes, calls)
+    filtered = filter_reasons([n.path for n in nodes], cfg.include, cfg.exclude)
     with StateGuard(model):  # also restores the RNG a CPU calibration draws from
+        calibration0 = time.perf_counter()
         peaks: Peaks = resolve_peaks(
             device, dtype, peak_flops=cfg.peak_flops, peak_bandwidth=cfg.peak_bandwidth
         )
+        budget0 = time.perf_counter()  # max_total_time_s excludes the one-off calibration
         for done, node in enumerate(nodes, start=1):
             row = ComponentRow(
                 path=node.path,
@@ -360,11 +363,13 @@ def profile_captured(
                 params_mb=_params_mb(modules[node.path]),
             )
             rows[node.path] = row
-            reason = filter_reason(node.path, cfg.include, cfg.exclude)
-            elapsed = time.perf_counter() - wall0
+            reason = filtered.get(node.path)
+            elapsed = time.perf_counter() - budget0
             if reason is not None:
                 row.status, row.error = "skipped", reason
-            elif cfg.max_total_time_s is not None and elapsed >= cfg.max_total_time_s:
+            elif cfg.max_total_time_s is not None and elapsed >= cfg.max_total_time_s and (
+                node.path != "" or cfg.max_total_time_s == 0
+            ):
                 row.status = "skipped"
                 row.error = f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed)"
             elif node.path in calls:
@@ -390,7 +395,12 @@ def profile_captured(
         torch_threads=torch.get_num_threads(),
         captured_batch_size=captured_batch_size,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        timing={"wall_s": wall, "timed_s": timed, "harness_efficiency": timed / wall if wall > 0 else None},
+        timing={
+            "wall_s": wall,
+            "timed_s": timed,
+            "harness_efficiency": timed / wall if wall > 0 else None,
+            "calibration_s": budget0 - calibration0,
+        },
     )
     report = Report([rows[n.path] for n in nodes], meta)
     ctx = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)

@@ -33,8 +33,9 @@ __all__ = [
 ]
 
 #: The peak keys a caller may ask for. ``fp32`` is the non-tensor-core FP32 rate;
-#: ``tf32`` / ``bf16`` / ``fp16`` / ``fp8`` are dense tensor-core rates.
-DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
+#: ``tf32`` / ``bf16`` / ``fp16`` / ``fp8`` are dense tensor-core rates; ``fp64``
+#: is measured on CPU and not in the GPU table (unknown there).
+DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp64")
 
 #: Every value ``Peaks.flops_source`` / ``Peaks.bandwidth_source`` can take.
 SOURCES: tuple[str, ...] = ("datasheet", "measured", "user", "unknown")
@@ -82,13 +83,17 @@ class GpuSpec:
     reference: str
 
     def flops_for(self, dtype: str) -> float | None:
-        """The dense peak FLOP/s for the dtype key, ``None`` if the GPU lacks it."""
+        """The dense peak FLOP/s for the dtype key, ``None`` if the GPU lacks it.
+
+        ``fp64`` is always ``None``: the table records no FP64 rates.
+        """
         values: dict[str, float | None] = {
             "fp32": self.fp32,
             "tf32": self.tf32,
             "bf16": self.bf16,
             "fp16": self.fp16,
             "fp8": self.fp8,
+            "fp64": None,
         }
         return values[dtype]
 
@@ -437,7 +442,8 @@ class Peaks:
 
     Args:
         device_name: the CUDA device name, or the CPU model name.
-        dtype: the peak key (one of :data:`DTYPES`).
+        dtype: the peak key (one of :data:`DTYPES`), or the full name of a torch
+            dtype that has none (``"torch.int8"``).
         flops: peak FLOP/s, dense; ``None`` when unknown.
         bandwidth: peak memory bandwidth in bytes/s; ``None`` when unknown.
         flops_source: ``"datasheet"``, ``"measured"``, ``"user"`` or ``"unknown"``.
@@ -624,7 +630,16 @@ _CPU_GEMM_DTYPES: dict[str, torch.dtype] = {
     "tf32": torch.float32,  # CPUs have no TF32; fp32 GEMM is what runs
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
+    # Measured like the others: one more ~0.3 s calibration, once per process, and
+    # only for a float64 model; fp64 GEMMs run at about half the fp32 rate on CPUs,
+    # so an fp32 peak would halve a float64 model's MFU.
+    "fp64": torch.float64,
 }
+
+
+def _torch_dtype_name(key: str) -> bool:
+    """Whether ``key`` is a torch dtype's full name, as ``str(torch.int8)`` gives it."""
+    return key.startswith("torch.") and isinstance(getattr(torch, key[len("torch.") :], None), torch.dtype)
 
 
 def _check_override(name: str, value: float | None) -> None:
@@ -648,7 +663,10 @@ def resolve_peaks(
     Args:
         device: where the components run.
         dtype: the peak key, one of :data:`DTYPES` (the caller decides, e.g. fp32
-            matmuls with TF32 enabled on Ampere or later are ``"tf32"``).
+            matmuls with TF32 enabled on Ampere or later are ``"tf32"``), or the
+            full name of a torch dtype without one (``"torch.int8"``, as
+            :func:`cb_callback._config.resolve_dtype` gives it): its FLOP peak is
+            unknown, with one warning; the bandwidth is resolved as usual.
         peak_flops: a user override in FLOP/s; wins over any other source.
         peak_bandwidth: a user override in bytes/s; wins over any other source.
 
@@ -657,18 +675,24 @@ def resolve_peaks(
         ``"unknown"``.
 
     Raises:
-        ValueError: for an unknown dtype key or a non-positive override.
+        ValueError: for a string that is neither a peak key nor a torch dtype's
+            full name (a typo such as ``"float32"``), or a non-positive override.
 
     Notes:
         CUDA peaks come from the datasheet table (:func:`gpu_spec`); a GPU missing
-        from it, or a dtype it lacks (V100 bf16, A100 fp8), gives ``None`` and one
-        warning per device name (and dtype) per process. CPU peaks are measured
-        (:func:`measure_cpu_flops`, :func:`measure_cpu_bandwidth`) and cached;
-        ``"tf32"`` uses the fp32 GEMM and ``"fp8"`` is unknown. Other device types
+        from it, or a dtype it lacks (V100 bf16, A100 fp8; every GPU's fp64, which
+        the table does not record), gives ``None`` and one warning per device name
+        (and dtype) per process. CPU peaks are measured (:func:`measure_cpu_flops`,
+        :func:`measure_cpu_bandwidth`) and cached; ``"tf32"`` uses the fp32 GEMM,
+        ``"fp64"`` a float64 GEMM, and ``"fp8"`` is unknown. Other device types
         are unknown. Overrides are never measured or looked up.
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not a peak key; use one of {DTYPES}")
+    keyless = dtype not in DTYPES
+    if keyless and not _torch_dtype_name(dtype):
+        raise ValueError(
+            f"dtype={dtype!r} is not a peak key; use one of {DTYPES} (or a torch dtype's full "
+            "name, e.g. 'torch.int8', for one without a peak)"
+        )
     _check_override("peak_flops", peak_flops)
     _check_override("peak_bandwidth", peak_bandwidth)
     device = torch.device(device)
@@ -680,6 +704,13 @@ def resolve_peaks(
     flops_ref = "user override" if peak_flops is not None else "unknown"
     bandwidth_ref = "user override" if peak_bandwidth is not None else "unknown"
     needs_flops, needs_bandwidth = peak_flops is None, peak_bandwidth is None
+    if keyless and needs_flops:
+        _warn_once(
+            ("no peak key", dtype),
+            f"cb_callback: no peak FLOP/s is known for {dtype} (peaks exist for {DTYPES}), so "
+            "MFU is left empty; pass peak_flops= (FLOP/s) to set it.",
+        )
+        needs_flops = False
 
     if device.type == "cuda":
         name = _cuda_device_name(device)
@@ -694,10 +725,15 @@ def resolve_peaks(
             if needs_flops:
                 flops = spec.flops_for(dtype)
                 if flops is None:
+                    why = (
+                        "the table records no FP64 rates"
+                        if dtype == "fp64"
+                        else "the GPU lacks it"
+                    )
                     _warn_once(
                         ("cuda", name, dtype),
-                        f"cb_callback: the {spec.name} datasheet has no {dtype} peak (the GPU "
-                        f"lacks it), so MFU is left empty; pass peak_flops= (FLOP/s) to set it.",
+                        f"cb_callback: the {spec.name} datasheet has no {dtype} peak ({why}), "
+                        f"so MFU is left empty; pass peak_flops= (FLOP/s) to set it.",
                     )
                 else:
                     flops_source, flops_ref = "datasheet", f"{spec.name} {dtype}: {spec.reference}"

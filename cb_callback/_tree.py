@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -10,7 +11,7 @@ from torch import nn
 
 from cb_callback._inputs import ComponentInputs
 
-__all__ = ["Node", "build_tree", "filter_reason"]
+__all__ = ["Node", "build_tree", "filter_reasons"]
 
 
 @dataclass
@@ -83,15 +84,61 @@ def build_tree(
     return ordered, modules
 
 
-def filter_reason(path: str, include: Sequence[str], exclude: Sequence[str]) -> str | None:
-    """Why ``path`` is filtered out by the glob patterns, or ``None`` if it is kept.
+def _ancestors(path: str) -> list[str]:
+    """``"a.b.c"`` -> ``["", "a", "a.b"]``; the root has none."""
+    if path == "":
+        return []
+    parts = path.split(".")
+    return ["", *(".".join(parts[:i]) for i in range(1, len(parts)))]
 
-    The root's path is matched as ``""``; patterns use :mod:`fnmatch` (``*`` also
-    matches dots).
+
+def filter_reasons(paths: Sequence[str], include: Sequence[str], exclude: Sequence[str]) -> dict[str, str]:
+    """Why each filtered-out path is filtered out; the paths that are kept are absent.
+
+    A path is kept when it is not matched by an ``exclude`` pattern and either
+    ``include`` is empty, it is matched by an ``include`` pattern, or it is an
+    ancestor of a kept matching path (the parents that lead to it, the root
+    included). Exclude wins: an excluded path is never kept, and an excluded
+    match does not keep its ancestors.
+
+    Args:
+        paths: every component's dotted path (the root's is ``""``).
+        include: :mod:`fnmatch` glob patterns (``*`` also matches dots).
+        exclude: same.
+
+    Returns:
+        ``{path: reason}`` for the paths filtered out.
+
+    Warns:
+        RuntimeWarning: once per call, naming the ``include`` patterns that match
+            no path and a few real paths.
     """
-    if include and not any(fnmatch.fnmatchcase(path, p) for p in include):
-        return f"not matched by include={list(include)}"
-    for p in exclude:
-        if fnmatch.fnmatchcase(path, p):
-            return f"matched exclude pattern {p!r}"
-    return None
+    excluded: dict[str, str] = {}
+    for path in paths:
+        hit = next((p for p in exclude if fnmatch.fnmatchcase(path, p)), None)
+        if hit is not None:
+            excluded[path] = f"matched exclude pattern {hit!r}"
+    if not include:
+        return excluded
+    matched = {p: [path for path in paths if fnmatch.fnmatchcase(path, p)] for p in include}
+    unmatched = [p for p, hits in matched.items() if not hits]
+    if unmatched:
+        examples = [path for path in paths if path != ""][:5]
+        warnings.warn(
+            f"cb_callback: include pattern(s) {unmatched} match no component, so they profile "
+            f"nothing; component paths look like {examples} (fnmatch globs on the dotted path, "
+            "the root is '')",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    kept: set[str] = set()
+    for hits in matched.values():
+        for path in hits:
+            if path not in excluded:
+                kept.add(path)
+                kept.update(_ancestors(path))
+    out = dict(excluded)
+    for path in paths:
+        if path not in kept and path not in out:
+            out[path] = f"not matched by include={list(include)}"
+    return out
