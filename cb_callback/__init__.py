@@ -24,6 +24,7 @@ from cb_callback._metrics import (
     LatencyMetric,
     MemoryMetric,
     TrafficMetric,
+    register_flop_rule,
     register_traffic_rule,
 )
 from cb_callback._plugins import (
@@ -69,6 +70,7 @@ __all__ = [
     "profile_captured",
     "profile_components",
     "register_batch_rule",
+    "register_flop_rule",
     "register_grad_targets",
     "register_state_saver",
     "register_traffic_rule",

@@ -39,6 +39,14 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="where the report files go; default: SNAPSHOT_DIR/replay"
     )
     replay.add_argument("--top", type=int, default=10, help="hotspots to print (default 10)")
+    replay.add_argument(
+        "--script",
+        type=Path,
+        default=None,
+        help="the training script that defines the model's class (for a class in `__main__`), "
+        "when it is no longer where the snapshot recorded it; its `if __name__ == '__main__':` "
+        "block does not run",
+    )
 
     report = sub.add_parser("report", help="print a saved report's summary and hotspots")
     report.add_argument("report", metavar="DIR", type=Path, help="directory with report.json (or the file)")
@@ -78,7 +86,7 @@ def _replay(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else args.snapshot / "replay"
     print(f"cb: loading {args.snapshot} ({_TRUST.lower()})")
     try:
-        snapshot = load_snapshot(args.snapshot, map_location=device)
+        snapshot = load_snapshot(args.snapshot, map_location=device, script=args.script)
     except SnapshotError as e:
         print(f"cb: error: {e}", file=sys.stderr)
         return 1

@@ -6,8 +6,13 @@ A snapshot directory holds two files:
   pickled by reference: module and name), the captured first call of every
   component, the benchmark options that can be pickled, and the metadata.
 - ``snapshot.json``: a human-readable description (the model's class, the torch
-  version, the device and precision it was captured with, the options), read
-  without unpickling anything.
+  version, the device and precision it was captured with, the options, the
+  training script), read without unpickling anything.
+
+Classes defined in the training script itself (``__main__``) are pickled as
+``__main__.Name``; loading imports that script the way ``multiprocessing``'s
+``spawn`` does (its ``if __name__ == "__main__":`` block does not run), from the
+recorded path or from ``load_snapshot(..., script=...)`` / ``cb replay --script``.
 
 The Lightning callback writes one in ``mode="fork"`` and profiles it in a child
 process; ``cb replay SNAPSHOT_DIR`` profiles one offline, e.g. on another machine.
@@ -23,7 +28,11 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import json
+import os
 import pickle
+import runpy
+import sys
+import types
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -61,11 +70,13 @@ _AUTOCAST = {"bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16, "16-mixed": t
 _DEFAULT_DTYPE = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64, "64": torch.float64}
 
 _IMPORT_HINT = (
-    "Define the class in an importable module (not in `__main__` of a notebook, a "
-    "`python -c` string or an interactive session) and make that module importable "
-    "here (install it or add it to PYTHONPATH). For mode='fork', the training script "
-    'also needs an `if __name__ == "__main__":` guard around its training code, '
-    "because the spawned profiling process re-imports it."
+    "Define the class in an importable module or at the top level of the training "
+    "script (not in `__main__` of a notebook, a `python -c` string or an interactive "
+    "session) and make that module importable here (install it or add it to "
+    "PYTHONPATH); for a class in the training script, pass the script with "
+    "`cb replay --script PATH` (load_snapshot(..., script=PATH)) if it moved. The "
+    'training script needs an `if __name__ == "__main__":` guard around its training '
+    "code, because loading the snapshot (and mode='fork''s spawned process) imports it."
 )
 
 
@@ -232,6 +243,26 @@ def _calls_from_plain(data: Mapping[str, Mapping[str, Any]]) -> dict[str, Compon
     return {path: ComponentInputs(**{k: v for k, v in d.items() if k in known}) for path, d in data.items()}
 
 
+def _main_script() -> dict[str, str | None]:
+    """Where this process's ``__main__`` comes from (what ``spawn`` would re-import).
+
+    ``script``: its file, absolute; ``script_module``: its module name when run
+    with ``python -m`` (``None`` otherwise); ``script_sys_path``: ``sys.path[0]``.
+    All ``None`` for a notebook, ``python -c`` or an interactive session.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None)
+    if name is not None and (name == "__main__" or name.endswith(".__main__")):
+        name = None  # a package's __main__: spawn does not re-run it either
+    return {
+        "script": os.path.abspath(path) if isinstance(path, str) else None,
+        "script_module": name,
+        "script_sys_path": sys.path[0] if sys.path and isinstance(path, str) else None,
+    }
+
+
 def save_snapshot(
     directory: str | Path,
     model: nn.Module,
@@ -258,6 +289,11 @@ def save_snapshot(
 
     Returns:
         The directory.
+
+    Notes:
+        The description also records the training script (``__main__``'s file,
+        absolute, its module name under ``python -m``, and ``sys.path[0]``), so a
+        class defined in it can be found when the snapshot is loaded.
 
     Raises:
         SnapshotError: when the model or an input cannot be pickled (a lambda, an
@@ -302,6 +338,7 @@ def save_snapshot(
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "config": cfg.to_metadata() | {"output_dir": None},
         "metadata": meta,
+        **_main_script(),
         "warning": "snapshot.pt is a pickle: only load snapshots you trust.",
     }
     (out / META_FILE).write_text(json.dumps(description, indent=1, default=str))
@@ -317,13 +354,94 @@ def read_description(directory: str | Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def load_snapshot(directory: str | Path, *, map_location: str | torch.device | None = None) -> Snapshot:
+class _MainScript:
+    """How to import the training script as ``__mp_main__``, as ``spawn`` does."""
+
+    def __init__(self, description: Mapping[str, Any], override: str | Path | None) -> None:
+        self.override = None if override is None else os.path.abspath(override)
+        recorded = description.get("script")
+        self.path: str | None = self.override or (recorded if isinstance(recorded, str) else None)
+        module = description.get("script_module")
+        self.module: str | None = module if self.override is None and isinstance(module, str) else None
+        sys_path = description.get("script_sys_path")
+        if self.override is not None:
+            self.sys_path: str | None = os.path.dirname(self.override)
+        else:
+            self.sys_path = sys_path if isinstance(sys_path, str) else None
+        self.loaded: types.ModuleType | None = None
+
+    def describe(self) -> str:
+        return self.path or (f"-m {self.module}" if self.module else "(not recorded)")
+
+    def already_main(self) -> bool:
+        """Whether ``__main__`` already is that script (a spawned child, the script itself)."""
+        current = getattr(sys.modules.get("__main__"), "__file__", None)
+        return self.path is not None and isinstance(current, str) and os.path.abspath(current) == self.path
+
+    def load(self) -> types.ModuleType | None:
+        """Run the script as ``__mp_main__`` once (``None`` if it is already ``__main__``).
+
+        Raises:
+            SnapshotError: no script recorded or given, it is missing, or it raised.
+        """
+        if self.loaded is not None or self.already_main():
+            return self.loaded
+        path = self.path
+        if self.module is None and (path is None or not os.path.isfile(path)):
+            where = "was not recorded" if path is None else f"is not at {path}"
+            raise SnapshotError(
+                f"the snapshot's classes include some defined in its training script (`__main__`), "
+                f"and the script {where}: pass it with `cb replay --script PATH` "
+                "(load_snapshot(..., script=PATH))"
+            )
+        if self.sys_path is not None and self.sys_path not in sys.path:
+            sys.path.insert(0, self.sys_path)
+        try:
+            if self.module is not None:
+                content = runpy.run_module(self.module, run_name="__mp_main__", alter_sys=True)
+            else:
+                content = runpy.run_path(str(path), run_name="__mp_main__")
+        except (Exception, SystemExit) as e:
+            raise SnapshotError(
+                f"importing the training script {self.describe()} (to find the classes it defines) "
+                f"raised {type(e).__name__}: {e}"
+            ) from e
+        module = types.ModuleType("__mp_main__")
+        module.__dict__.update(content)
+        sys.modules["__mp_main__"] = module
+        self.loaded = module
+        return module
+
+    @contextlib.contextmanager
+    def as_main(self) -> Iterator[None]:
+        """Resolve ``__main__.X`` to the loaded script while unpickling; ``__main__`` is put back."""
+        if self.loaded is None:
+            yield
+            return
+        before = sys.modules.get("__main__")
+        sys.modules["__main__"] = self.loaded
+        try:
+            yield
+        finally:
+            if before is not None:
+                sys.modules["__main__"] = before
+
+
+def load_snapshot(
+    directory: str | Path,
+    *,
+    map_location: str | torch.device | None = None,
+    script: str | Path | None = None,
+) -> Snapshot:
     """Read a snapshot written by :func:`save_snapshot`.
 
     Args:
         directory: the snapshot directory (or its ``snapshot.pt``).
         map_location: where to load tensors (``torch.load``'s ``map_location``),
             e.g. ``"cpu"`` for a snapshot taken on a GPU.
+        script: the training script that defines classes pickled as
+            ``__main__.X``, where the one recorded at save time moved; it is
+            imported first.
 
     Returns:
         The snapshot.
@@ -332,9 +450,19 @@ def load_snapshot(directory: str | Path, *, map_location: str | torch.device | N
         SnapshotError: no snapshot there, a format this version does not read, or a
             class in it cannot be imported (named, with the fix).
 
+    Notes:
+        Classes of ``__main__`` are found the way ``multiprocessing``'s ``spawn``
+        finds them: the training script is run with ``__name__ == "__mp_main__"``
+        (its ``if __name__ == "__main__":`` block does not run; its top level
+        does) and stays in ``sys.modules`` as ``__mp_main__``; ``__main__``
+        points to it only while unpickling. The script is imported when the
+        model's class is in ``__main__``, when ``script`` is given, or when
+        unpickling names a missing ``__main__`` attribute; not otherwise.
+
     Warning:
         This unpickles ``snapshot.pt`` (``torch.load(weights_only=False)``), which
-        can run arbitrary code: only load snapshots you trust.
+        can run arbitrary code, and may run the training script's top level: only
+        load snapshots you trust.
     """
     path = Path(directory)
     if path.is_dir():
@@ -343,12 +471,24 @@ def load_snapshot(directory: str | Path, *, map_location: str | torch.device | N
         raise SnapshotError(f"no snapshot at {path}: expected a directory with {SNAPSHOT_FILE}")
     description = read_description(path.parent)
     model_class = description.get("model_class", "the model's class")
+    main = _MainScript(description, script)
+    if script is not None or str(model_class).startswith("__main__."):
+        main.load()
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=False)
+        try:
+            with main.as_main():
+                payload = torch.load(path, map_location=map_location, weights_only=False)
+        except AttributeError as e:
+            if main.loaded is not None or main.already_main() or "__main__" not in str(e):
+                raise
+            main.load()
+            with main.as_main():
+                payload = torch.load(path, map_location=map_location, weights_only=False)
     except (AttributeError, ImportError) as e:
         raise SnapshotError(
             f"cannot load the snapshot {path}: a class it references cannot be imported here "
-            f"({type(e).__name__}: {e}). The snapshot's model is {model_class}. {_IMPORT_HINT}"
+            f"({type(e).__name__}: {e}). The snapshot's model is {model_class}. Its training "
+            f"script: {main.describe()}. {_IMPORT_HINT}"
         ) from e
     except (pickle.UnpicklingError, EOFError, RuntimeError) as e:
         raise SnapshotError(f"cannot read the snapshot {path} (truncated or not a snapshot?): {e}") from e

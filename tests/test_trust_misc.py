@@ -1,13 +1,20 @@
 """Issue 7, numbers a user can trust: include keeps ancestors, any dtype keeps its report,
-the time budget excludes calibration."""
+the time budget excludes calibration, FLOP rules stay ours, CUDA peaks are not reset,
+and snapshots of classes in the training script replay."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,8 +22,10 @@ import torch
 from torch import nn
 
 import cb_callback._engine as engine_module
+import cb_callback._metrics.flops as flops_module
+import cb_callback._metrics.memory as memory_module
+from cb_callback import Report, profile_components, register_flop_rule
 from cb_callback import _hardware as hw
-from cb_callback import profile_components
 from cb_callback._config import resolve_dtype
 from cb_callback._tree import filter_reasons
 from tests.conftest import FAST
@@ -191,3 +200,277 @@ def test_any_positive_budget_measures_the_root() -> None:
     report = profile_components(_nested(), (torch.randn(2, 4),), max_total_time_s=1e-9, **OPTS)
     assert [r.status for r in report] == ["ok", "skipped", "skipped", "skipped", "skipped"]
     assert "max_total_time_s=1e-09 spent" in (report.row("1").error or "")
+
+
+# --- 4. our FLOP rules apply to our counting only ---------------------------------------
+
+_USER_FLOPS_SCRIPT = """
+import json
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+B, H, L, E = 2, 4, 16, 8
+q, k, v = (torch.randn(B, H, L, E, requires_grad=True) for _ in range(3))
+
+def user_count():
+    counter = FlopCounterMode(display=False)
+    with counter:
+        F.scaled_dot_product_attention(q, k, v)
+    return counter.get_total_flops()
+
+plain = user_count()
+import cb_callback
+
+class Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+after = user_count()
+row = cb_callback.profile_components(
+    Attention(), (q, k, v), warmup=0, min_run_time_s=0.0, min_repeats=1, max_repeats=1,
+    load_plugins=False, peak_flops=1e11, peak_bandwidth=1e10,
+).row("")
+op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+print(json.dumps({"plain": plain, "after": after, "ours": row.fwd_flops, "global": op in flop_registry}))
+"""
+
+
+def test_importing_cb_callback_leaves_a_users_flop_counter_alone(tmp_path: Path) -> None:
+    script = tmp_path / "user_flops.py"
+    script.write_text(_USER_FLOPS_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["after"] == result["plain"]  # the user's count is torch's, before and after
+    assert result["global"] is False  # nothing was added to torch's registry
+    assert result["ours"] == 4 * 2 * 4 * 16 * 16 * 8  # 4*B*H*L*L*E = 65536 in our report
+
+
+def test_register_flop_rule_counts_in_ours_only_and_rejects_duplicates(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.utils.flop_counter import flop_registry
+
+    monkeypatch.setattr(flops_module, "_RULES", dict(flops_module._RULES))
+    gelu = torch.ops.aten.gelu
+
+    def gelu_flops(x_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return 8 * math.prod(x_shape)
+
+    register_flop_rule(gelu, gelu_flops)
+    with pytest.raises(ValueError, match="already registered"):
+        register_flop_rule(gelu, gelu_flops)
+    with pytest.raises(ValueError, match="OpOverloadPacket"):
+        register_flop_rule(torch.ops.aten.gelu.default, gelu_flops)
+    row = profile_components(nn.GELU(), (torch.randn(4, 4, requires_grad=True),), **OPTS).row("")
+    assert row.fwd_flops == 8 * 4 * 4  # 128: the rule's formula on the (4, 4) input
+    assert row.details["uncounted_ops"] == ["aten.gelu_backward"]
+    assert gelu not in flop_registry
+
+
+# --- 5. CUDA peak statistics are left as they were ---------------------------------------
+
+
+def _stats(current: int, peak: int, allocated: int) -> dict[str, int]:
+    return {
+        "allocated_bytes.all.current": current,
+        "allocated_bytes.all.peak": peak,
+        "allocated_bytes.all.allocated": allocated,
+    }
+
+
+def test_cuda_pass_peak_from_events_from_a_new_peak_or_unknown() -> None:
+    before = _stats(current=10_000, peak=50_000, allocated=1_000_000)
+    # events of the pass: +512, +1024, -512 (sizes), allocator totals after each
+    events = [(1, 512, 10_512), (2, 1024, 11_536), (3, -512, 11_024)]
+    complete = _stats(current=11_024, peak=50_000, allocated=1_000_000 + 512 + 1024)
+    assert memory_module._cuda_pass_peak(before, complete, events) == (1536, None)  # 11_536 - 10_000
+    # the events missed 2048 bytes, but the pass raised the process peak: that is its peak
+    missed = _stats(current=11_024, peak=60_000, allocated=1_000_000 + 512 + 1024 + 2048)
+    assert memory_module._cuda_pass_peak(before, missed, events) == (50_000, None)  # 60_000 - 10_000
+    # missed events and an earlier, higher peak: unknown, and it says why
+    below = _stats(current=11_024, peak=50_000, allocated=1_000_000 + 4096)
+    peak, why = memory_module._cuda_pass_peak(before, below, events)
+    assert peak is None
+    assert why == (
+        "the allocation events missed some allocations and the pass stayed below the process's "
+        "earlier CUDA peak (torch.cuda.max_memory_allocated), which cb_callback never resets"
+    )
+    assert memory_module._cuda_pass_peak(before, below, None)[1].startswith("no allocation events were recorded")
+
+
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, stats: list[dict[str, int]]) -> None:
+    def forbidden(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the process's CUDA peak statistics must not be reset")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: stats.pop(0))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", forbidden)
+    monkeypatch.setattr(torch.cuda, "reset_max_memory_allocated", forbidden)
+    monkeypatch.setattr(memory_module, "_WARNED", set())
+
+
+def _cuda_instrument() -> Any:
+    ctx = SimpleNamespace(device=torch.device("cuda", 0), path="block", module=nn.Identity(), replay=None)
+    return memory_module.MemoryMetric().instrument(ctx)  # type: ignore[arg-type]
+
+
+def test_the_cuda_pass_never_resets_the_peak_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_cuda(monkeypatch, [_stats(0, 8 * _MIB, 100), _stats(0, 8 * _MIB, 100 + 2 * _MIB)])
+    events = [(1, 2 * _MIB, 2 * _MIB), (2, -2 * _MIB, 0)]
+    monkeypatch.setattr(memory_module, "_allocation_events", lambda prof, device: events)
+    ins = _cuda_instrument()
+    with ins.observe("pass"):
+        torch.ones(4)
+    values = ins.values()
+    assert values["peak_mem_mb"] == 2.0  # the 2 MiB block, below the process's 8 MiB peak
+    assert values["peak_mem_source"] == "cuda_caching_allocator"
+    assert "peak_mem_unknown" not in values
+
+
+def test_an_unknown_cuda_peak_is_empty_and_warned_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    stats = [_stats(0, 8 * _MIB, 100), _stats(0, 8 * _MIB, 100 + _MIB)] * 2
+    _fake_cuda(monkeypatch, stats)
+    monkeypatch.setattr(memory_module, "_allocation_events", lambda prof, device: [])  # none seen
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            ins = _cuda_instrument()
+            with ins.observe("pass"):
+                pass
+    values = ins.values()
+    assert "peak_mem_mb" not in values
+    assert values["peak_mem_unknown"].startswith("the allocation events missed some allocations")
+    assert len(_ours(caught)) == 1
+    assert "the cuda peak memory of 'block'" in _ours(caught)[0]
+
+
+def test_a_users_own_profiler_keeps_running_and_the_peak_says_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.setattr(memory_module, "_WARNED", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with profile(activities=[ProfilerActivity.CPU]) as user:
+            row = profile_components(nn.Linear(4, 2), (torch.randn(3, 4),), **OPTS).row("")
+            torch.mm(torch.randn(2, 2), torch.randn(2, 2))
+    assert "aten::mm" in {e.key for e in user.key_averages()}  # the user's session kept recording
+    assert math.isnan(row.peak_mem_mb)
+    assert row.details["peak_mem_unknown"] == "another torch profiler is running (a second one would end it)"
+    assert len([m for m in _ours(caught) if "peak memory" in m]) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_profile_leaves_max_memory_allocated_as_it_was() -> None:
+    torch.cuda.reset_peak_memory_stats()
+    big = torch.empty(64 * _MIB, dtype=torch.uint8, device="cuda")  # a 64 MiB training peak
+    del big
+    peak_before = torch.cuda.max_memory_allocated()
+    model = nn.Linear(1024, 1024).cuda()
+    report = profile_components(model, (torch.randn(512, 1024, device="cuda"),), **FAST)
+    assert torch.cuda.max_memory_allocated() == peak_before
+    row = report.row("")
+    assert "peak_mem_unknown" not in row.details  # the allocation events accounted for the pass
+    # alive at the end: y, dY (512x1024 fp32 each), dW (1024x1024), db (1024)
+    assert row.peak_mem_mb * _MIB >= 4 * (2 * 512 * 1024 + 1024 * 1024 + 1024)
+
+
+# --- 6. a snapshot of a class in the training script replays ------------------------------
+
+_TRAIN_SCRIPT = '''
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from cb_callback import BenchmarkConfig, Capture
+from cb_callback._snapshot import save_snapshot
+from helpers import HIDDEN
+
+LOG = Path(__file__).with_name("imports.log")
+with LOG.open("a") as f:
+    f.write(f"top {__name__}\\n")
+
+
+class MLPClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, HIDDEN), nn.ReLU())
+        self.head = nn.Linear(HIDDEN, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+if __name__ == "__main__":
+    with LOG.open("a") as f:
+        f.write("main\\n")
+    torch.manual_seed(0)
+    model = MLPClassifier()
+    with Capture(model) as capture:
+        model(torch.randn(5, 4))
+    config = BenchmarkConfig(
+        warmup=0, min_run_time_s=0.0, min_repeats=1, max_repeats=1, load_plugins=False,
+        peak_flops=1e11, peak_bandwidth=1e10,
+    )
+    save_snapshot(
+        sys.argv[1], model, capture.calls, config=config, captured_batch_size=5,
+        metadata={"capture_step": 0, "capture_device": "cpu"},
+    )
+'''
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def _assert_replayed(out: Path) -> None:
+    report = Report.load(out)
+    assert [r.path for r in report.rows] == ["", "body", "head", "body.0", "body.1"]
+    assert [r.status for r in report.rows] == ["ok"] * 5
+    assert report.row("body.0").fwd_flops == 2 * 5 * 4 * 8  # Linear(4 -> HIDDEN=8) on 5 samples
+    assert report.row("head").fwd_flops == 2 * 5 * 8 * 3  # Linear(8 -> 3)
+
+
+def test_cb_replay_finds_a_model_class_defined_in_the_training_script(tmp_path: Path) -> None:
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "train.py").write_text(_TRAIN_SCRIPT)
+    (project / "helpers.py").write_text("HIDDEN = 8\n")
+    snap = tmp_path / "snap"
+    saved = _run(["train.py", str(snap)], cwd=project)
+    assert saved.returncode == 0, saved.stderr
+    description = json.loads((snap / "snapshot.json").read_text())
+    assert description["model_class"] == "__main__.MLPClassifier"
+    assert description["script"] == str(project / "train.py")
+    assert description["script_sys_path"] == str(project)
+
+    # from another directory, with the script's directory not on the path
+    replayed = _run(["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "a")], elsewhere)
+    assert replayed.returncode == 0, replayed.stderr
+    _assert_replayed(tmp_path / "a")
+    # the script's top level ran as __mp_main__; its __main__ block did not run again
+    assert (project / "imports.log").read_text() == "top __main__\nmain\ntop __mp_main__\n"
+
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("train.py", "helpers.py"):
+        shutil.move(str(project / name), str(moved / name))
+    lost = _run(["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "b")], elsewhere)
+    assert lost.returncode == 1
+    assert f"the script is not at {project / 'train.py'}: pass it with `cb replay --script PATH`" in lost.stderr
+    found = _run(
+        ["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "c"),
+         "--script", str(moved / "train.py")],
+        elsewhere,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    _assert_replayed(tmp_path / "c")
+    assert (moved / "imports.log").read_text() == "top __mp_main__\n"

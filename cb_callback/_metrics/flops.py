@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -11,7 +11,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import (
     FlopCounterMode,
     flop_registry,
-    register_flop_formula,
     sdpa_backward_flop_count,
     sdpa_flop_count,
 )
@@ -19,9 +18,13 @@ from torch.utils.flop_counter import (
 from cb_callback._metrics._observing import ObservingMetric
 from cb_callback._plugins import MeasureContext
 
-__all__ = ["FlopsMetric"]
+__all__ = ["FlopsMetric", "register_flop_rule"]
 
 aten = torch.ops.aten
+
+#: FLOP formulas of cb_callback's own counting, by op packet; never added to torch's
+#: global ``flop_registry``, so a user's own ``FlopCounterMode`` is unchanged.
+_RULES: dict[Any, Callable[..., int]] = {}
 
 # Ops that move or describe data but compute nothing worth a FLOP formula; they
 # are not listed as "uncounted".
@@ -43,26 +46,49 @@ _NO_COMPUTE = {
 }
 
 
+def register_flop_rule(op: Any, formula: Callable[..., int]) -> None:
+    """Give ``op`` (an ``OpOverloadPacket``, e.g. ``torch.ops.fbgemm.foo``) a FLOP formula.
+
+    ``formula`` has the signature of a ``torch.utils.flop_counter.register_flop_formula``
+    formula: it is called with the *shapes* of the op's arguments (tensors
+    replaced by their shapes) and ``out_shape=``, and returns the FLOPs. It
+    applies only inside cb_callback's counting (``FlopCounterMode(custom_mapping=...)``),
+    never to torch's global registry, and there it wins over a formula torch has.
+
+    Raises:
+        ValueError: if ``op`` is not an ``OpOverloadPacket`` or already has a rule.
+    """
+    if not isinstance(op, torch._ops.OpOverloadPacket):
+        raise ValueError(
+            f"register_flop_rule(op={op!r}): expected an OpOverloadPacket such as torch.ops.aten.mm"
+        )
+    if op in _RULES:
+        raise ValueError(f"a FLOP rule for {op} is already registered")
+    _RULES[op] = formula
+
+
+def _cpu_sdpa_forward(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return int(sdpa_flop_count(query_shape, key_shape, value_shape))
+
+
+def _cpu_sdpa_backward(grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return int(sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape))
+
+
 def _register_cpu_sdpa() -> None:
-    """FLOP formulas for CPU flash attention, which torch 2.13 counts as 0.
+    """FLOP rules for CPU flash attention, which torch 2.13 counts as 0.
 
     Same arithmetic as torch's CUDA flash-attention formulas (``sdpa_flop_count``:
     ``4 * B * H * Lq * Lk * E`` forward, 2.5x that for backward when ``E == Ev``),
     so CPU and GPU reports agree. A causal mask is not discounted (as in torch).
+    Added only where torch has no formula of its own.
     """
-    fwd = aten._scaled_dot_product_flash_attention_for_cpu
-    bwd = aten._scaled_dot_product_flash_attention_for_cpu_backward
-    if fwd not in flop_registry:
-
-        @register_flop_formula(fwd)
-        def _fwd(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-            return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-    if bwd not in flop_registry:
-
-        @register_flop_formula(bwd)
-        def _bwd(grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-            return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+    for op, formula in (
+        (aten._scaled_dot_product_flash_attention_for_cpu, _cpu_sdpa_forward),
+        (aten._scaled_dot_product_flash_attention_for_cpu_backward, _cpu_sdpa_backward),
+    ):
+        if op not in flop_registry:
+            register_flop_rule(op, formula)
 
 
 _register_cpu_sdpa()
@@ -98,7 +124,7 @@ class _FlopsInstrument:
             yield
             return
         recorder = _OpRecorder()
-        counter = FlopCounterMode(display=False)
+        counter = FlopCounterMode(display=False, custom_mapping=dict(_RULES))
         with counter, recorder:
             yield
         self.flops[phase] = int(counter.get_total_flops())
@@ -117,7 +143,9 @@ class FlopsMetric(ObservingMetric):
 
     Notes:
         Counted per aten op by torch's ``FlopCounterMode`` (matmuls, convolutions,
-        attention) plus the formulas registered here and by integrations.
+        attention) plus the rules of :func:`register_flop_rule` (CPU flash
+        attention here, and what integrations add), which apply to this counting
+        only: torch's global registry is left as it is.
         Elementwise ops, norms and reductions have no formula: their FLOPs are
         not in the total (they are memory-bound; see ``bytes``), and they are
         listed in ``uncounted_ops``.

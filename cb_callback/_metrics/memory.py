@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -27,25 +28,72 @@ def _storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
-def _cpu_allocation_peak(prof: Any) -> int:
-    """Peak of ``total_allocated`` over a profile's CPU allocation events, above the start."""
+def _allocation_events(prof: Any, device: torch.device) -> list[tuple[int, int, int]]:
+    """``(start ns, size, allocator total after)`` of a profile's allocation events on ``device``.
+
+    A free has a negative size. CUDA events are those of ``device``'s index.
+    """
     from torch._C._profiler import _EventType
 
     events: list[tuple[int, int, int]] = []
 
     def walk(nodes: Any) -> None:
         for e in nodes:
-            if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
-                events.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.total_allocated))
+            if e.tag == _EventType.Allocation:
+                where = e.extra_fields.device
+                if where.type == device.type and (device.type != "cuda" or where.index == device.index):
+                    events.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.total_allocated))
             walk(e.children)
 
     walk(prof.profiler.kineto_results.experimental_event_tree())
+    events.sort()
+    return events
+
+
+def _peak_of_cpu_events(events: list[tuple[int, int, int]]) -> int:
+    """Peak of ``total_allocated`` over CPU allocation events, above the level before the first."""
     if not events:
         return 0
-    events.sort()
     _, first_size, first_total = events[0]
     baseline = first_total - first_size
     return max(0, max(total for _, _, total in events) - baseline)
+
+
+_STAT_CURRENT = "allocated_bytes.all.current"
+_STAT_PEAK = "allocated_bytes.all.peak"
+_STAT_ALLOCATED = "allocated_bytes.all.allocated"  # cumulative bytes ever allocated
+
+
+def _cuda_pass_peak(
+    before: Mapping[str, int], after: Mapping[str, int], events: list[tuple[int, int, int]] | None
+) -> tuple[int | None, str | None]:
+    """``(peak above the level before, None)`` of one CUDA pass, or ``(None, why unknown)``.
+
+    ``before`` / ``after`` are ``torch.cuda.memory_stats`` around the pass;
+    ``events`` the profiler's allocation events of the device (``None``: none
+    were recorded). Nothing is reset, so the process's peak statistics stay as
+    they were; the peak comes from, in order:
+
+    1. the allocation events, when they account for every byte the allocator
+       handed out during the pass (``allocated_bytes.all.allocated`` grew by the
+       sum of their sizes): the peak of their ``total_allocated``;
+    2. else the allocator's process-wide peak, when the pass raised it (then the
+       new peak is the pass's);
+    3. else nothing: the pass stayed below an earlier peak of the process, and
+       that counter cannot tell by how much.
+    """
+    level = int(before.get(_STAT_CURRENT, 0))
+    handed_out = int(after.get(_STAT_ALLOCATED, 0)) - int(before.get(_STAT_ALLOCATED, 0))
+    if events is not None and sum(size for _, size, _ in events if size > 0) == handed_out:
+        return max([0, *(total - level for _, _, total in events)]), None
+    peak_before, peak_after = int(before.get(_STAT_PEAK, 0)), int(after.get(_STAT_PEAK, 0))
+    if peak_after > peak_before:
+        return peak_after - level, None
+    seen = "no allocation events were recorded" if events is None else "the allocation events missed some allocations"
+    return None, (
+        f"{seen} and the pass stayed below the process's earlier CUDA peak "
+        "(torch.cuda.max_memory_allocated), which cb_callback never resets"
+    )
 
 
 @contextlib.contextmanager
@@ -68,10 +116,19 @@ def _native_stderr_silenced() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _cpu_peak() -> Iterator[list[int]]:
+def _allocations(device: torch.device) -> Iterator[list[list[tuple[int, int, int]]]]:
+    """Record the allocation events of ``device`` with the torch profiler (CPU activity only).
+
+    The yielded list receives the events on exit; it stays empty when another
+    torch profiler is already running (starting a second one would end the
+    user's session), so the caller can tell "not recorded" from "no events".
+    """
     from torch.profiler import ProfilerActivity, profile
 
-    result: list[int] = []
+    result: list[list[tuple[int, int, int]]] = []
+    if torch.autograd._profiler_enabled():
+        yield result
+        return
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
     with _native_stderr_silenced():  # only the start: the component's own output stays visible
         prof.__enter__()
@@ -80,7 +137,23 @@ def _cpu_peak() -> Iterator[list[int]]:
     finally:
         with _native_stderr_silenced():
             prof.__exit__(None, None, None)
-    result.append(_cpu_allocation_peak(prof))
+    result.append(_allocation_events(prof, device))
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_unknown_peak_once(device_type: str, path: str, why: str) -> None:
+    if device_type in _WARNED:
+        return
+    _WARNED.add(device_type)
+    warnings.warn(
+        f"cb_callback: the {device_type} peak memory of {path or 'root'!r} (and of any other "
+        f"component where this happens) is unknown, so peak_mem_mb is left empty: {why}. Profile "
+        "with no other torch profiler running, or in a fresh process (mode='fork', `cb replay`).",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 class _MemoryInstrument:
@@ -88,6 +161,7 @@ class _MemoryInstrument:
         self.ctx = ctx
         self.saved: dict[int, int] = {}
         self.peak: int | None = None
+        self.unknown: str | None = None
         self.source = "unsupported device"
 
     def _excluded(self, inputs: ReplayInputs | None) -> set[int]:
@@ -113,25 +187,35 @@ class _MemoryInstrument:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 yield
         elif phase == "pass" and device.type == "cuda":
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.synchronize(device)
-            before = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            yield
+            before = torch.cuda.memory_stats(device)
+            with _allocations(device) as recorded:
+                yield
             torch.cuda.synchronize(device)
-            self.peak = max(0, torch.cuda.max_memory_allocated(device) - before)
+            after = torch.cuda.memory_stats(device)
+            self.peak, self.unknown = _cuda_pass_peak(before, after, recorded[0] if recorded else None)
             self.source = "cuda_caching_allocator"
         elif phase == "pass" and device.type == "cpu":
-            with _cpu_peak() as result:
+            with _allocations(device) as recorded:
                 yield
-            self.peak = result[0]
+            if recorded:
+                self.peak = _peak_of_cpu_events(recorded[0])
+            else:
+                self.unknown = "another torch profiler is running (a second one would end it)"
             self.source = "cpu_profiler_allocations"
         else:
             yield
+        if phase == "pass" and self.unknown is not None:
+            _warn_unknown_peak_once(device.type, self.ctx.path, self.unknown)
 
     def values(self) -> Mapping[str, Any]:
         out: dict[str, Any] = {"activation_mb": sum(self.saved.values()) / _MIB, "peak_mem_source": self.source}
         if self.peak is not None:
             out["peak_mem_mb"] = self.peak / _MIB
+        if self.unknown is not None:
+            out["peak_mem_unknown"] = self.unknown
         return out
 
 
@@ -142,10 +226,20 @@ class MemoryMetric(ObservingMetric):
         ``activation_mb``: storages autograd saves for backward (MiB, each once),
         without parameters, buffers and the component's inputs. ``peak_mem_mb``:
         the allocator's peak during one forward and backward above the level
-        before it — on CUDA the caching allocator's ``max_memory_allocated``, on
-        CPU the profiler's allocation events. It includes the output, the output
-        gradient and the gradients computed. Isolation cannot see what the rest
-        of the model holds at that moment in a real step.
+        before it, from the torch profiler's allocation events (CPU, and CUDA's
+        caching allocator). It includes the output, the output gradient and the
+        gradients computed. Isolation cannot see what the rest of the model holds
+        at that moment in a real step.
+
+        The process's CUDA statistics are left as they were: nothing calls
+        ``torch.cuda.reset_peak_memory_stats`` (CUDA has no way to set a peak
+        back), so ``torch.cuda.max_memory_allocated`` still reads the user's
+        training peak afterwards. The CUDA events are checked against the
+        allocator's own count of bytes handed out; when they miss some (or
+        another torch profiler is running, which a second one would end), the
+        peak is the process's new peak if the pass raised it, else unknown:
+        ``peak_mem_mb`` empty, the reason in ``details["peak_mem_unknown"]``, one
+        warning.
     """
 
     name = "memory"
