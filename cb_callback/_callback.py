@@ -188,6 +188,7 @@ class ComponentBenchmark(Callback):
         min_run_time_s: timing budget per component and pass.
         min_repeats: timed runs per pass, at least.
         max_repeats: timed runs per pass, at most.
+        rounds: interleaved timing rounds over all components.
         max_total_time_s: wall-clock budget of the whole profile. ``None`` is no
             limit on one process; with several processes (DDP) it becomes half the
             strategy's collective timeout, so waiting ranks cannot time out.
@@ -250,6 +251,7 @@ class ComponentBenchmark(Callback):
         min_run_time_s: float = _DEFAULTS.min_run_time_s,
         min_repeats: int = _DEFAULTS.min_repeats,
         max_repeats: int = _DEFAULTS.max_repeats,
+        rounds: int = _DEFAULTS.rounds,
         max_total_time_s: float | None = _DEFAULTS.max_total_time_s,
         device: str | None = None,
         dtype: str | None = None,
@@ -302,7 +304,7 @@ class ComponentBenchmark(Callback):
             self.config = BenchmarkConfig(
                 max_depth=max_depth, include=include, exclude=exclude, backward=backward, warmup=warmup,
                 min_run_time_s=min_run_time_s, min_repeats=min_repeats, max_repeats=max_repeats,
-                max_total_time_s=max_total_time_s, device=device, dtype=dtype, peak_flops=peak_flops,
+                rounds=rounds, max_total_time_s=max_total_time_s, device=device, dtype=dtype, peak_flops=peak_flops,
                 peak_bandwidth=peak_bandwidth, batch_size=batch_size, preprocessors=preprocessors,
                 metrics=metrics, reporters=reporters, seed=seed, load_plugins=load_plugins,
             )  # fmt: skip

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -109,6 +110,7 @@ class Capture:
             calls=1,
             training=module.training,
             order=self._order,
+            grad_enabled=torch.is_grad_enabled(),
         )
         self._order += 1
 

@@ -45,6 +45,11 @@ class BenchmarkConfig:
         min_run_time_s: timing budget per component and pass (repeats adapt to it).
         min_repeats: timed runs per pass, at least (also past ``min_run_time_s``).
         max_repeats: timed runs per pass, at most.
+        rounds: the timed runs of all components are taken in this many
+            interleaved rounds (each component gets its share of runs in every
+            round), so a burst of load from elsewhere spreads over the
+            components instead of landing on one. ``1``: one component after
+            the other.
         max_total_time_s: wall-clock budget of the components' replays; those not
             started in time become ``skipped``. The clock starts after the one-off
             peak calibration (CPU), whose seconds the report records in
@@ -81,6 +86,7 @@ class BenchmarkConfig:
     min_run_time_s: float = 0.1
     min_repeats: int = 5
     max_repeats: int = 1000
+    rounds: int = 5
     max_total_time_s: float | None = None
     device: str | torch.device | None = None
     dtype: str | torch.dtype | None = None
@@ -119,6 +125,9 @@ class BenchmarkConfig:
         non_negative_int("warmup")
         non_negative_int("min_repeats")
         non_negative_int("max_repeats")
+        non_negative_int("rounds")
+        if self.rounds < 1:
+            raise bad("rounds", "expected an integer >= 1")
         if self.max_repeats < max(self.min_repeats, 1):
             raise bad("max_repeats", f"must be >= max(min_repeats, 1) = {max(self.min_repeats, 1)}")
         positive_number("min_run_time_s", allow_zero=True)

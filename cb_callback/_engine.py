@@ -6,11 +6,13 @@ import contextlib
 import copy
 import dataclasses
 import datetime as _dt
+import math
 import platform
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -21,10 +23,10 @@ from torch import nn
 from cb_callback._capture import Capture
 from cb_callback._config import BenchmarkConfig, resolve_dtype
 from cb_callback._estimate import derive, estimate_from_children
-from cb_callback._hardware import Peaks, resolve_peaks
+from cb_callback._hardware import Peaks, calibration_spread, recalibrate_cpu_flops, resolve_peaks
 from cb_callback._inputs import ComponentInputs, leading_batch_size, replicate_batch, to_device
 from cb_callback._isolate import Replay, instrumented_pass
-from cb_callback._metrics import builtin_metrics
+from cb_callback._metrics import LatencyMetric, builtin_metrics
 from cb_callback._plugins import (
     MeasureContext,
     PrepareContext,
@@ -33,9 +35,10 @@ from cb_callback._plugins import (
     load_entry_point_plugins,
     validate_plugin,
 )
+from cb_callback._quality import LoadProbe, assess, inconsistent_pairs, is_noisy
 from cb_callback._report import ComponentRow, Report
 from cb_callback._state import StateGuard
-from cb_callback._timing import timed_seconds
+from cb_callback._timing import Sample, SampleSet, interleave, timed_seconds
 from cb_callback._tree import Node, build_tree, filter_reasons
 
 __all__ = ["ReplicateBatch", "profile_captured", "profile_components"]
@@ -170,6 +173,18 @@ def _error_text(e: BaseException) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
+@dataclass
+class _Pending:
+    """A component whose instrumented pass ran, waiting for its timed runs."""
+
+    row: ComponentRow
+    ctx: MeasureContext
+    values: dict[str, Any]
+    sampler: Callable[[], Sample]
+    budget_s: float
+    replaying: list[Any]
+
+
 class _Run:
     """One profiling run over a captured model (internal state of the loop)."""
 
@@ -191,6 +206,7 @@ class _Run:
         self.prepare_ctx = prepare_ctx
         self.preprocessors = preprocessors
         self.builtin = builtin_metrics()
+        self.latency = next(p for p in self.builtin if isinstance(p, LatencyMetric))
         self.user_metrics = list(metrics)
         self.forward_context = forward_context
         self.warned: set[str] = set()
@@ -202,28 +218,30 @@ class _Run:
             inputs = p.process_inputs(inputs, ctx)
         return inputs
 
-    def measure(self, row: ComponentRow, module: nn.Module) -> None:
-        """Replay one component and fill ``row`` (status ``ok`` or ``failed``).
+    def start(self, row: ComponentRow, module: nn.Module) -> _Pending | None:
+        """Replay one component once, observed; ``None`` when it failed (``row`` says why).
 
         One instrumented forward + backward is observed by every plugin that
-        offers ``instrument(ctx)`` (FLOPs, bytes, memory); then the plugins that
-        run their own replays (latency, user plugins) measure.
+        offers ``instrument(ctx)`` (FLOPs, bytes, memory) and serves as the first
+        warm-up. The timed runs come later, interleaved with the other
+        components' (:meth:`finish` takes their samples).
         """
         captured = self.calls[row.path]
         if captured.capture_error is not None:  # the capture hook could not copy the call
             row.status, row.error = "failed", captured.capture_error
             if captured.unknown_leaves:
                 row.details["unknown_leaves"] = list(captured.unknown_leaves)
-            return
+            return None
         try:
             inputs = self.inputs_for(row.path, module)
         except Exception as e:
             row.status, row.error = "failed", f"preprocessing inputs raised {_error_text(e)}"
-            return
-        # Forward-only replays keep the caller's no_grad (profile_components under no_grad/inference_mode).
+            return None
+        # Forward-only replays keep the caller's no_grad (profile_components under no_grad/inference_mode),
+        # and a component the real step ran under no_grad (a frozen encoder) replays without grad.
         replay = Replay(
             module, inputs, device=self.device, seed=self.cfg.seed, forward_context=self.forward_context,
-            grad_enabled=self.cfg.backward or torch.is_grad_enabled(),
+            grad_enabled=captured.grad_enabled and (self.cfg.backward or torch.is_grad_enabled()),
         )
         plugins = [*self.builtin, *self.user_metrics]
         ctx = MeasureContext(row.path, module, replay, self.cfg, self.device, {})
@@ -238,9 +256,9 @@ class _Run:
             except Exception as plain:
                 self._after_error(plain)
                 row.status, row.error = "failed", f"replay raised {_error_text(plain)}"
-                return
+                return None
             row.status, row.error = "failed", f"instrumented pass raised {_error_text(e)}"
-            return
+            return None
         finally:
             replay.current_inputs = None
         values: dict[str, Any] = {}
@@ -249,14 +267,29 @@ class _Run:
                 values.update(ins.values())
             except Exception as e:
                 if self._plugin_error(row, plugin, e):
-                    return
+                    return None
         replay.reuse_inputs = not result.mutates_inputs
         values["mutates_inputs"] = result.mutates_inputs
         if inputs.unknown_leaves:
             values["unknown_leaves"] = inputs.unknown_leaves
-        for plugin in plugins:
-            if plugin in observing:
-                continue
+        sampler = self.latency.sampler(ctx)
+        try:
+            for _ in range(max(self.cfg.warmup - 1, 0)):  # the instrumented pass was the first
+                sampler()
+        except Exception as e:
+            self._plugin_error(row, self.latency, e)
+            return None
+        replaying = [p for p in plugins if p not in observing and p is not self.latency]
+        return _Pending(row, ctx, values, sampler, self.latency.budget_s(ctx), replaying)
+
+    def finish(self, pending: _Pending, samples: SampleSet) -> None:
+        """Fill the row from its samples, then run the plugins that replay on their own."""
+        row, ctx, values = pending.row, pending.ctx, pending.values
+        if samples.error is not None:
+            self._plugin_error(row, self.latency, samples.error)
+            return
+        values.update(self.latency.values(samples, ctx))
+        for plugin in pending.replaying:
             ctx.values = dict(values)
             try:
                 values.update(plugin.measure(ctx))
@@ -352,7 +385,14 @@ def profile_captured(
         peaks: Peaks = resolve_peaks(
             device, dtype, peak_flops=cfg.peak_flops, peak_bandwidth=cfg.peak_bandwidth
         )
+        if device.type == "cpu" and peaks.flops_source == "measured" and peaks.flops is not None:
+            again = recalibrate_cpu_flops(dtype)  # only when the calibration disagreed with itself
+            if again is not None and again > peaks.flops:
+                peaks = dataclasses.replace(peaks, flops=again)
         budget0 = time.perf_counter()  # max_total_time_s excludes the one-off calibration
+        load = LoadProbe()
+        total_steps = len(nodes) + cfg.rounds
+        pending: list[_Pending] = []
         for done, node in enumerate(nodes, start=1):
             row = ComponentRow(
                 path=node.path,
@@ -364,25 +404,49 @@ def profile_captured(
             )
             rows[node.path] = row
             reason = filtered.get(node.path)
-            elapsed = time.perf_counter() - budget0
+            # The timed runs come later: count the budget they will take.
+            elapsed = time.perf_counter() - budget0 + sum(p.budget_s for p in pending)
             if reason is not None:
                 row.status, row.error = "skipped", reason
             elif cfg.max_total_time_s is not None and elapsed >= cfg.max_total_time_s and (
                 node.path != "" or cfg.max_total_time_s == 0
             ):
                 row.status = "skipped"
-                row.error = f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed)"
+                row.error = (
+                    f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed or committed "
+                    "to the timed runs of the components before it)"
+                )
             elif node.path in calls:
-                run.measure(row, modules[node.path])
+                started = run.start(row, modules[node.path])
+                if started is not None:
+                    pending.append(started)
             elif descendants_called[node.path]:
                 row.status, row.error = "estimated", "never called itself (a container)"
             else:
                 row.status, row.error = "not_run", "neither it nor a descendant ran in the captured forward"
             if cfg.progress is not None:
-                cfg.progress(done, len(nodes), node.path)
+                cfg.progress(done, total_steps, node.path)
+        samples = _time_interleaved(pending, rows, cfg, len(nodes), total_steps)
+        for p in pending:
+            run.finish(p, samples[p.row.path])
+        load.stop()
     _estimate_parents(nodes, rows)
     for row in rows.values():
         derive(row, peaks.flops, peaks.bandwidth)
+    floored = _floor_measured_peaks(peaks, rows.values())  # needs total_ms: after derive
+    if floored is not peaks:
+        peaks = floored
+        for row in rows.values():
+            derive(row, peaks.flops, peaks.bandwidth)
+    _fill_share(rows)
+    spread = calibration_spread(dtype) if device.type == "cpu" and peaks.flops_source == "measured" else None
+    assessment = assess(
+        list(rows.values()), samples, load=load, threads=torch.get_num_threads(), config=cfg,
+        calibration_spread=spread,
+    )
+    for path, flags in assessment.flags.items():
+        rows[path].details["flags"] = flags
+    meta["quality"] = assessment.quality
     wall = time.perf_counter() - wall0
     timed = timed_seconds() - timed0
     meta.update(
@@ -406,6 +470,92 @@ def profile_captured(
     ctx = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
     _write(report, reporters, ctx)
     return report
+
+
+def _time_interleaved(
+    pending: Sequence[_Pending],
+    rows: Mapping[str, ComponentRow],
+    cfg: BenchmarkConfig,
+    done: int,
+    total_steps: int,
+) -> dict[str, SampleSet]:
+    """The timed runs of every started component, interleaved in ``cfg.rounds`` rounds.
+
+    Components that come out inconsistent (``noise`` above the noisy threshold,
+    or a child slower than its parent) get the same number of rounds again,
+    interleaved among themselves, once; their samples are pooled.
+    """
+    def progress(r: int) -> None:
+        if cfg.progress is not None:
+            cfg.progress(done + r, total_steps, f"timing round {r}/{cfg.rounds}")
+
+    def run(items: Sequence[_Pending], extend: list[SampleSet] | None = None) -> list[SampleSet]:
+        return interleave(
+            [p.sampler for p in items],
+            budgets_s=[p.budget_s for p in items],
+            rounds=cfg.rounds,
+            min_repeats=cfg.min_repeats,
+            max_repeats=cfg.max_repeats,
+            sets=extend,
+            on_round=progress if extend is None else None,
+        )
+
+    sets = run(pending)
+    by_path = {p.row.path: s for p, s in zip(pending, sets, strict=True)}
+    medians = {path: s.median() for path, s in by_path.items() if s.samples and s.error is None}
+    again = {path for path, s in by_path.items() if s.error is None and is_noisy(s)}
+    for child, parent in inconsistent_pairs(rows, medians):
+        again.update((child, parent))
+    redo = [i for i, p in enumerate(pending) if p.row.path in again]
+    if redo:
+        run([pending[i] for i in redo], [sets[i] for i in redo])
+        for i in redo:
+            sets[i].remeasured = True
+    return by_path
+
+
+def _floor_measured_peaks(peaks: Peaks, rows: Iterable[ComponentRow]) -> Peaks:
+    """A measured (CPU) peak is never left below what a measured component achieved.
+
+    The calibration is a short GEMM / copy; a component that ran faster shows
+    the machine can do more, so the peak becomes that component's rate (the
+    reference says which). Datasheet and user peaks are left alone (rows above
+    them are flagged ``over_peak``).
+    """
+    ok = [r for r in rows if r.status == "ok" and math.isfinite(r.total_ms) and r.total_ms > 0]
+    changes: dict[str, Any] = {}
+    notes = []
+    for key, source, amount in (
+        ("flops", peaks.flops_source, lambda r: _nan0(r.fwd_flops) + _nan0(r.bwd_flops)),
+        ("bandwidth", peaks.bandwidth_source, lambda r: _nan0(r.bytes)),
+    ):
+        current = getattr(peaks, key)
+        if source != "measured" or current is None:
+            continue
+        best = max(ok, key=lambda r: amount(r) / r.total_ms, default=None)
+        if best is None:
+            continue
+        rate = amount(best) / (best.total_ms / 1e3)
+        if rate > current:
+            changes[key] = rate
+            notes.append(f"{key} raised from {current:.4g} to {best.path or 'root'}'s {rate:.4g}/s")
+    if not changes:
+        return peaks
+    return dataclasses.replace(peaks, reference=peaks.reference + "; " + "; ".join(notes), **changes)
+
+
+def _nan0(x: float) -> float:
+    return x if math.isfinite(x) else 0.0
+
+
+def _fill_share(rows: Mapping[str, ComponentRow]) -> None:
+    """``share`` = ``total_ms * calls / root total_ms`` where both are known."""
+    root = rows.get("")
+    if root is None or not math.isfinite(root.total_ms) or root.total_ms <= 0:
+        return
+    for row in rows.values():
+        if row.status in ("ok", "estimated") and math.isfinite(row.total_ms):
+            row.share = row.total_ms * max(row.calls, 1) / root.total_ms
 
 
 def _descendants_called(nodes: list[Node], calls: Mapping[str, ComponentInputs]) -> dict[str, bool]:

@@ -86,6 +86,9 @@ class ComponentInputs:
             its flag when it was first entered; for the others, their flag when
             the capture's hooks went on. Empty (inputs captured before this field existed,
             or built by hand): the whole subtree replays with ``training``.
+        grad_enabled: whether grad mode was on when the real step entered the
+            component (``False`` under ``torch.no_grad()``, e.g. a frozen
+            encoder): then it is replayed without grad and has no backward.
         capture_error: why the call could not be captured (the capture hook
             failed: an object that cannot be copied, out of memory while cloning),
             or ``None``. A component with one is not replayed; its row fails with
@@ -100,6 +103,7 @@ class ComponentInputs:
     unknown_leaves: list[str] = field(default_factory=list)
     modes: dict[str, bool] = field(default_factory=dict)
     capture_error: str | None = None
+    grad_enabled: bool = True
 
 
 @dataclass(frozen=True)

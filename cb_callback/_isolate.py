@@ -131,6 +131,7 @@ class Replay:
         # version counter seeing it: their copies are never reused.
         self._objects = holds_objects((inputs.args, inputs.kwargs))
         self._cached: ReplayInputs | None = None
+        self._grad_outputs: tuple[tuple[Any, ...], list[torch.Tensor]] | None = None
         self._flags = self._subtree_flags()
         #: Why :meth:`backward` found no backward (set when it returns ``None``).
         self.no_backward: str | None = None
@@ -235,14 +236,20 @@ class Replay:
         targets = self.grad_targets(inputs)
         if not outputs or not targets:
             self.no_backward = (
-                "no output requires grad" if not outputs
+                ("replayed without grad, as the real step ran it (no_grad)" if not self.grad_enabled
+                 else "no output requires grad") if not outputs
                 else "no input or parameter of the component requires grad"
             )
             return None
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(self.seed)
-        grads = [torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype) for t in outputs]
-        return Backward(outputs, grads, targets)
+        key = tuple((t.shape, t.dtype, t.device) for t in outputs)
+        if self._grad_outputs is None or self._grad_outputs[0] != key:
+            # Seeded, so every run would draw the same values: draw them once (randn
+            # is slow on CPU; drawing per run cost more than a small component's backward).
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(self.seed)
+            grads = [torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype) for t in outputs]
+            self._grad_outputs = (key, grads)
+        return Backward(outputs, list(self._grad_outputs[1]), targets)
 
     def probe(self, backward: bool = True) -> bool:
         """One plain forward and (if any) one backward; raises what they raise.

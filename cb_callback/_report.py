@@ -25,7 +25,11 @@ class ComponentRow:
 
     Units are in the names: ``*_ms`` milliseconds, ``*_mb`` MiB, ``bytes`` bytes,
     ``gbps`` 1e9 bytes per second, ``tflops`` 1e12 FLOP per second. ``mfu`` and
-    ``bw_util`` are fractions (0.25 = 25 % of the device's peak).
+    ``bw_util`` are fractions (0.25 = 25 % of the device's peak). ``share`` is
+    this component's time over the whole step as a fraction of the root's
+    (``total_ms * calls / root total_ms``); ``noise`` the relative spread of
+    its timed runs (IQR ÷ median of fwd + bwd). ``details["flags"]`` lists the
+    row's measurement-quality flags (see :mod:`cb_callback._quality`).
 
     Notes:
         All values describe one call of the component, replayed alone on its first
@@ -58,6 +62,8 @@ class ComponentRow:
     bw_util: float = _NAN
     intensity: float = _NAN
     bound: str | None = None
+    share: float = _NAN
+    noise: float = _NAN
     details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ from cb_callback._report import STATUSES
 if TYPE_CHECKING:
     from cb_callback._report import ComponentRow, Report
 
-__all__ = ["MARKDOWN_HEADERS", "SUMMARY_HEADERS", "format_summary", "markdown_table"]
+__all__ = ["MARKDOWN_HEADERS", "SUMMARY_HEADERS", "format_summary", "markdown_table", "quality_lines"]
 
 #: Columns of :func:`markdown_table`, in order (a contract: TensorBoard shows them).
 MARKDOWN_HEADERS: tuple[str, ...] = (
@@ -136,7 +136,9 @@ def format_summary(report: Report, top: int = 10) -> str:
         Lines of text: device, dtype and peaks (with their sources) when the
         metadata has them; the row counts by status; the root row; the ``top``
         hotspots, most expensive over the step first; the failed and estimated
-        rows with their error, one line each. Missing values show as ``"-"``.
+        rows with their error, one line each; and, when any row is flagged or
+        the verdict is not clean, the quality section (:func:`quality_lines`).
+        Missing values show as ``"-"``.
 
     Notes:
         Times, FLOPs, memory and bandwidth are per call; ``calls`` says how many
@@ -174,7 +176,45 @@ def format_summary(report: Report, top: int = 10) -> str:
             if len(error) > _ERROR_CHARS:
                 error = error[: _ERROR_CHARS - 3] + "..."
             lines.append(f"  {_path_label(r)} [{r.status}]: {error}")
+    lines += quality_lines(report)
     return "\n".join(lines)
+
+
+_QUALITY_ROWS_SHOWN = 5
+
+
+def quality_lines(report: Report) -> list[str]:
+    """The "quality" section: what was flagged, the machine's load, what to do.
+
+    Empty on a clean run (verdict ``"clean"`` and no row flagged) and for
+    reports written before quality was measured.
+    """
+    quality = report.metadata.get("quality")
+    flagged = [r for r in report.rows if r.details.get("flags")]
+    if not isinstance(quality, dict) or (quality.get("verdict") in (None, "clean") and not flagged):
+        return []
+    counts = quality.get("flags") or {}
+    shown = ", ".join(f"{n} {flag}" for flag, n in counts.items() if n)
+    lines = ["", f"quality: {quality.get('verdict')}" + (f" ({shown})" if shown else "")]
+    machine = []
+    before, after = quality.get("load_before"), quality.get("load_after")
+    if before is not None or after is not None:
+        machine.append(f"load average {_num(before, 2)} -> {_num(after, 2)} on {quality.get('cpus')} CPUs")
+    rate = quality.get("switches_per_s")
+    if rate is not None and math.isfinite(float(rate)):
+        machine.append(f"{float(rate):.0f} involuntary context switches/s per thread")
+    if quality.get("quantum_ms") is not None:
+        machine.append(f"runs quantised at {quality['quantum_ms']:g} ms")
+    if machine:
+        lines.append("  machine: " + "; ".join(machine))
+    for r in flagged[:_QUALITY_ROWS_SHOWN]:
+        noise = f" (noise {_num(r.noise, 0, 100.0)} %)" if math.isfinite(r.noise) else ""
+        lines.append(f"  {_path_label(r)}: {', '.join(r.details['flags'])}{noise}")
+    if len(flagged) > _QUALITY_ROWS_SHOWN:
+        lines.append(f"  ... and {len(flagged) - _QUALITY_ROWS_SHOWN} more flagged rows")
+    for advice in quality.get("advice") or []:
+        lines.append(f"  what to do: {advice}")
+    return lines
 
 
 def _md_cell(text: str) -> str:

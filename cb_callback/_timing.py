@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Timing", "time_fn", "timed_seconds"]
+__all__ = ["Sample", "SampleSet", "Timing", "interleave", "record_timed", "time_fn", "timed_seconds"]
 
 _TIMED = [0.0]  # seconds spent inside timed regions in this process
 
@@ -18,6 +19,11 @@ _TIMED = [0.0]  # seconds spent inside timed regions in this process
 def timed_seconds() -> float:
     """Total seconds spent inside timed regions so far (for harness efficiency)."""
     return _TIMED[0]
+
+
+def record_timed(seconds: float) -> None:
+    """Add ``seconds`` spent inside a timed region (samplers call it)."""
+    _TIMED[0] += seconds
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -132,4 +138,184 @@ def time_fn(
         del result
         if n >= max_repeats or (n >= min_repeats and clock() - start_wall >= min_run_time_s):
             break
+    return out
+
+
+# --- interleaved sampling of many components ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed run of a component: a forward and the backward of its graph, in ms.
+
+    Attributes:
+        fwd_ms: device time of the forward (CUDA events; wall time on CPU).
+        bwd_ms: device time of the backward; ``0.0`` when the component has no
+            backward, NaN when the backward is not measured (``backward=False``).
+        fwd_host_ms: host time of the forward (launch time on CUDA).
+        bwd_host_ms: host time of the backward.
+    """
+
+    fwd_ms: float
+    bwd_ms: float
+    fwd_host_ms: float
+    bwd_host_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        """``fwd_ms + bwd_ms`` (a NaN backward counts 0)."""
+        return self.fwd_ms + (self.bwd_ms if self.bwd_ms == self.bwd_ms else 0.0)
+
+
+@dataclass
+class SampleSet:
+    """Every sample of one component, with what the machine did meanwhile.
+
+    Attributes:
+        samples: the timed runs, in the order they ran.
+        rounds: in how many rounds the component was sampled.
+        timed_s: wall seconds spent inside this component's sampling slices.
+        switches: involuntary context switches of this process during those
+            slices (``getrusage``), the scheduler taking the CPU away.
+        remeasured: whether extra rounds were given because the first looked
+            inconsistent (noisy, or slower than its parent).
+        error: what the sampler raised; it is not sampled again.
+    """
+
+    samples: list[Sample] = field(default_factory=list)
+    rounds: int = 0
+    timed_s: float = 0.0
+    switches: int = 0
+    remeasured: bool = False
+    error: BaseException | None = None
+
+    def _col(self, name: str) -> list[float]:
+        return sorted(getattr(s, name) for s in self.samples)
+
+    def median(self, name: str = "total_ms") -> float:
+        """Median of one field of the samples (``fwd_ms``, ``bwd_ms``, ``total_ms`` …)."""
+        values = self._col(name)
+        return _quantile(values, 0.5)
+
+    def iqr(self, name: str = "total_ms") -> float:
+        """Inter-quartile range of one field, ms."""
+        values = self._col(name)
+        return _quantile(values, 0.75) - _quantile(values, 0.25)
+
+    @property
+    def noise(self) -> float:
+        """Relative spread of the runs: IQR ÷ median of ``total_ms`` (NaN without samples)."""
+        med = self.median()
+        return self.iqr() / med if self.samples and med > 0 else float("nan")
+
+    @property
+    def switches_per_s(self) -> float:
+        """Involuntary context switches per second of sampling (NaN if nothing was timed)."""
+        return self.switches / self.timed_s if self.timed_s > 0 else float("nan")
+
+
+def _involuntary_switches() -> int:
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw)
+    except (ImportError, OSError):  # not on every platform
+        return 0
+
+
+def interleave(
+    samplers: list[Callable[[], Sample]],
+    *,
+    budgets_s: list[float],
+    rounds: int,
+    min_repeats: int,
+    max_repeats: int,
+    sets: list[SampleSet] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    switches: Callable[[], int] | None = None,
+    on_round: Callable[[int], None] | None = None,
+) -> list[SampleSet]:
+    """Sample many components in interleaved rounds; returns one :class:`SampleSet` each.
+
+    Round 1 takes one sample of every component, in order; it estimates each
+    one's run time. From it each component gets a number of samples
+    ``clamp(ceil(budget / estimate), min_repeats, max_repeats)``, spread evenly
+    over ``rounds`` rounds (round 1 included). Rounds alternate the order
+    (forward, then reversed), so that neither the first nor the last component
+    always runs right after a slow phase. A slice of two or more runs starts
+    with one untimed run, so every timed run finds the caches as the
+    component's own previous run left them (as a loop of runs does), not as
+    the component before it did.
+
+    Args:
+        samplers: each times one run of one component and returns it.
+        budgets_s: per component, the timed seconds to aim for.
+        rounds: number of rounds (>= 1).
+        min_repeats: samples per component, at least (also past the budget).
+        max_repeats: samples per component, at most.
+        sets: sample sets to extend (extra rounds for a re-measurement); new ones
+            by default.
+
+    A sampler that raises is not called again; its set keeps the exception in
+    ``error``.
+        clock: seconds (a seam for tests).
+        switches: the process's involuntary context switch count (a seam; default
+            ``getrusage``).
+        on_round: called with the round's number (1-based) after each round.
+
+    Notes:
+        Interleaving is what makes a measurement resist a busy machine: a burst of
+        other load (another job, a compaction, the scheduler) lands on many
+        components a little instead of on one component entirely, and the median
+        over rounds discards it. It cannot undo load that lasts the whole run;
+        that is what the ``contention`` flag reports.
+    """
+    if len(samplers) != len(budgets_s):
+        raise ValueError("one budget per sampler is needed")
+    count = switches if switches is not None else _involuntary_switches
+    out = sets if sets is not None else [SampleSet() for _ in samplers]
+    rounds = max(rounds, 1)
+    target: list[int] = [0] * len(samplers)
+    start = [len(s.samples) for s in out]
+
+    def take(i: int, n: int) -> None:
+        s = out[i]
+        if s.error is not None:
+            return
+        try:
+            if n >= 2:  # one untimed run first: the component before it left the caches cold
+                samplers[i]()
+        except Exception as e:
+            s.error = e
+            return
+        c0, t0 = count(), clock()
+        try:
+            for _ in range(n):
+                s.samples.append(samplers[i]())
+        except Exception as e:  # the caller decides what a failed component becomes
+            s.error = e
+        t1 = clock()
+        s.timed_s += t1 - t0
+        s.switches += count() - c0
+        s.rounds += 1
+
+    order = list(range(len(samplers)))
+    for r in range(rounds):
+        seq = order if r % 2 == 0 else order[::-1]
+        for i in seq:
+            if r == 0:
+                take(i, 1)
+                if out[i].error is not None:
+                    continue
+                est = out[i].samples[-1].total_ms / 1e3
+                need = math.ceil(budgets_s[i] / est) if est > 0 else max_repeats
+                target[i] = min(max(need, min_repeats, 1), max_repeats)
+                continue
+            done = len(out[i].samples) - start[i]
+            # Spread the remaining samples evenly over the remaining rounds.
+            want = math.ceil((target[i] - done) / (rounds - r)) if target[i] > done else 0
+            if want > 0:
+                take(i, want)
+        if on_round is not None:
+            on_round(r + 1)
     return out

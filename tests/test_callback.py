@@ -312,7 +312,9 @@ def test_progress_bar_follows_the_trainers(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(callback_module._ProgressBar, "__call__", spy)
     cb = ComponentBenchmark(capture_step=1, **OPTS)
     run_fit(tmp_path / "on", [cb], max_steps=2, logger=False, enable_progress_bar=True)
-    assert calls == [(i + 1, 7, p) for i, p in enumerate(MLP_PATHS)]
+    # one step per component (its instrumented pass), then one per interleaved timing round
+    rounds = [(7 + r, 7 + 5, f"timing round {r}/5") for r in range(1, 6)]
+    assert calls == [(i + 1, 7 + 5, p) for i, p in enumerate(MLP_PATHS)] + rounds
     calls.clear()
     cb = ComponentBenchmark(capture_step=1, **OPTS)
     run_fit(tmp_path / "off", [cb], max_steps=2, logger=False, enable_progress_bar=False)

@@ -29,6 +29,7 @@ def test_columns_are_the_contract() -> None:
         "path", "module_type", "depth", "parent", "status", "error", "calls", "fwd_ms", "bwd_ms",
         "total_ms", "cpu_ms", "device_ms", "fwd_flops", "bwd_flops", "tflops", "mfu", "params_mb",
         "activation_mb", "peak_mem_mb", "bytes", "gbps", "bw_util", "intensity", "bound",
+        "share", "noise",  # issue 7: appended after bound
     ]
     assert list(COLUMNS) == list(report.to_dataframe().columns)
 

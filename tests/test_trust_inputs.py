@@ -329,3 +329,28 @@ def test_an_object_whose_deepcopy_raises_never_breaks_the_forward() -> None:
     )
     assert cap.calls[""].unknown_leaves == ["args[1]: NoCopies"]
     assert not cap.active
+
+
+class _FrozenEncoderNet(nn.Module):
+    """An encoder the real step runs under ``no_grad`` (frozen), then a trained head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            h = self.encoder(x)
+        return self.head(h)
+
+
+def test_a_component_the_step_ran_under_no_grad_has_no_backward() -> None:
+    report = profile_components(_FrozenEncoderNet(), (torch.randn(4, 8),), min_run_time_s=0.0,
+                                min_repeats=2, max_repeats=2, rounds=1)
+    enc, head = report.row("encoder"), report.row("head")
+    assert enc.status == "ok" and enc.bwd_ms == 0.0 and enc.bwd_flops == 0.0
+    assert enc.details["no_backward"] == "replayed without grad, as the real step ran it (no_grad)"
+    # the head's backward: grad of W (2*4*8*2 = 128) only, its input does not require grad
+    assert head.bwd_flops == 128.0
+    assert head.fwd_flops == 128.0  # 2 * 4 * 8 * 2
