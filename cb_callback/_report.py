@@ -44,6 +44,7 @@ class ComponentRow:
     parent: str | None
     status: str = "not_run"
     error: str | None = None
+    note: str | None = None
     calls: int = 0
     fwd_ms: float = _NAN
     bwd_ms: float = _NAN
@@ -97,7 +98,7 @@ def _from_json(data: dict[str, Any]) -> ComponentRow:
     if extra:  # written by a newer version: keep what we cannot place
         values["details"] = {**(values.get("details") or {}), **extra}
     for name in COLUMNS:
-        if values.get(name) is None and name not in ("error", "parent", "bound"):
+        if values.get(name) is None and name not in ("error", "note", "parent", "bound"):
             values[name] = _NAN
     return ComponentRow(**values)
 
