@@ -8,6 +8,7 @@ import dataclasses
 import datetime as _dt
 import math
 import platform
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,7 +39,14 @@ from cb_callback._plugins import (
 from cb_callback._quality import LoadProbe, assess, inconsistent_pairs, is_noisy
 from cb_callback._report import ComponentRow, Report
 from cb_callback._state import StateGuard
-from cb_callback._timing import Sample, SampleSet, interleave, timed_seconds
+from cb_callback._timing import (
+    Sample,
+    SampleSet,
+    canary_best,
+    cpu_canary,
+    interleave,
+    timed_seconds,
+)
 from cb_callback._tree import Node, build_tree, filter_reasons
 
 __all__ = ["ReplicateBatch", "profile_captured", "profile_components"]
@@ -426,7 +434,8 @@ def profile_captured(
                 row.status, row.error = "not_run", "neither it nor a descendant ran in the captured forward"
             if cfg.progress is not None:
                 cfg.progress(done, total_steps, node.path)
-        samples = _time_interleaved(pending, rows, cfg, len(nodes), total_steps)
+        canary_s: list[float] = []
+        samples = _time_interleaved(pending, rows, cfg, len(nodes), total_steps, device, canary_s)
         for p in pending:
             run.finish(p, samples[p.row.path])
         load.stop()
@@ -440,9 +449,12 @@ def profile_captured(
             derive(row, peaks.flops, peaks.bandwidth)
     _fill_share(rows)
     spread = calibration_spread(dtype) if device.type == "cpu" and peaks.flops_source == "measured" else None
+    best = canary_best()
+    slowdown = statistics.median(canary_s) / best if canary_s and best else None
     assessment = assess(
         list(rows.values()), samples, load=load, threads=torch.get_num_threads(), config=cfg,
         calibration_spread=spread,
+        slowdown=slowdown,
     )
     for path, flags in assessment.flags.items():
         rows[path].details["flags"] = flags
@@ -478,13 +490,17 @@ def _time_interleaved(
     cfg: BenchmarkConfig,
     done: int,
     total_steps: int,
+    device: torch.device,
+    canary_s: list[float],
 ) -> dict[str, SampleSet]:
     """The timed runs of every started component, interleaved in ``cfg.rounds`` rounds.
 
     Components that come out inconsistent (``noise`` above the noisy threshold,
     or a child slower than its parent) get the same number of rounds again,
-    interleaved among themselves, once; their samples are pooled.
+    interleaved among themselves, once; their samples are pooled. On CPU a
+    reference GEMM (the canary) is timed before every round into ``canary_s``.
     """
+    canary = cpu_canary() if device.type == "cpu" and pending else None
     def progress(r: int) -> None:
         if cfg.progress is not None:
             cfg.progress(done + r, total_steps, f"timing round {r}/{cfg.rounds}")
@@ -498,6 +514,8 @@ def _time_interleaved(
             max_repeats=cfg.max_repeats,
             sets=extend,
             on_round=progress if extend is None else None,
+            canary=canary,
+            canary_s=canary_s,
         )
 
     sets = run(pending)

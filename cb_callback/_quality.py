@@ -24,7 +24,8 @@ The vocabulary (thresholds are module constants, recorded in the metadata):
   :func:`quantum_ms`), or the run as a whole shows a busy machine (more than
   :data:`SWITCHES_PER_S_THRESHOLD` involuntary context switches per second
   per thread, a load average above our own threads, a calibration that
-  disagreed with itself, a VM's steal time above :data:`STEAL_THRESHOLD`) and
+  disagreed with itself, a VM's steal time above :data:`STEAL_THRESHOLD`, a
+  reference GEMM slower than the process's best by :data:`SLOWDOWN_THRESHOLD`) and
   the scheduler took the CPU away from this row
   more often than that threshold too.
 """
@@ -88,6 +89,10 @@ _LOAD_EXCESS_PER_CPU = 0.5
 
 #: Steal time (a VM's CPUs given to other guests) above this fraction counts as a busy machine.
 STEAL_THRESHOLD = 0.05
+
+#: A reference GEMM this much slower (median of the run ÷ fastest seen in the process)
+#: counts as a busy machine.
+SLOWDOWN_THRESHOLD = 1.25
 
 
 def quantum_ms(excess_ms: Sequence[float]) -> float | None:
@@ -244,6 +249,7 @@ def assess(
     threads: int,
     config: Any = None,
     calibration_spread: float | None = None,
+    slowdown: float | None = None,
 ) -> Assessment:
     """Flag the rows and judge the run.
 
@@ -255,6 +261,10 @@ def assess(
         config: the run's :class:`~cb_callback.BenchmarkConfig` (for the advice).
         calibration_spread: how much a CPU peak calibration disagreed with itself
             (median ÷ best - 1 of its runs), when one ran.
+        slowdown: the run's median time of a fixed reference GEMM (timed
+            before every round) over the fastest this process has seen: above
+            :data:`SLOWDOWN_THRESHOLD` the whole machine was slower than it can
+            be, although the components' own runs may agree with each other.
 
     Returns:
         The flags of each flagged row and the ``quality`` metadata: ``flags``
@@ -298,9 +308,11 @@ def assess(
     busy_load = bool(loads) and max(loads) - own > _LOAD_EXCESS_PER_CPU * load.cpus
     unsure_calibration = calibration_spread is not None and calibration_spread > CALIBRATION_SPREAD_LIMIT
     stolen = load.steal is not None and load.steal > STEAL_THRESHOLD
+    slowed = slowdown is not None and slowdown > SLOWDOWN_THRESHOLD
     busy = (
         busy_load
         or stolen
+        or slowed
         or (math.isfinite(run_rate) and run_rate > SWITCHES_PER_S_THRESHOLD)
         or quantum is not None
         or unsure_calibration
@@ -322,7 +334,7 @@ def assess(
         verdict = "inconsistent"
     if contended:
         verdict = "contended"
-    advice = _advice(counts, contended, load, run_rate, quantum, threads, config, busy_load, calibration_spread)
+    advice = _advice(counts, contended, load, run_rate, quantum, threads, config, busy_load, calibration_spread, slowdown)
     quality = {
         "verdict": verdict,
         "flags": counts,
@@ -335,6 +347,7 @@ def assess(
         "quantum_ms": quantum,
         "calibration_spread": calibration_spread,
         "steal": load.steal,
+        "slowdown": slowdown,
         "thresholds": {
             "noisy": NOISY_THRESHOLD,
             "median_uncertainty": MEDIAN_UNCERTAINTY,
@@ -342,6 +355,7 @@ def assess(
             "switches_per_s_per_thread": SWITCHES_PER_S_THRESHOLD,
             "load_excess_per_cpu": _LOAD_EXCESS_PER_CPU,
             "steal": STEAL_THRESHOLD,
+            "slowdown": SLOWDOWN_THRESHOLD,
         },
         "advice": advice,
     }
@@ -358,6 +372,7 @@ def _advice(
     config: Any,
     busy_load: bool,
     calibration_spread: float | None,
+    slowdown: float | None,
 ) -> list[str]:
     out = []
     if contended:
@@ -369,6 +384,10 @@ def _advice(
             evidence.append(f"{run_rate:.0f} involuntary context switches/s per thread")
         if quantum is not None:
             evidence.append(f"runs slowed by multiples of a {quantum:g} ms scheduling quantum")
+        if slowdown is not None and slowdown > SLOWDOWN_THRESHOLD:
+            evidence.append(
+                f"a reference GEMM ran {slowdown - 1:.0%} slower than the fastest seen in this process"
+            )
         if load.steal is not None and load.steal > STEAL_THRESHOLD:
             evidence.append(f"the hypervisor took {load.steal:.0%} of the CPU time (steal)")
         if calibration_spread is not None and calibration_spread > CALIBRATION_SPREAD_LIMIT:

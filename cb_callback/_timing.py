@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Sample", "SampleSet", "Timing", "interleave", "record_timed", "time_fn", "timed_seconds"]
+__all__ = ["Sample", "SampleSet", "Timing", "canary_best", "cpu_canary", "interleave", "record_timed", "time_fn", "timed_seconds"]
 
 _TIMED = [0.0]  # seconds spent inside timed regions in this process
 
@@ -214,6 +214,39 @@ class SampleSet:
         return self.switches / self.timed_s if self.timed_s > 0 else float("nan")
 
 
+_CANARY_BEST: dict[int, float] = {}
+
+
+def cpu_canary(size: int = 256, repeats: int = 3) -> Callable[[], float]:
+    """A reference CPU workload: the best of ``repeats`` ``size``² fp32 GEMMs, in seconds.
+
+    The fastest time ever seen in this process (per thread count) is kept in
+    :func:`canary_best`, so a run can tell that the machine is slower now than
+    it was (another job, a throttled or shared CPU) even when its own runs
+    agree with each other.
+    """
+    a = torch.randn(size, size)
+    b = torch.randn(size, size)
+    out = torch.empty(size, size)
+
+    def run() -> float:
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            best = min(best, time.perf_counter() - t0)
+        key = torch.get_num_threads()
+        _CANARY_BEST[key] = min(_CANARY_BEST.get(key, math.inf), best)
+        return best
+
+    return run
+
+
+def canary_best() -> float | None:
+    """The fastest canary time seen in this process at the current thread count."""
+    return _CANARY_BEST.get(torch.get_num_threads())
+
+
 def _involuntary_switches() -> int:
     try:
         import resource
@@ -234,6 +267,8 @@ def interleave(
     clock: Callable[[], float] = time.perf_counter,
     switches: Callable[[], int] | None = None,
     on_round: Callable[[int], None] | None = None,
+    canary: Callable[[], float] | None = None,
+    canary_s: list[float] | None = None,
 ) -> list[SampleSet]:
     """Sample many components in interleaved rounds; returns one :class:`SampleSet` each.
 
@@ -262,6 +297,11 @@ def interleave(
         switches: the process's involuntary context switch count (a seam; default
             ``getrusage``).
         on_round: called with the round's number (1-based) after each round.
+        canary: a fixed reference workload, timed (its seconds returned) once
+            before every round; its times are appended to ``canary_s``. The same
+            work taking longer in one round than another is the machine, not
+            the components.
+        canary_s: where the canary's times go.
 
     Notes:
         Interleaving is what makes a measurement resist a busy machine: a burst of
@@ -301,6 +341,8 @@ def interleave(
 
     order = list(range(len(samplers)))
     for r in range(rounds):
+        if canary is not None and canary_s is not None:
+            canary_s.append(canary())
         seq = order if r % 2 == 0 else order[::-1]
         for i in seq:
             if r == 0:

@@ -354,3 +354,25 @@ def test_steal_time_counts_as_a_busy_machine(monkeypatch: pytest.MonkeyPatch) ->
     a = assess(_rows(), {"": _steady(10.0), "a": _steady(4.0)}, load=load, threads=1)
     assert a.quality["verdict"] == "contended" and a.quality["steal"] == 0.15
     assert "the hypervisor took 15% of the CPU time (steal)" in a.quality["advice"][0]
+
+
+def test_a_machine_slower_than_it_was_is_contended_though_runs_agree() -> None:
+    # every row's runs agree (noise 0), but the reference GEMM ran 1.6x its best
+    a = assess(_rows(), {"": _steady(10.0), "a": _steady(4.0)}, load=quiet(), threads=1, slowdown=1.6)
+    assert a.flags == {} and a.quality["verdict"] == "contended" and a.quality["slowdown"] == 1.6
+    assert "a reference GEMM ran 60% slower than the fastest seen in this process" in a.quality["advice"][0]
+    # 1.2x is within the threshold
+    assert assess(_rows(), {"": _steady(10.0)}, load=quiet(), threads=1, slowdown=1.2).quality["verdict"] == "clean"
+
+
+def test_the_canary_runs_before_every_round() -> None:
+    log: list[str] = []
+
+    def canary() -> float:
+        log.append("canary")
+        return 1e-3
+
+    times: list[float] = []
+    interleave([fixed(1.0, log, "a")], budgets_s=[0.0], rounds=3, min_repeats=3, max_repeats=3,
+               clock=Clock(), switches=lambda: 0, canary=canary, canary_s=times)
+    assert log == ["canary", "a", "canary", "a", "canary", "a"] and times == [1e-3] * 3
