@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from cb_callback._capture import Capture
 from cb_callback._config import BenchmarkConfig
 from cb_callback._engine import ReplicateBatch, profile_captured, profile_components
+from cb_callback._gpu_registry import register_device_peaks
 from cb_callback._inputs import ComponentInputs, register_batch_rule, replicate_batch, slice_batch
 from cb_callback._isolate import Instrument, Replay, ReplayInputs, register_grad_targets
 from cb_callback._metrics import (
@@ -70,6 +71,7 @@ __all__ = [
     "profile_captured",
     "profile_components",
     "register_batch_rule",
+    "register_device_peaks",
     "register_flop_rule",
     "register_grad_targets",
     "register_state_saver",

@@ -298,6 +298,16 @@ def test_other_device_types_are_unknown_with_one_warning() -> None:
     assert (first.flops_source, first.bandwidth_source) == ("unknown", "unknown")
 
 
+def test_calibration_seams_set_here_reach_the_calibration_module(fake_clock: FakeClock) -> None:
+    # the calibration lives in _calibration; replacing its clock through _hardware
+    # (as these tests do) must replace the clock it calls
+    from cb_callback import _calibration
+
+    assert _calibration._best_seconds is fake_clock
+    assert hw._FLOPS_CACHE is _calibration._FLOPS_CACHE
+    assert hw._LAST_SPREAD is _calibration._LAST_SPREAD
+
+
 # --- validation and metadata -----------------------------------------------------------
 
 
