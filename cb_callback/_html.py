@@ -1,0 +1,114 @@
+"""``report.html``: the interactive report, one self-contained page.
+
+The page (``viewer_assets/``: an HTML template, a stylesheet and a script)
+embeds the report's JSON once and draws an icicle of the component tree with
+plotly, a table linked to it (sort, filter, roll-ups, CSV export) and the
+details of the selected component. Written beside ``report.json`` it inlines
+plotly.js, so it opens offline by double-click; the TensorBoard plugin serves
+the same page with plotly from one of its routes instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from importlib.resources import files
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cb_callback._report import Report
+
+__all__ = ["HTML_FILE", "plotly_js", "render_html", "write_html"]
+
+_MARKER = re.compile(r"__(?:SCRIPT_ORIGINS|TITLE|CSS|CONFIG|DATA|JS|PLOTLY)__")
+
+#: The file name of the interactive report, beside ``report.json``.
+HTML_FILE = "report.html"
+
+
+def _asset(name: str) -> str:
+    return files("cb_callback").joinpath("viewer_assets", name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
+def plotly_js() -> str:
+    """plotly.js as shipped inside the ``plotly`` Python package (for offline use).
+
+    Raises:
+        ImportError: naming the fix when ``plotly`` is not installed.
+    """
+    try:
+        import plotly
+    except ImportError as e:  # pragma: no cover - plotly is a dependency
+        raise ImportError("report.html needs plotly: pip install plotly") from e
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    return path.read_text(encoding="utf-8")
+
+
+def _json_for_script(value: Any) -> str:
+    """JSON that can sit inside a ``<script>`` element (no ``</script>`` early end)."""
+    text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def render_html(
+    report: Report | dict[str, Any],
+    *,
+    title: str | None = None,
+    plotly_src: str | None = None,
+    artifact_base: str = "",
+) -> str:
+    """The interactive page of ``report``.
+
+    Args:
+        report: a :class:`Report` or its :meth:`Report.to_dict`.
+        title: the page title; default "cb_callback components" and the device.
+        plotly_src: a URL the page loads plotly.js from (the TensorBoard plugin's
+            route); ``None`` inlines plotly.js, so the page needs nothing else.
+        artifact_base: prefix of the artifact links (``row.details["artifacts"]``
+            holds paths relative to the report's directory).
+
+    Returns:
+        The HTML text.
+    """
+    data = report if isinstance(report, dict) else report.to_dict()
+    meta = data.get("metadata") or {}
+    if title is None:
+        device = meta.get("device_name")
+        title = "cb_callback components" + (f" \u2014 {device}" if device else "")
+    if plotly_src is None:
+        plotly_tag = "<script>\n" + plotly_js().replace("</script", "<\\/script") + "\n</script>"
+        origins = ""
+    else:
+        plotly_tag = f'<script src="{_attr(plotly_src)}"></script>'
+        origins = ""
+    values = {
+        "__SCRIPT_ORIGINS__": origins,
+        "__TITLE__": _text(title),
+        "__CSS__": _asset("viewer.css"),
+        "__CONFIG__": _json_for_script({"artifactBase": artifact_base}),
+        "__DATA__": _json_for_script(data),
+        "__JS__": _asset("viewer.js"),
+        "__PLOTLY__": plotly_tag,
+    }
+    # One pass: what is substituted (plotly.js, the report) is never scanned again.
+    return _MARKER.sub(lambda m: values[m.group(0)], _asset("viewer.html"))
+
+
+def write_html(report: Report, directory: str | Path) -> Path:
+    """Write ``report.html`` (plotly inlined) into ``directory``; returns its path."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / HTML_FILE
+    path.write_text(render_html(report), encoding="utf-8")
+    return path
+
+
+def _text(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _attr(s: str) -> str:
+    return _text(s).replace('"', "&quot;")

@@ -1,0 +1,439 @@
+/* cb_callback report viewer.
+ *
+ * Reads the report embedded in <script id="cb-data" type="application/json">
+ * (the report.json written beside the page, embedded once) and draws:
+ * an icicle of the component tree (plotly), a table linked to it (sort, filter,
+ * roll-ups, CSV export) and the details of the selected component.
+ * No request leaves the page: plotly is inline (report.html) or served by the
+ * TensorBoard plugin's own route.
+ */
+(function () {
+  "use strict";
+
+  var ROOT_ID = "(root)";
+  var data = JSON.parse(document.getElementById("cb-data").textContent);
+  var rows = data.rows || [];
+  var meta = data.metadata || {};
+  var config = window.CB_VIEWER_CONFIG || {};
+  var artifactBase = config.artifactBase || "";
+
+  function isNum(v) { return typeof v === "number" && isFinite(v); }
+  function nodeId(path) { return path === "" ? ROOT_ID : path; }
+  function esc(s) {
+    return String(s).replace(/[&<>"']/g, function (c) {
+      return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c];
+    });
+  }
+  function fmt(v, digits, scale) {
+    if (!isNum(v)) return "-";
+    return (v * (scale || 1)).toFixed(digits);
+  }
+
+  var byPath = new Map();
+  rows.forEach(function (r) { byPath.set(r.path, r); });
+  var children = new Map();
+  rows.forEach(function (r) {
+    if (r.parent !== null && r.parent !== undefined && byPath.has(r.parent)) {
+      if (!children.has(r.parent)) children.set(r.parent, []);
+      children.get(r.parent).push(r);
+    }
+  });
+  var root = byPath.get("") || rows[0];
+
+  /* Time over the step: per-call total times the calls (at least 1). */
+  function stepMs(r) { return isNum(r.total_ms) ? r.total_ms * Math.max(r.calls || 0, 1) : 0; }
+  /* A parent's own time: what its children do not cover (never below 0). */
+  function ownMs(r) {
+    var kids = children.get(r.path) || [];
+    var covered = kids.reduce(function (s, k) { return s + stepMs(k); }, 0);
+    return Math.max(stepMs(r) - covered, 0);
+  }
+  function flagsOf(r) { return (r.details && r.details.flags) || []; }
+  function totalGflop(r) {
+    var f = [r.fwd_flops, r.bwd_flops].filter(isNum);
+    return f.length ? f.reduce(function (a, b) { return a + b; }, 0) / 1e9 : NaN;
+  }
+
+  /* --- metrics a node can be coloured by --------------------------------------- */
+  var METRICS = {
+    time: { label: "time over the step (ms)", value: stepMs, scale: 1, unit: "ms" },
+    mfu: { label: "MFU (%)", value: function (r) { return r.mfu; }, scale: 100, unit: "%" },
+    tflops: { label: "TFLOP/s", value: function (r) { return r.tflops; }, scale: 1, unit: "" },
+    bw_util: { label: "bandwidth utilisation (%)", value: function (r) { return r.bw_util; }, scale: 100, unit: "%" },
+    peak_mem_mb: { label: "peak memory (MiB)", value: function (r) { return r.peak_mem_mb; }, scale: 1, unit: "MiB" },
+    noise: { label: "noise (IQR / median, %)", value: function (r) { return r.noise; }, scale: 100, unit: "%" },
+    bound: { label: "bound", categorical: { compute: "#3b6fc4", memory: "#e08a2c" }, value: function (r) { return r.bound; } },
+    status: {
+      label: "status",
+      categorical: { ok: "#5fa35a", estimated: "#e8b62c", failed: "#c62828", skipped: "#9e9e9e", not_run: "#d6d6d6" },
+      value: function (r) { return r.status; }
+    }
+  };
+  var NAN_COLOR = "#d0d0d0";
+  // viridis, 9 stops
+  var RAMP = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"];
+
+  function hexToRgb(h) { return [parseInt(h.slice(1, 3), 16), parseInt(h.slice(3, 5), 16), parseInt(h.slice(5, 7), 16)]; }
+  function ramp(t) {
+    t = Math.min(Math.max(t, 0), 1) * (RAMP.length - 1);
+    var i = Math.min(Math.floor(t), RAMP.length - 2), f = t - i;
+    var a = hexToRgb(RAMP[i]), b = hexToRgb(RAMP[i + 1]);
+    var c = a.map(function (x, k) { return Math.round(x + (b[k] - x) * f); });
+    return "rgb(" + c.join(",") + ")";
+  }
+  /* The colour range is that of the leaf-most measured components (a parent sums
+   * its children, and the root would dominate every time-like metric), with the
+   * 95th percentile as its top, so hotspots stand out; parents above it saturate. */
+  function isLeafMost(r) {
+    return r !== root && !(children.get(r.path) || []).some(function (k) { return k.status === "ok" || k.status === "estimated"; });
+  }
+  function scaleFor(metric) {
+    var m = METRICS[metric];
+    var vals = rows.filter(isLeafMost).map(m.value).filter(isNum).sort(function (a, b) { return a - b; });
+    if (!vals.length) return { lo: 0, hi: 1 };
+    var hi = vals[Math.min(vals.length - 1, Math.floor(0.95 * (vals.length - 1) + 0.5))];
+    var lo = Math.min(0, vals[0]);
+    return { lo: lo, hi: hi > lo ? hi : lo + 1 };
+  }
+  function colorsFor(metric) {
+    var m = METRICS[metric];
+    if (m.categorical) return rows.map(function (r) { return m.categorical[m.value(r)] || NAN_COLOR; });
+    var s = scaleFor(metric);
+    return rows.map(function (r) {
+      var v = m.value(r);
+      return isNum(v) ? ramp((v - s.lo) / (s.hi - s.lo)) : NAN_COLOR;
+    });
+  }
+
+  /* --- the icicle ---------------------------------------------------------------- */
+  var state = { metric: "time", selected: null, sortKey: "step", sortDir: -1, view: "components" };
+  var gd = document.getElementById("icicle");
+
+  function label(r) {
+    var name = r.path === "" ? ROOT_ID : r.path.split(".").pop();
+    if (r.parent !== null && r.parent !== undefined && /^\d+$/.test(name)) {
+      name = r.parent.split(".").pop() + "." + name;  // "layers.3", not a bare "3"
+    }
+    if (r.status === "estimated") return "\u2248 " + name;
+    if (r.status === "failed") return "\u2717 " + name;
+    return name;
+  }
+  function hoverText(r) {
+    var lines = [
+      "<b>" + esc(r.path === "" ? ROOT_ID : r.path) + "</b> (" + esc(r.module_type) + ")",
+      "status: " + esc(r.status) + (r.error ? " \u2014 " + esc(String(r.error).slice(0, 120)) : ""),
+      "calls: " + r.calls + "; share: " + fmt(r.share, 1, 100) + " %",
+      "fwd " + fmt(r.fwd_ms, 3) + " + bwd " + fmt(r.bwd_ms, 3) + " = " + fmt(r.total_ms, 3) + " ms per call",
+      "GFLOP " + fmt(totalGflop(r), 3) + "; TFLOP/s " + fmt(r.tflops, 3) + "; MFU " + fmt(r.mfu, 1, 100) + " %",
+      "GB/s " + fmt(r.gbps, 1) + "; BW util " + fmt(r.bw_util, 1, 100) + " %; bound " + esc(r.bound || "-"),
+      "peak " + fmt(r.peak_mem_mb, 1) + " MiB; activations " + fmt(r.activation_mb, 1) + " MiB; params " + fmt(r.params_mb, 1) + " MiB",
+      "noise " + fmt(r.noise, 1, 100) + " %" + (flagsOf(r).length ? "; flags: " + esc(flagsOf(r).join(", ")) : "")
+    ];
+    return lines.join("<br>");
+  }
+  /* Outline colours mark the selection, estimated and failed nodes. The width is
+   * one number: plotly's pathbar breaks (NaN geometry) with a per-node width array. */
+  function lineStyle() {
+    return {
+      color: rows.map(function (r) {
+        if (r.path === state.selected) return "#2f6fde";
+        if (r.status === "failed") return "#b3261e";
+        if (r.status === "estimated") return "#b35c00";
+        return "#ffffff";
+      }),
+      width: 2.5
+    };
+  }
+  function drawIcicle() {
+    var trace = {
+      type: "icicle",
+      ids: rows.map(function (r) { return nodeId(r.path); }),
+      labels: rows.map(label),
+      parents: rows.map(function (r) {
+        return r.parent !== null && r.parent !== undefined && byPath.has(r.parent) ? nodeId(r.parent) : "";
+      }),
+      values: rows.map(ownMs),
+      branchvalues: "remainder",
+      customdata: rows.map(hoverText),
+      hovertemplate: "%{customdata}<extra></extra>",
+      marker: { colors: colorsFor(state.metric), line: lineStyle() },
+      tiling: { orientation: "v" },
+      pathbar: { visible: true, side: "top", thickness: 22, textfont: { size: 12 } },
+      sort: false,
+      textinfo: "label"
+    };
+    var layout = { margin: { t: 28, l: 4, r: 4, b: 4 }, uniformtext: { minsize: 9, mode: "hide" } };
+    Plotly.newPlot(gd, [trace], layout, { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["toImage"] });
+    gd.on("plotly_click", function (ev) {
+      if (ev && ev.points && ev.points.length) {
+        var id = ev.points[0].id;
+        select(id === ROOT_ID ? "" : id, false);
+      }
+      return true;  // let plotly zoom into the clicked node
+    });
+    drawLegend();
+  }
+  function recolor() {
+    Plotly.restyle(gd, { "marker.colors": [colorsFor(state.metric)] });
+    drawLegend();
+  }
+  function drawLegend() {
+    var m = METRICS[state.metric], el = document.getElementById("legend");
+    var html;
+    if (m.categorical) {
+      html = esc(m.label) + ": " + Object.keys(m.categorical).map(function (k) {
+        return '<span><span style="display:inline-block;width:10px;height:10px;background:' + m.categorical[k] + '"></span> ' + esc(k) + "</span>";
+      }).join(" &nbsp; ");
+    } else {
+      var s = scaleFor(state.metric);
+      var stops = RAMP.map(function (c, i) { return c + " " + (100 * i / (RAMP.length - 1)).toFixed(0) + "%"; }).join(",");
+      html = esc(m.label) + ": " + fmt(s.lo, 2, m.scale) + ' <span style="display:inline-block;width:160px;height:10px;vertical-align:middle;background:linear-gradient(to right,' + stops + ')"></span> ' + fmt(s.hi, 2, m.scale) + "+ (range of the leaf-most components; parents above it saturate; grey: no value)";
+    }
+    el.innerHTML = html + '<br>Width: time over the step. A parent is as wide as its own time plus its children\u2019s: the part its children do not cover is its <b>own time</b> (work between its children). \u2248 estimated from children, \u2717 failed.';
+  }
+
+  /* --- the table ------------------------------------------------------------------- */
+  var COLS = [
+    { key: "path", label: "path", get: function (r) { return r.path === "" ? ROOT_ID : r.path; } },
+    { key: "module_type", label: "type", get: function (r) { return r.module_type; } },
+    { key: "status", label: "status", get: function (r) { return r.status; } },
+    { key: "calls", label: "calls", num: true, get: function (r) { return r.calls; }, show: function (v) { return String(v); } },
+    { key: "fwd_ms", label: "fwd ms", num: true, get: function (r) { return r.fwd_ms; }, show: function (v) { return fmt(v, 3); } },
+    { key: "bwd_ms", label: "bwd ms", num: true, get: function (r) { return r.bwd_ms; }, show: function (v) { return fmt(v, 3); } },
+    { key: "total_ms", label: "total ms", num: true, get: function (r) { return r.total_ms; }, show: function (v) { return fmt(v, 3); } },
+    { key: "step", label: "ms \u00d7 calls", num: true, get: stepMs, show: function (v) { return fmt(v, 3); } },
+    { key: "share", label: "share %", num: true, get: function (r) { return r.share; }, show: function (v) { return fmt(v, 1, 100); } },
+    { key: "noise", label: "noise %", num: true, get: function (r) { return r.noise; }, show: function (v) { return fmt(v, 1, 100); } },
+    { key: "gflop", label: "GFLOP", num: true, get: totalGflop, show: function (v) { return fmt(v, 3); } },
+    { key: "tflops", label: "TFLOP/s", num: true, get: function (r) { return r.tflops; }, show: function (v) { return fmt(v, 3); } },
+    { key: "mfu", label: "MFU %", num: true, get: function (r) { return r.mfu; }, show: function (v) { return fmt(v, 1, 100); } },
+    { key: "gbps", label: "GB/s", num: true, get: function (r) { return r.gbps; }, show: function (v) { return fmt(v, 1); } },
+    { key: "bw_util", label: "BW %", num: true, get: function (r) { return r.bw_util; }, show: function (v) { return fmt(v, 1, 100); } },
+    { key: "peak_mem_mb", label: "peak MiB", num: true, get: function (r) { return r.peak_mem_mb; }, show: function (v) { return fmt(v, 1); } },
+    { key: "bound", label: "bound", get: function (r) { return r.bound || "-"; } },
+    { key: "flags", label: "flags", get: function (r) { return flagsOf(r).join(" "); } }
+  ];
+  var GROUP_COLS = [
+    { key: "group", label: "group", get: function (g) { return g.group; } },
+    { key: "count", label: "count", num: true, get: function (g) { return g.count; }, show: String },
+    { key: "step", label: "ms \u00d7 calls", num: true, get: function (g) { return g.step; }, show: function (v) { return fmt(v, 3); } },
+    { key: "share", label: "share %", num: true, get: function (g) { return g.share; }, show: function (v) { return fmt(v, 1, 100); } },
+    { key: "mfu", label: "mean MFU %", num: true, get: function (g) { return g.mfu; }, show: function (v) { return fmt(v, 1, 100); } }
+  ];
+
+  function globToRegExp(glob) {
+    var re = glob.replace(/[.+^${}()|[\]\\]/g, "\\$&").replace(/\*/g, ".*").replace(/\?/g, ".");
+    return new RegExp("^" + re + "$", "i");
+  }
+  function filters() {
+    return {
+      path: document.getElementById("f-path").value.trim(),
+      status: document.getElementById("f-status").value,
+      type: document.getElementById("f-type").value,
+      bound: document.getElementById("f-bound").value,
+      depth: document.getElementById("f-depth").value
+    };
+  }
+  function passes(r, f) {
+    var shown = r.path === "" ? ROOT_ID : r.path;
+    if (f.path) {
+      if (/[*?]/.test(f.path)) { if (!globToRegExp(f.path).test(shown)) return false; }
+      else if (shown.toLowerCase().indexOf(f.path.toLowerCase()) < 0) return false;
+    }
+    if (f.status && r.status !== f.status) return false;
+    if (f.type && r.module_type !== f.type) return false;
+    if (f.bound && (r.bound || "-") !== f.bound) return false;
+    if (f.depth !== "" && r.depth > Number(f.depth)) return false;
+    return true;
+  }
+  function visibleRows() {
+    var f = filters();
+    var col = COLS.filter(function (c) { return c.key === state.sortKey; })[0] || COLS[7];
+    return rows.filter(function (r) { return passes(r, f); }).sort(function (a, b) {
+      var x = col.get(a), y = col.get(b);
+      if (col.num) {
+        x = isNum(x) ? x : -Infinity; y = isNum(y) ? y : -Infinity;
+        return (x - y) * state.sortDir;
+      }
+      return String(x).localeCompare(String(y)) * state.sortDir;
+    });
+  }
+  function pattern(path) { return path.split(".").map(function (s) { return /^\d+$/.test(s) ? "*" : s; }).join("."); }
+  function groups(kind) {
+    var f = filters(), out = new Map(), rootStep = stepMs(root) || NaN;
+    rows.forEach(function (r) {
+      if (!passes(r, f) || (r.status !== "ok" && r.status !== "estimated")) return;
+      var key = kind === "types" ? r.module_type : pattern(r.path === "" ? ROOT_ID : r.path);
+      if (!out.has(key)) out.set(key, { group: key, count: 0, step: 0, flops: 0, seconds: 0, peakTime: 0, mfuTime: 0 });
+      var g = out.get(key), t = stepMs(r);
+      g.count += 1; g.step += t;
+      if (isNum(r.mfu)) { g.mfuTime += r.mfu * t; g.peakTime += t; }
+    });
+    var list = Array.from(out.values()).map(function (g) {
+      g.share = g.step / rootStep;
+      g.mfu = g.peakTime > 0 ? g.mfuTime / g.peakTime : NaN;  // latency-weighted mean
+      return g;
+    });
+    if (kind === "structure") list = list.filter(function (g) { return g.count >= 2; });
+    var col = GROUP_COLS.filter(function (c) { return c.key === state.sortKey; })[0] || GROUP_COLS[2];
+    return list.sort(function (a, b) {
+      var x = col.get(a), y = col.get(b);
+      if (col.num) { x = isNum(x) ? x : -Infinity; y = isNum(y) ? y : -Infinity; return (x - y) * state.sortDir; }
+      return String(x).localeCompare(String(y)) * state.sortDir;
+    });
+  }
+  function currentTable() {
+    if (state.view === "components") {
+      return { cols: COLS, items: visibleRows(), key: function (r) { return r.path; } };
+    }
+    return { cols: GROUP_COLS, items: groups(state.view), key: null };
+  }
+  function drawTable() {
+    var t = currentTable();
+    var head = "<tr>" + t.cols.map(function (c) {
+      var cls = (c.num ? "num " : "") + (c.key === state.sortKey ? (state.sortDir > 0 ? "sorted-asc" : "sorted-desc") : "");
+      return '<th data-key="' + c.key + '" class="' + cls + '">' + esc(c.label) + "</th>";
+    }).join("") + "</tr>";
+    var body = t.items.map(function (item) {
+      var attrs = t.key ? ' data-path="' + esc(t.key(item)) + '"' + (t.key(item) === state.selected ? ' class="selected"' : "") : "";
+      return "<tr" + attrs + ">" + t.cols.map(function (c) {
+        var v = c.get(item);
+        var text = c.show ? c.show(v) : esc(v);
+        if (c.key === "flags" && v) text = flagsOf(item).map(function (x) { return '<span class="flag">' + esc(x) + "</span>"; }).join("");
+        var cls = (c.num ? "num" : "") + (c.key === "status" ? " status-" + esc(v) : "");
+        return '<td class="' + cls + '">' + text + "</td>";
+      }).join("") + "</tr>";
+    }).join("");
+    document.getElementById("table").innerHTML = "<thead>" + head + "</thead><tbody>" + body + "</tbody>";
+    document.getElementById("shown").textContent = t.items.length + " of " + (state.view === "components" ? rows.length + " components" : "groups");
+  }
+  function toCsv() {
+    var t = currentTable();
+    function cell(v) {
+      var s = v === null || v === undefined || (typeof v === "number" && !isFinite(v)) ? "" : String(v);
+      return /[",\n]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
+    }
+    var lines = [t.cols.map(function (c) { return cell(c.label); }).join(",")];
+    t.items.forEach(function (item) { lines.push(t.cols.map(function (c) { return cell(c.get(item)); }).join(",")); });
+    return lines.join("\n") + "\n";
+  }
+
+  /* --- details ------------------------------------------------------------------------ */
+  function drawDetails() {
+    var el = document.getElementById("details"), r = state.selected === null ? null : byPath.get(state.selected);
+    if (!r) { el.innerHTML = '<p class="muted">Select a component in the icicle or the table.</p>'; return; }
+    var items = Object.keys(r).filter(function (k) { return k !== "details"; }).map(function (k) {
+      var v = r[k];
+      return "<dt>" + esc(k) + "</dt><dd>" + esc(v === null || v === undefined ? "-" : v) + "</dd>";
+    }).join("");
+    var det = r.details || {};
+    var arts = det.artifacts || {};
+    var links = Object.keys(arts).map(function (kind) {
+      return '<a class="artifact" data-kind="' + esc(kind) + '" href="' + esc(artifactBase + arts[kind]) + '" target="_blank">' + esc(kind) + "</a>";
+    }).join("");
+    var ops = "";
+    if (Array.isArray(det.ops_top) && det.ops_top.length) {
+      var keys = Object.keys(det.ops_top[0]);
+      ops = '<h3>top operators</h3><table class="op-table"><tr>' + keys.map(function (k) { return "<th>" + esc(k) + "</th>"; }).join("") + "</tr>" +
+        det.ops_top.map(function (o) { return "<tr>" + keys.map(function (k) { return "<td>" + esc(o[k]) + "</td>"; }).join("") + "</tr>"; }).join("") + "</table>";
+    }
+    var rest = {};
+    Object.keys(det).forEach(function (k) { if (k !== "artifacts" && k !== "ops_top") rest[k] = det[k]; });
+    el.innerHTML = "<h2>" + esc(r.path === "" ? ROOT_ID : r.path) + "</h2>" +
+      (flagsOf(r).length ? "<p>" + flagsOf(r).map(function (x) { return '<span class="flag">' + esc(x) + "</span>"; }).join("") + "</p>" : "") +
+      '<p class="artifacts">' + (links ? "artifacts: " + links : '<span class="muted">no artifacts (profile with artifacts=("trace", "ops", "memory"))</span>') + "</p>" +
+      ops + "<dl>" + items + "</dl><h3>details</h3><pre>" + esc(JSON.stringify(rest, null, 1)) + "</pre>";
+  }
+  function select(path, fromTable) {
+    state.selected = byPath.has(path) ? path : null;
+    drawTable();
+    drawDetails();
+    Plotly.restyle(gd, { "marker.line": [lineStyle()] });
+    if (fromTable) {
+      var tr = document.querySelector('#table tr[data-path="' + CSS.escape(path) + '"]');
+      if (tr) tr.scrollIntoView({ block: "nearest" });
+    }
+  }
+
+  /* --- header and controls -------------------------------------------------------------- */
+  function drawHeader() {
+    var peaks = meta.peaks || {};
+    var parts = [];
+    if (meta.device_name) parts.push("device: " + esc(meta.device_name));
+    if (meta.dtype) parts.push("dtype: " + esc(meta.dtype));
+    if (isNum(peaks.flops)) parts.push("peak " + fmt(peaks.flops, 1, 1e-12) + " TFLOP/s (" + esc(peaks.flops_source || "?") + ")");
+    if (isNum(peaks.bandwidth)) parts.push(fmt(peaks.bandwidth, 1, 1e-9) + " GB/s (" + esc(peaks.bandwidth_source || "?") + ")");
+    if (meta.created_at) parts.push(esc(meta.created_at));
+    if (isNum(meta.step)) parts.push("step " + meta.step);
+    document.getElementById("meta").innerHTML = parts.map(function (p) { return "<span>" + p + "</span>"; }).join("");
+    var q = meta.quality, qel = document.getElementById("quality");
+    if (q && q.verdict && q.verdict !== "clean") {
+      qel.className = "quality " + esc(q.verdict);
+      qel.innerHTML = "<b>quality: " + esc(q.verdict) + "</b><ul>" + (q.advice || []).map(function (a) { return "<li>" + esc(a) + "</li>"; }).join("") + "</ul>";
+    } else {
+      qel.style.display = "none";
+    }
+  }
+  function fillSelect(id, values) {
+    var el = document.getElementById(id);
+    values.forEach(function (v) { var o = document.createElement("option"); o.value = v; o.textContent = v; el.appendChild(o); });
+  }
+  function init() {
+    drawHeader();
+    var metricSel = document.getElementById("metric");
+    Object.keys(METRICS).forEach(function (k) {
+      var o = document.createElement("option"); o.value = k; o.textContent = METRICS[k].label; metricSel.appendChild(o);
+    });
+    metricSel.value = state.metric;
+    metricSel.addEventListener("change", function () { state.metric = metricSel.value; recolor(); });
+    function uniq(f) { return Array.from(new Set(rows.map(f))).filter(function (x) { return x !== null && x !== undefined; }).sort(); }
+    fillSelect("f-status", uniq(function (r) { return r.status; }));
+    fillSelect("f-type", uniq(function (r) { return r.module_type; }));
+    fillSelect("f-bound", uniq(function (r) { return r.bound || "-"; }));
+    fillSelect("f-depth", uniq(function (r) { return r.depth; }).map(String).sort(function (a, b) { return a - b; }));
+    ["f-path", "f-status", "f-type", "f-bound", "f-depth"].forEach(function (id) {
+      document.getElementById(id).addEventListener(id === "f-path" ? "input" : "change", drawTable);
+    });
+    document.getElementById("table").addEventListener("click", function (ev) {
+      var th = ev.target.closest("th");
+      if (th) {
+        var key = th.getAttribute("data-key");
+        state.sortDir = state.sortKey === key ? -state.sortDir : (key === "path" || key === "group" ? 1 : -1);
+        state.sortKey = key;
+        drawTable();
+        return;
+      }
+      var tr = ev.target.closest("tr[data-path]");
+      if (tr) select(tr.getAttribute("data-path"), true);
+    });
+    Array.prototype.forEach.call(document.querySelectorAll(".tabs button"), function (b) {
+      b.addEventListener("click", function () {
+        Array.prototype.forEach.call(document.querySelectorAll(".tabs button"), function (x) { x.classList.remove("active"); });
+        b.classList.add("active");
+        state.view = b.getAttribute("data-view");
+        state.sortKey = "step"; state.sortDir = -1;
+        drawTable();
+      });
+    });
+    document.getElementById("csv").addEventListener("click", function () {
+      var blob = new Blob([toCsv()], { type: "text/csv" });
+      var a = document.createElement("a");
+      a.href = URL.createObjectURL(blob);
+      a.download = state.view === "components" ? "components_shown.csv" : "rollup_" + state.view + ".csv";
+      document.body.appendChild(a); a.click(); a.remove();
+    });
+    drawIcicle();
+    drawTable();
+    drawDetails();
+  }
+
+  window.cbViewer = {
+    state: state,
+    select: function (path) { select(path, true); },
+    setMetric: function (m) { document.getElementById("metric").value = m; state.metric = m; recolor(); },
+    visiblePaths: function () { return visibleRows().map(function (r) { return r.path; }); },
+    csv: toCsv,
+    colors: function () { return gd.data[0].marker.colors.slice(); }
+  };
+  init();
+})();

@@ -1,0 +1,152 @@
+"""report.html in a real browser: it loads offline, zooms, recolours, filters and links artifacts."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from cb_callback import profile_components
+from cb_callback._html import HTML_FILE, render_html, write_html
+from cb_callback._report import Report
+from tests._browser import browser, new_page
+
+__all__ = ["browser"]  # the fixture
+
+FAST = dict(min_run_time_s=0.0, min_repeats=2, max_repeats=3, rounds=1, warmup=1)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.attn = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.attn(x))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 16, n: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(d) for _ in range(n)])
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    report = profile_components(Net(), (torch.randn(4, 16),), **FAST)
+    out = tmp_path_factory.mktemp("viewer")
+    # an artifact of blocks.1.attn, as an artifact plugin records it: a path relative to the report
+    art = out / "artifacts" / "blocks.1.attn" / "ops.csv"
+    art.parent.mkdir(parents=True)
+    art.write_text("name,calls\naten::addmm,1\n")
+    report.row("blocks.1.attn").details["artifacts"] = {"ops": "artifacts/blocks.1.attn/ops.csv"}
+    report.save(out)
+    write_html(report, out)
+    return out
+
+
+def _open(page: object, report_dir: Path) -> None:
+    page.goto((report_dir / HTML_FILE).as_uri())  # type: ignore[attr-defined]
+    page.wait_for_function("window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0")  # type: ignore[attr-defined]
+
+
+def test_the_page_loads_offline_without_errors(browser: object, report_dir: Path) -> None:
+    with new_page(browser) as (page, log):
+        _open(page, report_dir)
+        assert log.errors == []
+        # the page itself is the only request: plotly, the data, styles are all inline
+        assert log.requests == [(report_dir / HTML_FILE).as_uri()]
+        n = len(Report.load(report_dir))
+        assert page.locator("#icicle g.slice").count() == n  # one node per component
+        assert page.locator("#table tbody tr").count() == n
+
+
+def test_clicking_a_node_zooms_and_the_breadcrumb_returns(browser: object, report_dir: Path) -> None:
+    with new_page(browser) as (page, _log):
+        _open(page, report_dir)
+        level = "document.getElementById('icicle')._fullData[0].level"
+        page.locator("#icicle g.slice", has_text="blocks.1").first.click()
+        page.wait_for_function(f"{level} === 'blocks.1'")
+        assert page.evaluate("window.cbViewer.state.selected") == "blocks.1"  # and the table follows
+        assert page.locator("#table tr.selected").get_attribute("data-path") == "blocks.1"
+        crumbs = page.locator("#icicle g.pathbar text").all_text_contents()
+        assert "(root)" in crumbs
+        page.locator("#icicle g.pathbar", has_text="(root)").last.locator("path.surface").click()
+        page.wait_for_function(f"{level} === '(root)' || {level} === ''")
+
+
+def test_switching_the_metric_recolours(browser: object, report_dir: Path) -> None:
+    with new_page(browser) as (page, log):
+        _open(page, report_dir)
+        before = page.evaluate("window.cbViewer.colors()")
+        page.select_option("#metric", "status")
+        after = page.evaluate("window.cbViewer.colors()")
+        assert before != after
+        # the ModuleList is estimated (a container), every other row ok: the status palette
+        statuses = page.evaluate("Array.from(document.querySelectorAll('#table tbody tr')).length")
+        assert statuses == len(after)
+        rows = Report.load(report_dir).rows
+        assert after == ["#e8b62c" if r.status == "estimated" else "#5fa35a" for r in rows]
+        assert "status" in page.locator("#legend").inner_text()
+        assert log.errors == []
+
+
+def test_filtering_the_table_hides_rows(browser: object, report_dir: Path) -> None:
+    with new_page(browser) as (page, _log):
+        _open(page, report_dir)
+        page.fill("#f-path", "blocks.*.attn")  # a glob
+        rows = page.locator("#table tbody tr")
+        assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.path)")) == [
+            "blocks.0.attn", "blocks.1.attn", "blocks.2.attn",
+        ]
+        page.fill("#f-path", "mlp.1")  # a substring: the three ReLUs
+        assert rows.count() == 3
+        page.fill("#f-path", "")
+        page.select_option("#f-type", "Linear")
+        # per block attn, mlp.0, mlp.2 (3 x 3) and the head
+        assert rows.count() == 10
+
+
+def test_roll_ups_and_csv_export(browser: object, report_dir: Path) -> None:
+    with new_page(browser) as (page, _log):
+        _open(page, report_dir)
+        page.click(".tabs button[data-view='structure']")
+        groups = page.locator("#table tbody tr td:first-child").all_text_contents()
+        assert "blocks.*.attn" in groups and "blocks.*" in groups
+        with page.expect_download() as dl:
+            page.click("#csv")
+        text = Path(dl.value.path()).read_text()
+        table = list(csv.DictReader(io.StringIO(text)))
+        attn = next(r for r in table if r["group"] == "blocks.*.attn")
+        assert attn["count"] == "3"
+
+
+def test_selecting_a_row_shows_its_artifact_links_and_they_resolve(browser: object, report_dir: Path) -> None:
+    with new_page(browser) as (page, _log):
+        _open(page, report_dir)
+        page.click('#table tr[data-path="blocks.1.attn"]')
+        link = page.locator("#details a.artifact[data-kind='ops']")
+        assert link.count() == 1
+        href = link.evaluate("a => a.href")  # resolved against the page's URL
+        assert href == (report_dir / "artifacts" / "blocks.1.attn" / "ops.csv").as_uri()
+        assert Path(href.removeprefix("file://")).read_text().startswith("name,calls")
+
+
+def test_script_end_tags_in_the_data_cannot_break_the_page() -> None:
+    report = profile_components(nn.Linear(2, 2), (torch.randn(1, 2),), **FAST)
+    report.row("").details["evil"] = "</script><script>alert(1)</script>"
+    html = render_html(report)
+    data = html.split('<script id="cb-data" type="application/json">', 1)[1].split("</script>", 1)[0]
+    assert "</script" not in data and "\\u003c/script>" in data
