@@ -29,7 +29,7 @@ HTML_FILE = "report.html"
 
 
 def _asset(name: str) -> str:
-    return files("cb_callback").joinpath("viewer_assets", name).read_text(encoding="utf-8")
+    return files("cb_callback").joinpath("viewer_assets").joinpath(name).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)
