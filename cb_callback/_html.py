@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from cb_callback._report import Report
 
-__all__ = ["HTML_FILE", "plotly_js", "render_html", "write_html"]
+__all__ = ["HTML_FILE", "plotly_js", "render_html", "viewer_js", "write_html"]
 
 _MARKER = re.compile(r"__(?:SCRIPT_ORIGINS|TITLE|CSS|CONFIG|DATA|JS|PLOTLY)__")
 
@@ -47,6 +47,11 @@ def plotly_js() -> str:
     return path.read_text(encoding="utf-8")
 
 
+def viewer_js() -> str:
+    """The viewer's script (served on its own by the TensorBoard plugin)."""
+    return _asset("viewer.js")
+
+
 def _json_for_script(value: Any) -> str:
     """JSON that can sit inside a ``<script>`` element (no ``</script>`` early end)."""
     text = json.dumps(value, allow_nan=False, separators=(",", ":"))
@@ -58,6 +63,7 @@ def render_html(
     *,
     title: str | None = None,
     plotly_src: str | None = None,
+    viewer_src: str | None = None,
     artifact_base: str = "",
 ) -> str:
     """The interactive page of ``report``.
@@ -67,6 +73,9 @@ def render_html(
         title: the page title; default "cb_callback components" and the device.
         plotly_src: a URL the page loads plotly.js from (the TensorBoard plugin's
             route); ``None`` inlines plotly.js, so the page needs nothing else.
+        viewer_src: a URL the page loads the viewer's script from; ``None``
+            inlines it. With both given the page has no inline script to run
+            (a server's Content-Security-Policy need not allow any).
         artifact_base: prefix of the artifact links (``row.details["artifacts"]``
             holds paths relative to the report's directory).
 
@@ -80,17 +89,20 @@ def render_html(
         title = "cb_callback components" + (f" \u2014 {device}" if device else "")
     if plotly_src is None:
         plotly_tag = "<script>\n" + plotly_js().replace("</script", "<\\/script") + "\n</script>"
-        origins = ""
     else:
         plotly_tag = f'<script src="{_attr(plotly_src)}"></script>'
-        origins = ""
+    if viewer_src is None:
+        viewer_tag = "<script>\n" + _asset("viewer.js") + "\n</script>"
+    else:
+        viewer_tag = f'<script src="{_attr(viewer_src)}"></script>'
+    origins = ""
     values = {
         "__SCRIPT_ORIGINS__": origins,
         "__TITLE__": _text(title),
         "__CSS__": _asset("viewer.css"),
         "__CONFIG__": _json_for_script({"artifactBase": artifact_base}),
         "__DATA__": _json_for_script(data),
-        "__JS__": _asset("viewer.js"),
+        "__JS__": viewer_tag,
         "__PLOTLY__": plotly_tag,
     }
     # One pass: what is substituted (plotly.js, the report) is never scanned again.

@@ -14,7 +14,8 @@
   var data = JSON.parse(document.getElementById("cb-data").textContent);
   var rows = data.rows || [];
   var meta = data.metadata || {};
-  var config = window.CB_VIEWER_CONFIG || {};
+  var configEl = document.getElementById("cb-config");
+  var config = configEl ? JSON.parse(configEl.textContent) : {};
   var artifactBase = config.artifactBase || "";
 
   function isNum(v) { return typeof v === "number" && isFinite(v); }

@@ -1,0 +1,152 @@
+"""The TensorBoard "Components" tab: routes, activity, and a real `tensorboard --logdir` in a browser."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from werkzeug.test import Client
+
+from cb_callback import profile_components
+from cb_callback._tb_plugin import ComponentsPlugin, find_reports
+from tests._browser import browser, new_page
+
+__all__ = ["browser"]  # the fixture
+
+FAST = dict(min_run_time_s=0.0, min_repeats=2, max_repeats=2, rounds=1)
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Lightning-like log directory: version_0/component_benchmark/report.json (+ an artifact)."""
+    root = tmp_path_factory.mktemp("tblogs")
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    report = profile_components(model, (torch.randn(4, 8),), **FAST)
+    out = root / "version_0" / "component_benchmark"
+    (out / "artifacts" / "0").mkdir(parents=True)
+    (out / "artifacts" / "0" / "ops.csv").write_text("name,calls\naten::addmm,1\n")
+    report.row("0").details["artifacts"] = {"ops": "artifacts/0/ops.csv"}
+    report.metadata["step"] = 3
+    report.save(out)
+    (root / "version_1").mkdir()  # a run without a report
+    (root / "version_1" / "report.json").write_text('["not ours"]')
+    return root
+
+
+def _app(logdir: Path) -> Client:
+    from tensorboard.plugins import base_plugin
+
+    plugin = ComponentsPlugin(base_plugin.TBContext(logdir=str(logdir)))
+    routes = plugin.get_plugin_apps()
+
+    def app(environ: dict, start_response: object) -> object:
+        path = environ["PATH_INFO"]
+        handler = routes.get(path)
+        if handler is None:
+            start_response("404 NOT FOUND", [])  # type: ignore[operator]
+            return [b""]
+        return handler(environ, start_response)
+
+    return Client(app)
+
+
+def test_reports_are_found_and_the_plugin_is_active_only_with_one(logdir: Path, tmp_path: Path) -> None:
+    from tensorboard.plugins import base_plugin
+
+    assert find_reports(logdir) == [logdir / "version_0" / "component_benchmark"]  # version_1's is not ours
+    assert ComponentsPlugin(base_plugin.TBContext(logdir=str(logdir))).is_active()
+    assert not ComponentsPlugin(base_plugin.TBContext(logdir=str(tmp_path))).is_active()
+    assert ComponentsPlugin.plugin_name == "components"
+
+
+def test_routes_serve_runs_page_scripts_and_only_the_reports_files(logdir: Path) -> None:
+    client = _app(logdir)
+    runs = json.loads(client.get("/runs").get_data())
+    assert runs == [{
+        "run": "version_0/component_benchmark", "step": 3, "components": 4,
+        "created_at": runs[0]["created_at"], "device_name": runs[0]["device_name"],
+    }]
+    page = client.get("/report", query_string={"run": "version_0/component_benchmark"}).get_data(as_text=True)
+    # the same page as report.html, with plotly and the viewer from the plugin's routes
+    assert '<script src="plotly.js"></script>' in page and '<script src="viewer.js"></script>' in page
+    assert '"artifactBase":"artifact?run=version_0%2Fcomponent_benchmark&path="' in page
+    assert client.get("/plotly.js").get_data(as_text=True).lstrip().startswith("/**\n* plotly.js")
+    art = client.get("/artifact", query_string={"run": "version_0/component_benchmark", "path": "artifacts/0/ops.csv"})
+    assert art.status_code == 200 and art.get_data(as_text=True).startswith("name,calls")
+    for bad in ("../../version_1/report.json", "/etc/passwd", "report.json/.."):
+        r = client.get("/artifact", query_string={"run": "version_0/component_benchmark", "path": bad})
+        assert r.status_code == 404, bad
+    assert client.get("/report", query_string={"run": "nope"}).status_code == 404
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def tensorboard_url(logdir: Path) -> Iterator[str]:
+    """A real ``tensorboard --logdir`` on 127.0.0.1, stopped afterwards."""
+    port = _free_port()
+    exe = Path(sys.executable).with_name("tensorboard")
+    proc = subprocess.Popen(
+        [str(exe), "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/data/plugins_listing", timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    pytest.fail("tensorboard did not start within 60 s")
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_real_tensorboard_lists_the_plugin_as_active(tensorboard_url: str) -> None:
+    listing = json.loads(urllib.request.urlopen(tensorboard_url + "/data/plugins_listing", timeout=10).read())
+    assert listing["components"]["enabled"] is True
+    assert listing["components"]["tab_name"] == "Components"
+    assert listing["components"]["loading_mechanism"] == {
+        "type": "IFRAME", "module_path": "/data/plugin/components/index.js",
+    }
+
+
+def test_the_components_tab_renders_the_tree(browser: object, tensorboard_url: str) -> None:
+    with new_page(browser) as (page, log):
+        page.goto(tensorboard_url + "/#components")
+        deadline = time.monotonic() + 60
+        frame = None
+        while frame is None and time.monotonic() < deadline:
+            frame = next((f for f in page.frames if "/data/plugin/components/report?run=" in f.url), None)
+            page.wait_for_timeout(250)
+        assert frame is not None, [f.url for f in page.frames]
+        # (locators, not wait_for_function: the page's CSP allows no eval, as it should)
+        frame.locator("#icicle g.slice").nth(3).wait_for()
+        assert frame.locator("#icicle g.slice").count() == 4
+        assert frame.locator("#table tbody tr").count() == 4
+        frame.click('#table tr[data-path="0"]')
+        href = frame.locator("#details a.artifact").evaluate("a => a.href")
+        body = urllib.request.urlopen(href, timeout=10).read().decode()
+        assert body.startswith("name,calls")  # the artifact link resolves through the plugin's route
+        assert [e for e in log.errors if "components" in e] == []
