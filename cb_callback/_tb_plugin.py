@@ -60,9 +60,7 @@ def find_reports(logdir: str | Path) -> list[Path]:
     """
     root = Path(logdir)
     found: list[Path] = []
-    seen = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        seen += 1
+    for seen, (dirpath, dirnames, filenames) in enumerate(os.walk(root), start=1):
         if seen > _MAX_DIRS:
             break
         dirnames.sort()
