@@ -129,7 +129,7 @@ class ComponentsPlugin(base_plugin.TBPlugin):
         return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="Components")
 
     def get_plugin_apps(self) -> dict[str, Any]:
-        return {
+        handlers = {
             "/index.js": self._serve_index,
             "/runs": self._serve_runs,
             "/report": self._serve_report,
@@ -137,6 +137,7 @@ class ComponentsPlugin(base_plugin.TBPlugin):
             "/viewer.js": self._serve_viewer,
             "/artifact": self._serve_artifact,
         }
+        return {route: wrappers.Request.application(fn) for route, fn in handlers.items()}
 
     def _run_dir(self, run: str) -> Path | None:
         for d in self._reports():
@@ -148,11 +149,9 @@ class ComponentsPlugin(base_plugin.TBPlugin):
         rel = directory.relative_to(self._logdir).as_posix()
         return "" if rel == "." else rel
 
-    @wrappers.Request.application
     def _serve_index(self, request: wrappers.Request) -> wrappers.Response:
         return http_util.Respond(request, _INDEX_JS, "application/javascript")
 
-    @wrappers.Request.application
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
         out = []
         for d in self._reports():
@@ -170,7 +169,6 @@ class ComponentsPlugin(base_plugin.TBPlugin):
             })
         return http_util.Respond(request, out, "application/json")
 
-    @wrappers.Request.application
     def _serve_report(self, request: wrappers.Request) -> wrappers.Response:
         run = request.args.get("run", "")
         d = self._run_dir(run)
@@ -185,15 +183,12 @@ class ComponentsPlugin(base_plugin.TBPlugin):
         )
         return http_util.Respond(request, page, "text/html")
 
-    @wrappers.Request.application
     def _serve_plotly(self, request: wrappers.Request) -> wrappers.Response:
         return http_util.Respond(request, plotly_js(), "application/javascript", expires=3600)
 
-    @wrappers.Request.application
     def _serve_viewer(self, request: wrappers.Request) -> wrappers.Response:
         return http_util.Respond(request, viewer_js(), "application/javascript")
 
-    @wrappers.Request.application
     def _serve_artifact(self, request: wrappers.Request) -> wrappers.Response:
         d = self._run_dir(request.args.get("run", ""))
         rel = request.args.get("path", "")
