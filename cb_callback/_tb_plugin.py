@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import mimetypes
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -33,40 +32,13 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
+from cb_callback._discover import REPORT_FILE, find_reports
 from cb_callback._html import plotly_js, render_html, viewer_js
 
 __all__ = ["ComponentsPlugin", "find_reports"]
 
-_REPORT_FILE = "report.json"
-_MAX_DIRS = 20_000  # directories walked at most when looking for reports
+_REPORT_FILE = REPORT_FILE
 _CACHE_S = 10.0
-
-
-def _looks_like_report(path: Path) -> bool:
-    """A ``report.json`` of ours: a JSON object with ``rows`` and ``metadata`` (read lazily)."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    return head.lstrip().startswith(b"{") and (b'"rows"' in head or b'"metadata"' in head)
-
-
-def find_reports(logdir: str | Path) -> list[Path]:
-    """Directories under ``logdir`` (itself included) that hold a component report, sorted.
-
-    Walks at most 20,000 directories; a ``report.json`` counts when it looks like
-    one of ours (a JSON object with ``metadata`` / ``rows``).
-    """
-    root = Path(logdir)
-    found: list[Path] = []
-    for seen, (dirpath, dirnames, filenames) in enumerate(os.walk(root), start=1):
-        if seen > _MAX_DIRS:
-            break
-        dirnames.sort()
-        if _REPORT_FILE in filenames and _looks_like_report(Path(dirpath) / _REPORT_FILE):
-            found.append(Path(dirpath))
-    return sorted(found)
 
 
 _INDEX_JS = r"""
