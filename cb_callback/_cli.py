@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from cb_callback._report import COLUMNS, Report
+from cb_callback._diff import compare_reports, format_diff
+from cb_callback._discover import resolve_report_dir
+from cb_callback._report import COLUMNS, ComponentRow, Report
+from cb_callback._table import format_rows
 
 __all__ = ["main"]
 
 _TRUST = "Snapshots are pickles: only replay snapshots you trust."
 _DIFF_METRICS = tuple(c for c in COLUMNS if c.endswith(("_ms", "_mb", "flops", "bytes", "gbps", "mfu", "util")))
+_DIFF_SORTS = ("change", "path", "a", "b", "ratio")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,16 +55,36 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     report = sub.add_parser("report", help="print a saved report's summary and hotspots")
-    report.add_argument("report", metavar="DIR", type=Path, help="directory with report.json (or the file)")
+    report.add_argument(
+        "report", metavar="DIR", type=Path,
+        help="directory with report.json (or the file), or a directory above reports such as a "
+        "Lightning log directory (the newest report under it is taken)",
+    )
     report.add_argument("--top", type=int, default=10, help="hotspots to print (default 10)")
+    report.add_argument("--html", action="store_true", help="(re)write report.html beside report.json")
+    _add_selection(report, sorts=tuple(c for c in COLUMNS if c not in ("error", "note")), default_sort=None)
 
     diff = sub.add_parser("diff", help="compare two saved reports component by component")
-    diff.add_argument("a", metavar="A", type=Path, help="baseline report directory")
-    diff.add_argument("b", metavar="B", type=Path, help="report directory to compare with A")
+    diff.add_argument("a", metavar="A", type=Path, help="baseline report (a directory as for cb report)")
+    diff.add_argument("b", metavar="B", type=Path, help="report to compare with A")
     diff.add_argument(
         "--metric", default="total_ms", choices=_DIFF_METRICS, help="column to compare (default total_ms)"
     )
+    diff.add_argument("--html", type=Path, default=None, metavar="FILE", help="also write a diff page")
+    _add_selection(diff, sorts=_DIFF_SORTS, default_sort="change")
     return parser
+
+
+def _add_selection(p: argparse.ArgumentParser, sorts: Sequence[str], default_sort: str | None) -> None:
+    p.add_argument(
+        "--sort", default=default_sort, choices=sorts,
+        help="order of the component lines" + (f" (default {default_sort})" if default_sort else ""),
+    )
+    p.add_argument("--depth", type=int, default=None, help="only components this deep or shallower (root 0)")
+    p.add_argument(
+        "--filter", default=None, metavar="PATTERN",
+        help="only components whose path matches: a glob (blocks.*.attn) or a substring",
+    )
 
 
 def _default_device(recorded: str | None) -> tuple[str, str | None]:
@@ -108,17 +134,50 @@ def _progress(done: int, total: int, path: str) -> None:
 
 def _load(path: Path) -> Report | None:
     try:
-        return Report.load(path)
+        directory, others = resolve_report_dir(path)
+        report = Report.load(directory)
     except (OSError, ValueError, KeyError) as e:
         print(f"cb: error: cannot read a report at {path}: {e}", file=sys.stderr)
         return None
+    if directory != path and directory != path.parent:
+        more = f" ({len(others)} older report(s) under it too)" if others else ""
+        print(f"cb: using {directory / 'report.json'}{more}", file=sys.stderr)
+    report.metadata.setdefault("_directory", str(directory))
+    return report
+
+
+def _selected(report: Report, depth: int | None, pattern: str | None) -> list[ComponentRow]:
+    rows = [r for r in report.rows if depth is None or r.depth <= depth]
+    if pattern:
+        if any(ch in pattern for ch in "*?["):
+            rows = [r for r in rows if fnmatch.fnmatchcase(r.path or "(root)", pattern)]
+        else:
+            rows = [r for r in rows if pattern.lower() in (r.path or "(root)").lower()]
+    return rows
 
 
 def _report(args: argparse.Namespace) -> int:
     report = _load(args.report)
     if report is None:
         return 1
+    directory = Path(report.metadata.pop("_directory"))
     print(report.summary(top=args.top))
+    if args.sort or args.depth is not None or args.filter:
+        rows = _selected(report, args.depth, args.filter)
+        if args.sort:
+            key = args.sort
+
+            def value(r: ComponentRow) -> Any:
+                v = getattr(r, key)
+                return (0, -v) if isinstance(v, (int, float)) and math.isfinite(v) else (1, str(v))
+
+            rows = sorted(rows, key=value if key not in ("path", "module_type", "status", "parent", "bound") else (lambda r: str(getattr(r, key))))
+        print(f"\ncomponents ({len(rows)} of {len(report.rows)}):")
+        print(format_rows(rows))
+    if args.html:
+        from cb_callback._html import write_html
+
+        print(f"cb: wrote {write_html(report, directory)}")
     return 0
 
 
@@ -126,41 +185,21 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}" if math.isfinite(value) else "-"
 
 
-def diff_lines(a: Report, b: Report, metric: str = "total_ms") -> list[str]:
-    """Lines of a per-path comparison of ``metric``: A, B and the ratio B / A.
-
-    Paths of A come first in A's order, then the paths only B has. A ratio is
-    ``"-"`` when either side is missing, not finite, or A is 0.
-    """
-    rows_a = {r.path: r for r in a.rows}
-    rows_b = {r.path: r for r in b.rows}
-    paths = [r.path for r in a.rows] + [r.path for r in b.rows if r.path not in rows_a]
-    table = [("path", "type", f"A {metric}", f"B {metric}", "B/A")]
-    for path in paths:
-        ra, rb = rows_a.get(path), rows_b.get(path)
-        va = float(getattr(ra, metric)) if ra is not None else math.nan
-        vb = float(getattr(rb, metric)) if rb is not None else math.nan
-        ratio = vb / va if (math.isfinite(va) and math.isfinite(vb) and va != 0) else math.nan
-        either = ra if ra is not None else rb
-        kind = either.module_type if either is not None else ""
-        table.append((path or "(root)", kind, _fmt(va), _fmt(vb), f"{ratio:.3f}" if math.isfinite(ratio) else "-"))
-    widths = [max(len(row[i]) for row in table) for i in range(5)]
-    lines = []
-    for i, row in enumerate(table):
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])] + [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
-        lines.append("  ".join(cells).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return lines
-
-
 def _diff(args: argparse.Namespace) -> int:
     a, b = _load(args.a), _load(args.b)
     if a is None or b is None:
         return 1
+    a.metadata.pop("_directory", None)
+    b.metadata.pop("_directory", None)
     print(f"A: {args.a}  ({a.metadata.get('device_name', '?')}, {a.metadata.get('dtype', '?')})")
     print(f"B: {args.b}  ({b.metadata.get('device_name', '?')}, {b.metadata.get('dtype', '?')})")
-    print("\n".join(diff_lines(a, b, args.metric)))
+    d = compare_reports(a, b, args.metric)
+    keep = {r.path for r in _selected(b, args.depth, args.filter)} | {r.path for r in _selected(a, args.depth, args.filter)}
+    print("\n".join(format_diff(d, sort=args.sort, paths=keep)))
+    if args.html is not None:
+        from cb_callback._html import write_diff_html
+
+        print(f"cb: wrote {write_diff_html(a, b, d, args.html)}")
     return 0
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from cb_callback._report import Report
 
-__all__ = ["HTML_FILE", "plotly_js", "render_html", "viewer_js", "write_html"]
+__all__ = ["HTML_FILE", "plotly_js", "render_html", "viewer_js", "write_diff_html", "write_html"]
 
 _MARKER = re.compile(r"__(?:SCRIPT_ORIGINS|TITLE|CSS|CONFIG|DATA|JS|PLOTLY)__")
 
@@ -65,6 +65,7 @@ def render_html(
     plotly_src: str | None = None,
     viewer_src: str | None = None,
     artifact_base: str = "",
+    diff: dict[str, Any] | None = None,
 ) -> str:
     """The interactive page of ``report``.
 
@@ -78,6 +79,8 @@ def render_html(
             (a server's Content-Security-Policy need not allow any).
         artifact_base: prefix of the artifact links (``row.details["artifacts"]``
             holds paths relative to the report's directory).
+        diff: for a diff page (:func:`write_diff_html`): what was compared; the
+            rows carry ``details["diff"]`` and the icicle is coloured by change.
 
     Returns:
         The HTML text.
@@ -100,7 +103,7 @@ def render_html(
         "__SCRIPT_ORIGINS__": origins,
         "__TITLE__": _text(title),
         "__CSS__": _asset("viewer.css"),
-        "__CONFIG__": _json_for_script({"artifactBase": artifact_base}),
+        "__CONFIG__": _json_for_script({"artifactBase": artifact_base, "diff": diff}),
         "__DATA__": _json_for_script(data),
         "__JS__": viewer_tag,
         "__PLOTLY__": plotly_tag,
@@ -116,6 +119,33 @@ def write_html(report: Report, directory: str | Path) -> Path:
     path = out / HTML_FILE
     path.write_text(render_html(report), encoding="utf-8")
     return path
+
+
+def write_diff_html(a: Report, b: Report, comparison: Any, path: str | Path) -> Path:
+    """A page of B's tree coloured by the change from A (blue faster, red slower, grey within noise).
+
+    Args:
+        a: the baseline report.
+        b: the report compared with it.
+        comparison: :func:`cb_callback._diff.compare_reports` of the two.
+        path: the HTML file to write.
+    """
+    data = b.to_dict()
+    only_a = [r for r in a.to_dict()["rows"] if r["path"] not in {row["path"] for row in data["rows"]}]
+    data["rows"] = data["rows"] + only_a
+    by_path = {c.path: c for c in comparison.changes}
+    for row in data["rows"]:
+        c = by_path.get(row["path"])
+        if c is None:
+            continue
+        finite = {k: (v if isinstance(v, float) and v == v and abs(v) != float("inf") else None)
+                  for k, v in (("a", c.a), ("b", c.b), ("change", c.change), ("ratio", c.ratio), ("noise", c.noise))}
+        row.setdefault("details", {})["diff"] = {**finite, "significant": c.significant, "only_in": c.only_in}
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    title = f"cb_callback diff \u2014 {comparison.metric} \u00d7 calls, B vs A"
+    out.write_text(render_html(data, title=title, diff={"metric": comparison.metric}), encoding="utf-8")
+    return out
 
 
 def _text(s: str) -> str:

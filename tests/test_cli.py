@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from cb_callback import BenchmarkConfig, Capture, ComponentRow, Report
-from cb_callback._cli import _default_device, diff_lines, main
+from cb_callback._cli import _default_device, main
+from cb_callback._diff import compare_reports, format_diff
 from cb_callback._snapshot import SNAPSHOT_FILE, save_snapshot
 from tests.conftest import FAST
 
@@ -91,19 +92,25 @@ def test_report_prints_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_diff_prints_per_path_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = _report({"": 10.0, "a": 4.0, "b": 6.0})
     b = _report({"": 5.0, "a": 4.0, "c": 1.0})
-    assert diff_lines(a, b) == [
-        "path    type    A total_ms  B total_ms    B/A",
-        "------  ------  ----------  ----------  -----",
-        "(root)  Net             10           5  0.500",
-        "a       Linear           4           4  1.000",
-        "b       Linear           6           -      -",
-        "c       Linear           -           1      -",
+    # Issue 9 changed cb diff's output: sorted by absolute change over the step (a component in
+    # one report only counts as its whole time: b -6, c +1), a summary line, changes within
+    # noise marked "~" (no row here has a noise: 5 % of the larger value bounds it; a: 0 <= 0.2).
+    assert format_diff(compare_reports(a, b)) == [
+        "whole model: A 10.000 ms -> B 5.000 ms (-50.0 %)",
+        "biggest movers: b -6.000 ms (only in A), c +1.000 ms (only in B)",
+        "path    type    A total_ms×calls  B total_ms×calls  change    B/A  sig",
+        "------  ------  ----------------  ----------------  ------  -----  ---------",
+        "b       Linear             6.000                 -  -6.000      -  only in A",
+        "(root)  Net               10.000             5.000  -5.000  0.500",
+        "c       Linear                 -             1.000  +1.000      -  only in B",
+        "a       Linear             4.000             4.000  +0.000      ~  ~",
+        "(~: the change is within the two runs' noise, 2 x the larger IQR: not significant)",
     ]
     a.save(tmp_path / "a")
     b.save(tmp_path / "b")
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"A: {tmp_path / 'a'}  (cpu, fp32)"
-    assert out[2:] == diff_lines(a, b)
+    assert out[2:] == format_diff(compare_reports(a, b))
     with pytest.raises(SystemExit):
         main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--metric", "nonsense"])

@@ -150,3 +150,25 @@ def test_script_end_tags_in_the_data_cannot_break_the_page() -> None:
     html = render_html(report)
     data = html.split('<script id="cb-data" type="application/json">', 1)[1].split("</script>", 1)[0]
     assert "</script" not in data and "\\u003c/script>" in data
+
+
+def test_the_diff_page_colours_by_change(browser: object, tmp_path: Path) -> None:
+    from cb_callback._diff import compare_reports
+    from cb_callback._html import write_diff_html
+
+    torch.manual_seed(0)
+    a = profile_components(Net(), (torch.randn(4, 16),), **FAST)
+    b = Report.from_dict(a.to_dict())
+    b.row("head").total_ms = a.row("head").total_ms * 10 + 5.0  # far beyond any noise: slower
+    b.row("head").noise = 0.01
+    page_file = write_diff_html(a, b, compare_reports(a, b), tmp_path / "diff.html")
+    with new_page(browser) as (page, log):
+        page.goto(page_file.as_uri())
+        page.wait_for_function("window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0")
+        assert page.evaluate("window.cbViewer.state.metric") == "change"
+        colors = page.evaluate("window.cbViewer.colors()")
+        paths = [r.path for r in b.rows]
+        assert colors[paths.index("head")] == "rgb(178,24,43)"  # the largest slow-down: full red
+        assert colors[paths.index("blocks.0.attn")] == "rgb(247,247,247)"  # unchanged: neutral
+        assert "slower" in page.locator("#legend").inner_text()
+        assert log.errors == []

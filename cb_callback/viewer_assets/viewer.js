@@ -71,6 +71,18 @@
     }
   };
   var NAN_COLOR = "#d0d0d0";
+  function diffOf(r) { return (r.details && r.details.diff) || null; }
+  if (config.diff) {
+    METRICS.change = {
+      label: "change B \u2212 A (" + config.diff.metric + " \u00d7 calls)",
+      diverging: true,
+      value: function (r) {
+        var d = diffOf(r);
+        if (!d || d.change === null || d.change === undefined) return NaN;
+        return d.significant ? d.change : 0;  // within noise: no colour
+      }
+    };
+  }
   // viridis, 9 stops
   var RAMP = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"];
 
@@ -96,9 +108,20 @@
     var lo = Math.min(0, vals[0]);
     return { lo: lo, hi: hi > lo ? hi : lo + 1 };
   }
+  function diverge(v, hi) {
+    var t = Math.max(-1, Math.min(1, v / hi)), a = Math.abs(t);
+    var end = t < 0 ? [33, 102, 172] : [178, 24, 43], mid = [247, 247, 247];
+    var c = mid.map(function (x, k) { return Math.round(x + (end[k] - x) * a); });
+    return "rgb(" + c.join(",") + ")";
+  }
   function colorsFor(metric) {
     var m = METRICS[metric];
     if (m.categorical) return rows.map(function (r) { return m.categorical[m.value(r)] || NAN_COLOR; });
+    if (m.diverging) {
+      var mags = rows.filter(isLeafMost).map(m.value).filter(isNum).map(Math.abs).sort(function (a, b) { return a - b; });
+      var hi = mags.length ? mags[Math.floor(0.95 * (mags.length - 1) + 0.5)] || 1 : 1;
+      return rows.map(function (r) { var v = m.value(r); return isNum(v) ? diverge(v, hi) : NAN_COLOR; });
+    }
     var s = scaleFor(metric);
     return rows.map(function (r) {
       var v = m.value(r);
@@ -107,7 +130,7 @@
   }
 
   /* --- the icicle ---------------------------------------------------------------- */
-  var state = { metric: "time", selected: null, sortKey: "step", sortDir: -1, view: "components" };
+  var state = { metric: config.diff ? "change" : "time", selected: null, sortKey: "step", sortDir: -1, view: "components" };
   var gd = document.getElementById("icicle");
 
   function label(r) {
@@ -181,7 +204,9 @@
   function drawLegend() {
     var m = METRICS[state.metric], el = document.getElementById("legend");
     var html;
-    if (m.categorical) {
+    if (m.diverging) {
+      html = esc(m.label) + ': <span style="color:#2166ac">\u25a0 faster</span> \u00b7 <span style="color:#999">\u25a0 within noise / unchanged</span> \u00b7 <span style="color:#b2182b">\u25a0 slower</span>';
+    } else if (m.categorical) {
       html = esc(m.label) + ": " + Object.keys(m.categorical).map(function (k) {
         return '<span><span style="display:inline-block;width:10px;height:10px;background:' + m.categorical[k] + '"></span> ' + esc(k) + "</span>";
       }).join(" &nbsp; ");
@@ -214,6 +239,17 @@
     { key: "bound", label: "bound", get: function (r) { return r.bound || "-"; } },
     { key: "flags", label: "flags", get: function (r) { return flagsOf(r).join(" "); } }
   ];
+  if (config.diff) {
+    var dcol = function (key, label, sign) {
+      return {
+        key: "diff_" + key, label: label, num: true,
+        get: function (r) { var d = diffOf(r); return d && d[key] !== null && d[key] !== undefined ? d[key] : NaN; },
+        show: function (v) { return isNum(v) ? (sign && v > 0 ? "+" : "") + v.toFixed(3) : "-"; }
+      };
+    };
+    COLS.splice(3, 0, dcol("a", "A ms \u00d7 calls"), dcol("b", "B ms \u00d7 calls"), dcol("change", "change", true),
+      { key: "diff_sig", label: "sig", get: function (r) { var d = diffOf(r); return !d ? "" : d.only_in ? "only in " + d.only_in : d.significant ? "" : "~"; } });
+  }
   var GROUP_COLS = [
     { key: "group", label: "group", get: function (g) { return g.group; } },
     { key: "count", label: "count", num: true, get: function (g) { return g.count; }, show: String },
