@@ -12,7 +12,7 @@ from cb_callback._report import STATUSES
 if TYPE_CHECKING:
     from cb_callback._report import ComponentRow, Report
 
-__all__ = ["MARKDOWN_HEADERS", "SUMMARY_HEADERS", "format_summary", "markdown_table", "quality_lines"]
+__all__ = ["MARKDOWN_HEADERS", "SUMMARY_HEADERS", "format_rows", "format_summary", "markdown_table", "quality_lines"]
 
 #: Columns of :func:`markdown_table`, in order (a contract: TensorBoard shows them).
 MARKDOWN_HEADERS: tuple[str, ...] = (
@@ -178,6 +178,11 @@ def format_summary(report: Report, top: int = 10) -> str:
             lines.append(f"  {_path_label(r)} [{r.status}]: {error}")
     lines += quality_lines(report)
     return "\n".join(lines)
+
+
+def format_rows(rows: Sequence[ComponentRow]) -> str:
+    """The component lines of :func:`format_summary` (same columns) for any ``rows``, aligned."""
+    return "\n".join(_aligned(SUMMARY_HEADERS, [_summary_cells(r) for r in rows]))
 
 
 _QUALITY_ROWS_SHOWN = 5
