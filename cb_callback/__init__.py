@@ -19,7 +19,16 @@ from cb_callback._config import BenchmarkConfig
 from cb_callback._engine import ReplicateBatch, profile_captured, profile_components
 from cb_callback._gpu_registry import register_device_peaks
 from cb_callback._inputs import ComponentInputs, register_batch_rule, replicate_batch, slice_batch
-from cb_callback._isolate import Instrument, Replay, ReplayInputs, register_grad_targets
+from cb_callback._isolate import (
+    Instrument,
+    PassContext,
+    PassResult,
+    Phase,
+    Replay,
+    ReplayInputs,
+    register_grad_targets,
+    unobserved,
+)
 from cb_callback._metrics import (
     FlopsMetric,
     LatencyMetric,
@@ -29,6 +38,8 @@ from cb_callback._metrics import (
     register_traffic_rule,
 )
 from cb_callback._plugins import (
+    ArtifactMetric,
+    InstrumentingMetric,
     MeasureContext,
     MetricPlugin,
     PrepareContext,
@@ -38,6 +49,7 @@ from cb_callback._plugins import (
 )
 from cb_callback._report import COLUMNS, STATUSES, ComponentRow, Report
 from cb_callback._state import StateGuard, register_state_saver
+from cb_callback._storage import storage_key
 
 if TYPE_CHECKING:
     from cb_callback._callback import ComponentBenchmark
@@ -47,6 +59,7 @@ __version__ = "0.1.0"
 __all__ = [
     "COLUMNS",
     "STATUSES",
+    "ArtifactMetric",
     "BenchmarkConfig",
     "Capture",
     "ComponentBenchmark",
@@ -54,10 +67,14 @@ __all__ = [
     "ComponentRow",
     "FlopsMetric",
     "Instrument",
+    "InstrumentingMetric",
     "LatencyMetric",
     "MeasureContext",
     "MemoryMetric",
     "MetricPlugin",
+    "PassContext",
+    "PassResult",
+    "Phase",
     "PrepareContext",
     "Preprocessor",
     "Replay",
@@ -78,6 +95,8 @@ __all__ = [
     "register_traffic_rule",
     "replicate_batch",
     "slice_batch",
+    "storage_key",
+    "unobserved",
 ]
 
 

@@ -29,16 +29,21 @@ from cb_callback._inputs import ComponentInputs, leading_batch_size, replicate_b
 from cb_callback._isolate import Replay, instrumented_pass
 from cb_callback._metrics import LatencyMetric, builtin_metrics
 from cb_callback._plugins import (
+    ArtifactMetric,
+    InstrumentingMetric,
     MeasureContext,
+    MetricPlugin,
     PrepareContext,
     Preprocessor,
     ReportContext,
+    checked_values,
     load_entry_point_plugins,
     validate_plugin,
 )
 from cb_callback._quality import LoadProbe, assess, inconsistent_pairs, is_noisy
 from cb_callback._report import ComponentRow, Report
 from cb_callback._state import StateGuard
+from cb_callback._storage import model_device, unique_storage_bytes
 from cb_callback._timing import (
     Sample,
     SampleSet,
@@ -126,28 +131,35 @@ class _ToDevice(Preprocessor):
         return dataclasses.replace(inputs, args=tuple(args), kwargs=dict(kwargs))
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    for t in list(model.parameters()) + list(model.buffers()):
-        if t.device.type != "meta":
-            return t.device
-    return torch.device("cpu")
-
-
 def _params_mb(module: nn.Module) -> float:
     """Parameters and buffers of ``module``'s subtree, unique storages, MiB."""
-    seen: set[int] = set()
-    total = 0
-    for t in list(module.parameters()) + list(module.buffers()):
-        try:
-            key = t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
-            size = t.untyped_storage().nbytes() if t.device.type != "meta" else t.numel() * t.element_size()
-        except (RuntimeError, NotImplementedError):
-            key, size = id(t), t.numel() * t.element_size()
-        if key in seen:
-            continue
-        seen.add(key)
-        total += size
-    return total / _MIB
+    return unique_storage_bytes([*module.parameters(), *module.buffers()]) / _MIB
+
+
+def _artifact_dir(cfg: BenchmarkConfig, path: str) -> Path | None:
+    """``<output_dir>/artifacts/<path or "root">`` (not created), ``None`` without an ``output_dir``."""
+    return None if cfg.output_dir is None else Path(cfg.output_dir) / "artifacts" / (path or "root")
+
+
+def _artifact_files(plugin: Any, found: Mapping[str, Any], artifact_dir: Path, report_dir: Path) -> dict[str, str]:
+    """An artifact plugin's ``{kind: file}``, each file relative to the report's directory.
+
+    Raises:
+        ValueError: a kind that is not a string, or a file that does not exist
+            or lies outside ``artifact_dir`` (naming the plugin).
+    """
+    home = artifact_dir.resolve()
+    out: dict[str, str] = {}
+    for kind, where in found.items():
+        file = Path(where)
+        file = (file if file.is_absolute() else artifact_dir / file).resolve()
+        if not isinstance(kind, str) or not file.exists() or not file.is_relative_to(home):
+            raise ValueError(
+                f"artifact plugin {plugin.name!r} returned {kind!r}: {str(where)!r}; expected "
+                f"{{kind: a file it wrote under {artifact_dir}}}"
+            )
+        out[kind] = file.relative_to(report_dir.resolve()).as_posix()
+    return out
 
 
 def _infer_dtype(model: nn.Module, device: torch.device, cfg: BenchmarkConfig) -> str:
@@ -190,7 +202,6 @@ class _Pending:
     values: dict[str, Any]
     sampler: Callable[[], Sample]
     budget_s: float
-    replaying: list[Any]
 
 
 class _Run:
@@ -216,6 +227,16 @@ class _Run:
         self.builtin = builtin_metrics()
         self.latency = next(p for p in self.builtin if isinstance(p, LatencyMetric))
         self.user_metrics = list(metrics)
+        plugins = [*self.builtin, *self.user_metrics]
+        #: Observe the one shared pass (FLOPs, bytes, memory, and users' instruments).
+        self.observing = [p for p in plugins if isinstance(p, InstrumentingMetric)]
+        #: Replay on their own after the timed runs.
+        self.replaying = [
+            p for p in plugins
+            if isinstance(p, MetricPlugin) and p not in self.observing and p is not self.latency
+        ]
+        #: Observe a pass of their own each, after every component's timed runs.
+        self.artifact_plugins = [p for p in plugins if isinstance(p, ArtifactMetric)]
         self.forward_context = forward_context
         self.warned: set[str] = set()
 
@@ -229,9 +250,9 @@ class _Run:
     def start(self, row: ComponentRow, module: nn.Module) -> _Pending | None:
         """Replay one component once, observed; ``None`` when it failed (``row`` says why).
 
-        One instrumented forward + backward is observed by every plugin that
-        offers ``instrument(ctx)`` (FLOPs, bytes, memory) and serves as the first
-        warm-up. The timed runs come later, interleaved with the other
+        One instrumented forward + backward is observed by every
+        :class:`InstrumentingMetric` (FLOPs, bytes, memory) and serves as the
+        first warm-up. The timed runs come later, interleaved with the other
         components' (:meth:`finish` takes their samples).
         """
         captured = self.calls[row.path]
@@ -251,12 +272,12 @@ class _Run:
             module, inputs, device=self.device, seed=self.cfg.seed, forward_context=self.forward_context,
             grad_enabled=captured.grad_enabled and (self.cfg.backward or torch.is_grad_enabled()),
         )
-        plugins = [*self.builtin, *self.user_metrics]
-        ctx = MeasureContext(row.path, module, replay, self.cfg, self.device, {})
-        observing = [p for p in plugins if callable(getattr(p, "instrument", None))]
+        ctx = MeasureContext(
+            row.path, module, replay, self.cfg, self.device, {}, artifact_dir=_artifact_dir(self.cfg, row.path)
+        )
         try:
-            instruments = [p.instrument(ctx) for p in observing]
-            result = instrumented_pass(replay, instruments, self.cfg.backward)
+            instruments = [p.instrument(ctx) for p in self.observing]
+            result = instrumented_pass(replay, instruments, self.cfg.backward, path=row.path)
         except Exception as e:
             self._after_error(e)
             try:
@@ -267,28 +288,23 @@ class _Run:
                 return None
             row.status, row.error = "failed", f"instrumented pass raised {_error_text(e)}"
             return None
-        finally:
-            replay.current_inputs = None
         values: dict[str, Any] = {}
-        for plugin, ins in zip(observing, instruments, strict=True):
+        for plugin, ins in zip(self.observing, instruments, strict=True):
             try:
-                values.update(ins.values())
+                values.update(checked_values(plugin, ins.values()))
             except Exception as e:
                 if self._plugin_error(row, plugin, e):
                     return None
-        replay.reuse_inputs = not result.mutates_inputs
         values["mutates_inputs"] = result.mutates_inputs
+        del result  # holds a forward-only pass's output (and its graph)
         if inputs.unknown_leaves:
             values["unknown_leaves"] = inputs.unknown_leaves
-        sampler = self.latency.sampler(ctx)
         try:
-            for _ in range(max(self.cfg.warmup - 1, 0)):  # the instrumented pass was the first
-                sampler()
+            sampler = self.latency.warmed_sampler(ctx)  # the instrumented pass was the first warm-up run
         except Exception as e:
             self._plugin_error(row, self.latency, e)
             return None
-        replaying = [p for p in plugins if p not in observing and p is not self.latency]
-        return _Pending(row, ctx, values, sampler, self.latency.budget_s(ctx), replaying)
+        return _Pending(row, ctx, values, sampler, self.latency.budget_s(ctx))
 
     def finish(self, pending: _Pending, samples: SampleSet) -> None:
         """Fill the row from its samples, then run the plugins that replay on their own."""
@@ -296,16 +312,15 @@ class _Run:
         if samples.error is not None:
             self._plugin_error(row, self.latency, samples.error)
             return
-        values.update(self.latency.values(samples, ctx))
-        for plugin in pending.replaying:
+        for plugin in [self.latency, *self.replaying]:
             ctx.values = dict(values)
             try:
-                values.update(plugin.measure(ctx))
+                found = self.latency.values(samples, ctx) if plugin is self.latency else plugin.measure(ctx)
+                values.update(checked_values(plugin, found))
             except Exception as e:
                 if self._plugin_error(row, plugin, e):
                     return
-        if not self.cfg.backward:
-            values["bwd_flops"] = float("nan")
+        ctx.values = dict(values)
         columns = {f for f in ComponentRow.__dataclass_fields__ if f != "details"}
         for key, value in values.items():
             if key in columns:
@@ -314,10 +329,40 @@ class _Run:
                 row.details[key] = value
         row.status = "ok"
 
-    def _plugin_error(self, row: ComponentRow, plugin: Any, e: BaseException) -> bool:
-        """Record a plugin's error; return whether the component has failed."""
+    def record_artifacts(self, pending: _Pending) -> None:
+        """Run each artifact plugin in a pass of its own; record its files in ``details["artifacts"]``.
+
+        Only for a measured (``ok``) component with an ``artifact_dir``. A plugin
+        that raises, returns what is not a file it wrote, or a kind recorded
+        already lands in ``details["metric_errors"]``; the row's measurements stand.
+        """
+        row, ctx, home = pending.row, pending.ctx, pending.ctx.artifact_dir
+        if row.status != "ok" or home is None or self.cfg.output_dir is None:
+            return
+        for plugin in self.artifact_plugins:
+            try:
+                ins = plugin.artifacts(ctx)
+                instrumented_pass(ctx.replay, [ins], self.cfg.backward, path=row.path)
+                files = _artifact_files(plugin, ins.values(), home, Path(self.cfg.output_dir))
+                recorded = row.details.get("artifacts", {})
+                again = sorted(set(files) & set(recorded))
+                if again:
+                    raise ValueError(f"artifact plugin {plugin.name!r} returned kind(s) {again}, recorded already")
+                if files:
+                    row.details["artifacts"] = {**recorded, **files}
+            except Exception as e:
+                self._plugin_error(row, plugin, e, fatal=False)
+
+    def _plugin_error(self, row: ComponentRow, plugin: Any, e: BaseException, fatal: bool | None = None) -> bool:
+        """Record a plugin's error; return whether the component has failed.
+
+        ``fatal`` (default: the plugin is a built-in) fails the component;
+        otherwise the error lands in ``details["metric_errors"]``.
+        """
         self._after_error(e)
-        if plugin in self.builtin:
+        if fatal is None:
+            fatal = plugin in self.builtin
+        if fatal:
             row.status, row.error = "failed", f"{plugin.name} metric raised {_error_text(e)}"
             return True
         row.details.setdefault("metric_errors", {})[plugin.name] = _error_text(e)
@@ -370,7 +415,7 @@ def profile_captured(
     cfg = config or BenchmarkConfig()
     wall0 = time.perf_counter()
     timed0 = timed_seconds()
-    device = torch.device(cfg.device) if cfg.device is not None else _model_device(model)
+    device = torch.device(cfg.device) if cfg.device is not None else model_device(model)
     meta: dict[str, Any] = dict(metadata or {})
     pre_user, met_user, reporters = _plugins(cfg)
     builtins: list[Preprocessor] = [_ToDevice()]
@@ -380,7 +425,7 @@ def profile_captured(
     if prepare:
         for p in pre_user:
             model = p.prepare_model(model, prepare_ctx)
-    if _model_device(model) != device:
+    if model_device(model) != device:
         model = copy.deepcopy(model).to(device)
     dtype = _infer_dtype(model, device, cfg)
     run = _Run(model, calls, cfg, device, prepare_ctx, [*builtins, *pre_user], met_user, forward_context)
@@ -415,12 +460,12 @@ def profile_captured(
             # The timed runs come later: count the budget they will take.
             elapsed = time.perf_counter() - budget0 + sum(p.budget_s for p in pending)
             if reason is not None:
-                row.status, row.error = "skipped", reason
+                row.status, row.note = "skipped", reason
             elif cfg.max_total_time_s is not None and elapsed >= cfg.max_total_time_s and (
                 node.path != "" or cfg.max_total_time_s == 0
             ):
                 row.status = "skipped"
-                row.error = (
+                row.note = (
                     f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed or committed "
                     "to the timed runs of the components before it)"
                 )
@@ -429,9 +474,9 @@ def profile_captured(
                 if started is not None:
                     pending.append(started)
             elif descendants_called[node.path]:
-                row.status, row.error = "estimated", "never called itself (a container)"
+                row.status, row.note = "estimated", "never called itself (a container)"
             else:
-                row.status, row.error = "not_run", "neither it nor a descendant ran in the captured forward"
+                row.status, row.note = "not_run", "neither it nor a descendant ran in the captured forward"
             if cfg.progress is not None:
                 cfg.progress(done, total_steps, node.path)
         canary_s: list[float] = []
@@ -439,6 +484,8 @@ def profile_captured(
         for p in pending:
             run.finish(p, samples[p.row.path])
         load.stop()
+        for p in pending:  # after every timed run: the artifacts' overhead is never timed
+            run.record_artifacts(p)
     _estimate_parents(nodes, rows)
     for row in rows.values():
         derive(row, peaks.flops, peaks.bandwidth)
@@ -592,11 +639,11 @@ def _estimate_parents(nodes: list[Node], rows: dict[str, ComponentRow]) -> None:
         if row.status not in ("failed", "estimated"):
             continue
         children = [rows[c] for c in node.children if c in rows]
-        reason = row.error or row.status
         if not children:
             row.status = "failed"
+            row.error = row.error or "no child was profiled to estimate it from"
             continue
-        estimate_from_children(row, children, reason)
+        estimate_from_children(row, children)
 
 
 def _write(report: Report, reporters: Sequence[Any], ctx: ReportContext) -> None:
@@ -654,14 +701,14 @@ def profile_components(
     if isinstance(args, (torch.Tensor, dict)) or not isinstance(args, (tuple, list)):
         args = (args,)
     kwargs = dict(kwargs or {})
-    device = torch.device(cfg.device) if cfg.device is not None else _model_device(model)
+    device = torch.device(cfg.device) if cfg.device is not None else model_device(model)
     pre_user, _, _ = _plugins(cfg)
     meta: dict[str, Any] = {} if grad_note is None else {"grad_mode": grad_note}
     batch = leading_batch_size((args, kwargs))
     prepare_ctx = PrepareContext(cfg, device, meta, batch)
     for p in pre_user:
         model = p.prepare_model(model, prepare_ctx)
-    if _model_device(model) != device:
+    if model_device(model) != device:
         model = copy.deepcopy(model).to(device)
     args, kwargs = to_device((tuple(args), kwargs), device)
     capture = Capture(model)

@@ -47,13 +47,18 @@ def derive(row: ComponentRow, peak_flops: float | None, peak_bandwidth: float | 
             row.bound = "compute" if row.intensity >= peak_flops / peak_bandwidth else "memory"
 
 
-def estimate_from_children(row: ComponentRow, children: list[ComponentRow], reason: str) -> bool:
+def _joined(first: str | None, then: str) -> str:
+    return then if not first else f"{first}; {then}"
+
+
+def estimate_from_children(row: ComponentRow, children: list[ComponentRow]) -> bool:
     """Set ``row``'s values from its measured/estimated children; return whether it could.
 
     Additive values are ``sum(child.value * child.calls) / max(row.calls, 1)`` (per
     call of the parent); ``peak_mem_mb`` is the children's maximum. The row becomes
-    ``estimated`` with ``reason`` and the children used in ``error``; with no
-    usable child it becomes ``failed``. ``details`` are kept (e.g. the
+    ``estimated``, how (the children used) added to its ``note``; its ``error``
+    (why its own replay failed, if it did) stays. With no usable child it becomes
+    ``failed``, the reason added to ``error``. ``details`` are kept (e.g. the
     ``unknown_leaves`` of a call that could not be captured).
 
     Notes:
@@ -65,7 +70,7 @@ def estimate_from_children(row: ComponentRow, children: list[ComponentRow], reas
     usable = [c for c in children if c.status in ("ok", "estimated") and _finite(c.fwd_ms)]
     if not usable:
         row.status = "failed"
-        row.error = f"{reason}; no child could be measured to estimate it"
+        row.error = _joined(row.error, "no child could be measured to estimate it")
         return False
     divisor = max(row.calls, 1)
     for name in ADDITIVE:
@@ -76,9 +81,9 @@ def estimate_from_children(row: ComponentRow, children: list[ComponentRow], reas
     row.peak_mem_mb = max(peaks) if peaks else _NAN
     missing = [c.path for c in children if c not in usable]
     row.status = "estimated"
-    note = f"{reason}; estimated from {len(usable)} of {len(children)} children"
+    note = f"estimated from {len(usable)} of {len(children)} children"
     if missing:
         note += f" (missing: {', '.join(missing[:5])}{'…' if len(missing) > 5 else ''})"
-    row.error = note
+    row.note = _joined(row.note, note)
     return True
 

@@ -1,27 +1,35 @@
-"""Replay one component alone on its captured inputs: forward, and backward."""
+"""Replay one component alone on its captured inputs: forward, backward, observed pass."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import enum
+import inspect
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
 
 from cb_callback._inputs import ComponentInputs, copy_call, holds_objects
 
 __all__ = [
     "Backward",
     "Instrument",
+    "PassContext",
     "PassResult",
+    "Phase",
     "Replay",
     "ReplayInputs",
     "instrumented_pass",
     "register_grad_targets",
+    "unobserved",
 ]
 
 _GRAD_TARGETS: list[Callable[[nn.Module], Iterable[torch.Tensor]]] = []
@@ -135,13 +143,11 @@ class Replay:
         self._flags = self._subtree_flags()
         #: Why :meth:`backward` found no backward (set when it returns ``None``).
         self.no_backward: str | None = None
-        #: The inputs of the instrumented pass in progress (for instruments).
-        self.current_inputs: ReplayInputs | None = None
 
     @property
     def reuse_inputs(self) -> bool:
-        """Reuse one copy of the inputs for every run (the engine sets it after the
-        first pass when the forward changed no input in place).
+        """Reuse one copy of the inputs for every run (:func:`instrumented_pass` sets
+        it: when its forward changed no input in place).
 
         Always ``False`` when the inputs hold objects other than pytree
         containers, tensors and immutables (a cache object may be appended to).
@@ -266,36 +272,133 @@ class Replay:
         return True
 
 
-@runtime_checkable
-class Instrument(Protocol):
-    """Observes the one instrumented forward + backward of a component.
+class Phase(str, enum.Enum):
+    """The part of an observed pass that an :class:`Instrument` is entered around.
 
-    ``observe(phase)`` returns a context manager entered around the whole pass
-    (``"pass"``), then around its forward (``"forward"``) and its backward
-    (``"backward"``); ``values()`` is read after the pass. Metric plugins that
-    can observe rather than run their own replays (FLOPs, bytes, memory) offer an
-    ``instrument(ctx)`` method, so all of them share a single pass.
+    ``PASS`` is the whole pass (the forward, then the backward if one runs);
+    ``FORWARD`` and ``BACKWARD`` are nested inside it. A ``str``:
+    ``Phase.FORWARD == "forward"``.
     """
 
-    def observe(self, phase: str) -> AbstractContextManager[Any]: ...
-
-    def values(self) -> Mapping[str, Any]: ...
+    PASS = "pass"
+    FORWARD = "forward"
+    BACKWARD = "backward"
 
 
 @dataclass
 class PassResult:
-    """What the instrumented pass learned about the component.
+    """What one observed pass learned about the component.
 
     Attributes:
-        has_backward: whether some output required grad.
         mutates_inputs: whether the forward changed an input in place, or added
             to or removed from a list or dict of its inputs (then every timed run
             needs a fresh copy of the inputs). Changes inside other objects (a
             cache object) are not seen; such inputs are copied for every run.
+        backward_ran: whether a backward ran: one was asked for, some output
+            requires grad and something requires a gradient
+            (:attr:`Replay.no_backward` says why not).
+        output: what the forward returned when no backward ran; ``None`` after a
+            backward (the pass frees the output before it, as the timed runs
+            do, so that the memory observed is theirs).
     """
 
-    has_backward: bool
     mutates_inputs: bool
+    backward_ran: bool
+    output: Any = field(default=None, repr=False)
+
+
+@dataclass
+class PassContext:
+    """What an :class:`Instrument` sees each time an observed pass enters a phase.
+
+    Attributes:
+        phase: which part of the pass the instrument is entered around.
+        path: the component's dotted path (``""`` for the root).
+        module: the component.
+        device: where it runs.
+        inputs: this pass's copy of the inputs (the same object in every phase
+            of one pass); ``inputs.leaves`` are the tensors that required grad.
+        backward: whether the pass runs a backward when the component has one
+            (``BenchmarkConfig.backward``).
+        result: ``None`` while the pass runs; set on every context of the pass
+            once the backward has finished, before the ``PASS`` observers exit
+            (so code after their ``yield`` can read it).
+    """
+
+    phase: Phase
+    path: str
+    module: nn.Module
+    device: torch.device
+    inputs: ReplayInputs
+    backward: bool = True
+    result: PassResult | None = None
+
+
+@runtime_checkable
+class Instrument(Protocol):
+    """Observes one pass of one component (the contract of metric and artifact plugins).
+
+    ``observe(ctx)`` returns a context manager. The pass enters it three times,
+    nested, in the order the instruments are given (and exits in reverse):
+    around the whole pass (``ctx.phase is Phase.PASS``), around the forward
+    (``FORWARD``) and, when a backward runs, around the backward (``BACKWARD``;
+    not entered with ``backward=False`` or when the component has none).
+    ``values()`` is read once, after the pass.
+
+    Notes:
+        Everything an instrument does inside a phase is part of what the other
+        instruments observe: do bookkeeping on tensors under :func:`unobserved`.
+    """
+
+    def observe(self, ctx: PassContext) -> AbstractContextManager[Any]: ...
+
+    def values(self) -> Mapping[str, Any]: ...
+
+
+def unobserved() -> AbstractContextManager[Any]:
+    """A context in which tensor ops are invisible to the instruments of a pass.
+
+    Inside it the dispatch modes that are active (FLOP counter, byte counter,
+    op recorder) are switched off: a traffic rule reading an offsets tensor, or
+    a preprocessor's id remap, is not counted as the component's work.
+    """
+    return _disable_current_modes()
+
+
+class _PhaseNameInstrument:
+    """An instrument written against 0.1's ``observe(phase: str)``: it gets the phase's name."""
+
+    def __init__(self, legacy: Any) -> None:
+        self.legacy = legacy
+
+    def observe(self, ctx: PassContext) -> AbstractContextManager[Any]:
+        return cast(AbstractContextManager[Any], self.legacy.observe(ctx.phase.value))
+
+    def values(self) -> Mapping[str, Any]:
+        return cast(Mapping[str, Any], self.legacy.values())
+
+
+_WARNED_LEGACY: set[type] = set()
+
+
+def _adapted(ins: Any) -> Instrument:
+    """``ins``, or an adapter when its ``observe`` is annotated ``phase: str`` (0.1's contract)."""
+    try:
+        params = list(inspect.signature(ins.observe).parameters.values())
+    except (TypeError, ValueError):
+        return cast(Instrument, ins)
+    if not params or params[0].annotation not in (str, "str"):
+        return cast(Instrument, ins)
+    if type(ins) not in _WARNED_LEGACY:
+        _WARNED_LEGACY.add(type(ins))
+        warnings.warn(
+            f"cb_callback: {type(ins).__name__}.observe(phase: str) is the 0.1 instrument contract; it "
+            "still works (it gets the phase's name) but will be removed: take observe(ctx: PassContext) "
+            "and read ctx.phase (a Phase), ctx.inputs and ctx.result",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    return _PhaseNameInstrument(ins)
 
 
 def _versions(inputs: ReplayInputs) -> tuple[Any, list[tuple[int, int]]]:
@@ -305,30 +408,46 @@ def _versions(inputs: ReplayInputs) -> tuple[Any, list[tuple[int, int]]]:
     return spec, [(id(x), x._version if isinstance(x, torch.Tensor) else 0) for x in leaves]
 
 
-def instrumented_pass(replay: Replay, instruments: Sequence[Instrument], backward: bool = True) -> PassResult:
+def instrumented_pass(
+    replay: Replay, instruments: Sequence[Instrument], backward: bool = True, *, path: str = ""
+) -> PassResult:
     """One forward and (if ``backward`` and there is one) one backward, observed.
 
-    Raises what the component raises.
+    Each instrument is entered around the whole pass, the forward and the
+    backward (see :class:`Instrument`) with a :class:`PassContext` naming
+    ``path``. Afterwards ``replay`` reuses one copy of the inputs for its next
+    runs exactly when this forward changed none (:attr:`Replay.reuse_inputs`).
+
+    Returns:
+        What the pass learned (also in every context's ``result``).
+
+    Raises:
+        What the component raises.
     """
+    observers = [_adapted(ins) for ins in instruments]
     inputs = replay.fresh_inputs()
-    replay.current_inputs = inputs
+    whole_ctx = PassContext(Phase.PASS, path, replay.module, replay.device, inputs, backward)
+    fwd_ctx = dataclasses.replace(whole_ctx, phase=Phase.FORWARD)
+    bwd_ctx = dataclasses.replace(whole_ctx, phase=Phase.BACKWARD)
     before = _versions(inputs)
-    has_backward = False
     with contextlib.ExitStack() as whole:
-        for ins in instruments:
-            whole.enter_context(ins.observe("pass"))
+        for ins in observers:
+            whole.enter_context(ins.observe(whole_ctx))
         with contextlib.ExitStack() as fwd:
-            for ins in instruments:
-                fwd.enter_context(ins.observe("forward"))
+            for ins in observers:
+                fwd.enter_context(ins.observe(fwd_ctx))
             out = replay.forward(inputs)
         mutated = _versions(inputs) != before
         bwd = replay.backward(inputs, out) if backward else None
-        del out
         if bwd is not None:
-            has_backward = True
+            out = None  # freed before the backward, as in the timed runs: the same memory is observed
             with contextlib.ExitStack() as bw:
-                for ins in instruments:
-                    bw.enter_context(ins.observe("backward"))
+                for ins in observers:
+                    bw.enter_context(ins.observe(bwd_ctx))
                 torch.autograd.grad(bwd.outputs, bwd.targets, bwd.grad_outputs, allow_unused=True)
-            del bwd
-    return PassResult(has_backward, mutated)
+        result = PassResult(mutates_inputs=mutated, backward_ran=bwd is not None, output=out)
+        del out, bwd
+        for ctx in (whole_ctx, fwd_ctx, bwd_ctx):
+            ctx.result = result
+    replay.reuse_inputs = not mutated
+    return result

@@ -7,6 +7,16 @@ preprocessors and reporters are written against exactly these contracts.
 Third parties register plugins through the entry-point group
 ``cb_callback.plugins``: each entry point names a plugin class (instantiated
 without arguments) or instance; its kind is read from the methods it has.
+
+When each metric hook runs, per component (see the README, "Plugins"):
+
+1. :meth:`InstrumentingMetric.instrument` before the component's first run;
+   the :class:`~cb_callback.Instrument` observes the one pass that all of them
+   share (it is also the first warm-up);
+2. the timed runs of every component, interleaved (``LatencyMetric``);
+3. :meth:`MetricPlugin.measure` of the plugins that replay on their own;
+4. :meth:`ArtifactMetric.artifacts` when ``output_dir`` is set: each in a pass
+   of its own, after every component's timed runs and ``measure``.
 """
 
 from __future__ import annotations
@@ -21,20 +31,27 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from cb_callback._report import COLUMNS
+
 if TYPE_CHECKING:
     from cb_callback._config import BenchmarkConfig
     from cb_callback._inputs import ComponentInputs
-    from cb_callback._isolate import Replay
+    from cb_callback._isolate import Instrument, Replay
     from cb_callback._report import Report
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "MEASURED_COLUMNS",
+    "RESERVED_KEYS",
+    "ArtifactMetric",
+    "InstrumentingMetric",
     "MeasureContext",
     "MetricPlugin",
     "PrepareContext",
     "Preprocessor",
     "ReportContext",
     "Reporter",
+    "checked_values",
     "load_entry_point_plugins",
     "validate_plugin",
 ]
@@ -102,7 +119,10 @@ class MeasureContext:
         device: where it runs.
         values: what earlier plugins measured for this component (read it, don't
             change it).
-        artifact_dir: a directory for files this plugin writes, or ``None``.
+        artifact_dir: where this component's files go,
+            ``<output_dir>/artifacts/<path or "root">/``; ``None`` when
+            ``config.output_dir`` is ``None`` (nothing may be written). It is not
+            created until a plugin asks for a file in it (:meth:`artifact_path`).
     """
 
     path: str
@@ -113,23 +133,107 @@ class MeasureContext:
     values: Mapping[str, Any] = field(default_factory=dict)
     artifact_dir: Path | None = None
 
+    def artifact_path(self, name: str) -> Path:
+        """``artifact_dir / name``, its directory created: where to write one file.
+
+        Raises:
+            RuntimeError: when ``artifact_dir`` is ``None`` (no ``output_dir``).
+        """
+        if self.artifact_dir is None:
+            raise RuntimeError(f"no artifact directory for {self.path or 'root'!r}: config.output_dir is None")
+        out = self.artifact_dir / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return out
+
+
+#: The row columns a metric plugin may fill; the engine fills every other column.
+MEASURED_COLUMNS: tuple[str, ...] = (
+    "fwd_ms", "bwd_ms", "cpu_ms", "device_ms", "fwd_flops", "bwd_flops",
+    "activation_mb", "peak_mem_mb", "bytes", "noise",
+)  # fmt: skip
+
+#: Keys a metric plugin may not return: the columns the engine fills (``path``,
+#: ``status``, ``error``, ``note``, ``calls``, ``params_mb``, ``share``, the derived
+#: ``total_ms``/``tflops``/``mfu``/``gbps``/``bw_util``/``intensity``/``bound``)
+#: and the ``details`` keys it owns.
+RESERVED_KEYS: frozenset[str] = frozenset(
+    {c for c in COLUMNS if c not in MEASURED_COLUMNS} | {"details", "artifacts", "metric_errors", "flags"}
+)
+
+
+def checked_values(plugin: Any, values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``values``, unless a key is one the engine owns (:data:`RESERVED_KEYS`).
+
+    Raises:
+        ValueError: naming the plugin and the key.
+    """
+    clash = sorted(k for k in values if k in RESERVED_KEYS)
+    if clash:
+        label = getattr(plugin, "name", None) or type(plugin).__name__
+        raise ValueError(
+            f"metric plugin {label!r} returned {', '.join(map(repr, clash))}, which the engine owns "
+            f"(a plugin may fill {', '.join(MEASURED_COLUMNS)} and any details key): rename it"
+        )
+    return values
+
 
 @runtime_checkable
 class MetricPlugin(Protocol):
-    """Measures one component.
+    """Measures one component by replaying it on its own.
 
-    ``measure`` runs once per component that could be captured, after the
-    replay's probe run succeeded and before any parent is estimated. It returns a
-    mapping: keys that are report columns (``fwd_ms``, ``bytes`` …) fill them;
-    any other key goes to the row's ``details``. Raising marks the measurement
-    failed for this component (a built-in plugin: the component becomes
-    ``failed``/``estimated``; a user plugin: the error lands in
-    ``details["metric_errors"]``).
+    ``measure`` runs once per component whose shared instrumented pass
+    succeeded, after the timed runs of every component (so it never disturbs
+    them), in the order the plugins are given; ``ctx.values`` holds what the
+    built-ins measured (``fwd_ms``, ``fwd_flops`` …). It returns a mapping: keys
+    that are :data:`MEASURED_COLUMNS` fill those columns; any other key goes to
+    the row's ``details``; a key in :data:`RESERVED_KEYS` is rejected. Raising
+    (or a rejected key) marks the measurement failed for this component (a
+    built-in plugin: the component becomes ``failed``/``estimated``; a user
+    plugin: the error lands in ``details["metric_errors"]``).
     """
 
     name: str
 
     def measure(self, ctx: MeasureContext) -> Mapping[str, Any]: ...
+
+
+@runtime_checkable
+class InstrumentingMetric(Protocol):
+    """Measures one component by observing the pass that all such plugins share.
+
+    ``instrument`` runs once per component, before its first run; the
+    :class:`~cb_callback.Instrument` it returns is entered around that one
+    forward + backward (:class:`~cb_callback.Phase`), which is also the first
+    warm-up run; its ``values()`` are read right after, under the same rules as
+    :meth:`MetricPlugin.measure`'s. A plugin that has both methods is only
+    instrumented. The built-in FLOPs, bytes and memory metrics are of this kind.
+    """
+
+    name: str
+
+    def instrument(self, ctx: MeasureContext) -> Instrument: ...
+
+
+@runtime_checkable
+class ArtifactMetric(Protocol):
+    """Writes files about one component (a trace, an op table) from a pass of its own.
+
+    ``artifacts`` runs once per measured (``ok``) component when
+    ``config.output_dir`` is set, after the timed runs of every component and
+    every :meth:`MetricPlugin.measure`, so its overhead is never timed. The
+    :class:`~cb_callback.Instrument` it returns observes one forward + backward
+    run just for it; its ``values()`` map an artifact kind (``"trace"``) to a
+    file it wrote under ``ctx.artifact_dir`` (a path relative to that
+    directory, or absolute inside it; :meth:`MeasureContext.artifact_path`
+    gives one). The row records them in ``details["artifacts"]`` as ``{kind:
+    path relative to the report's directory}``. A kind recorded already, a file
+    that does not exist or lies outside ``artifact_dir``, or a raising plugin
+    lands in ``details["metric_errors"]``; the row's measurements stand.
+    """
+
+    name: str
+
+    def artifacts(self, ctx: MeasureContext) -> Instrument: ...
 
 
 @dataclass
@@ -161,8 +265,9 @@ class Reporter(Protocol):
     def write(self, report: Report, ctx: ReportContext) -> list[Path]: ...
 
 
+#: Each kind's hooks: a metric plugin needs one of its hooks, the other kinds all of theirs.
 _KINDS: dict[str, tuple[str, ...]] = {
-    "metric": ("measure",),
+    "metric": ("measure", "instrument", "artifacts"),
     "reporter": ("write",),
     "preprocessor": ("prepare_model", "process_inputs"),
 }
@@ -177,7 +282,9 @@ def validate_plugin(plugin: Any, kind: str) -> Any:
     label = getattr(plugin, "name", None) or type(plugin).__name__
     if isinstance(plugin, type):
         raise TypeError(f"{kind} plugin {label!r} is a class; pass an instance ({label}())")
-    for hook in _KINDS[kind]:
+    if kind == "metric" and not any(callable(getattr(plugin, h, None)) for h in _KINDS[kind]):
+        raise TypeError(f"metric plugin {label!r} has no callable measure() hook (nor instrument(), artifacts())")
+    for hook in _KINDS[kind] if kind != "metric" else ():  # a metric plugin needs one of its hooks
         fn = getattr(plugin, hook, None)
         if fn is None or not callable(fn):
             raise TypeError(f"{kind} plugin {label!r} has no callable {hook}() hook")
@@ -187,7 +294,7 @@ def validate_plugin(plugin: Any, kind: str) -> Any:
 
 
 def _kind_of(plugin: Any) -> str | None:
-    if callable(getattr(plugin, "measure", None)):
+    if any(callable(getattr(plugin, h, None)) for h in _KINDS["metric"]):
         return "metric"
     if callable(getattr(plugin, "write", None)):
         return "reporter"
@@ -218,7 +325,7 @@ def load_entry_point_plugins(
             plugin = obj() if isinstance(obj, type) else obj
             kind = _kind_of(plugin)
             if kind is None:
-                raise TypeError("it has none of measure(), write(), process_inputs()")
+                raise TypeError("it has none of measure(), instrument(), artifacts(), write(), process_inputs()")
             found[kind].append(validate_plugin(plugin, kind))
         except Exception as e:
             warnings.warn(

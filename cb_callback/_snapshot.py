@@ -46,6 +46,7 @@ from cb_callback._config import BenchmarkConfig
 from cb_callback._engine import profile_captured
 from cb_callback._inputs import ComponentInputs
 from cb_callback._report import Report
+from cb_callback._storage import model_device
 
 __all__ = [
     "META_FILE",
@@ -150,7 +151,7 @@ class Snapshot:
         model = self.model
         if cfg.device is not None:
             model = model.to(torch.device(cfg.device))
-        target = torch.device(cfg.device) if cfg.device is not None else _first_device(model)
+        target = torch.device(cfg.device) if cfg.device is not None else model_device(model)
         meta = dict(self.metadata)
         meta["snapshot_precision"] = self.precision
         return profile_captured(
@@ -161,12 +162,6 @@ class Snapshot:
             forward_context=precision_context(self.precision, target.type),
             metadata=meta,
         )
-
-
-def _first_device(model: nn.Module) -> torch.device:
-    for t in [*model.parameters(), *model.buffers()]:
-        return t.device
-    return torch.device("cpu")
 
 
 def precision_context(

@@ -112,7 +112,7 @@ def test_a_leaf_that_raises_is_failed_and_the_run_goes_on() -> None:
     assert report.row("1").error == "replay raised ValueError: nope"
     assert report.row("0").status == "ok"
     assert report.row("").status == "estimated"
-    assert "missing: 1" in (report.row("").error or "")
+    assert "missing: 1" in (report.row("").note or "")
 
 
 def test_container_never_called_is_estimated_with_weighted_calls() -> None:
@@ -129,6 +129,9 @@ def test_container_never_called_is_estimated_with_weighted_calls() -> None:
     report = profile_components(Looped(), (torch.randn(2, 4),), **FAST)
     lst = report.row("layers")
     assert lst.status == "estimated" and lst.calls == 0
+    # a container is estimated as a matter of course: no error, and a note that says how
+    assert lst.error is None
+    assert lst.note == "never called itself (a container); estimated from 2 of 2 children"
     assert report.row("layers.0").calls == 3
     # 3 calls of layers.0 + 1 of layers.1, each 2*2*4*4 = 64 FLOPs forward
     assert lst.fwd_flops == 4 * 64
@@ -226,7 +229,7 @@ def test_exclude_include_and_depth() -> None:
     x = torch.randn(2, 4)
     report = profile_components(model, (x,), exclude=["0.*"], **FAST)
     assert report.row("0.0").status == "skipped"
-    assert report.row("0.0").error == "matched exclude pattern '0.*'"
+    assert report.row("0.0").note == "matched exclude pattern '0.*'"
     assert report.row("0").status == "ok"
     shallow = profile_components(model, (x,), max_depth=1, **FAST)
     assert [r.path for r in shallow] == ["", "0", "1"]
@@ -239,7 +242,7 @@ def test_time_budget_skips_the_rest() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     report = profile_components(model, (torch.randn(2, 4),), max_total_time_s=0.0, **FAST)
     assert {r.status for r in report} == {"skipped"}
-    assert "max_total_time_s=0.0 spent" in (report.row("").error or "")
+    assert "max_total_time_s=0.0 spent" in (report.row("").note or "")
 
 
 def test_batch_size_replicates_inputs() -> None:
@@ -292,7 +295,9 @@ def test_an_unused_child_is_not_missing_from_an_estimate() -> None:
     model = nn.Sequential(Fragile(), WithUnused())
     report = profile_components(model, (torch.randn(2, 4),), **FAST)
     assert report.row("1.unused").status == "not_run"
-    assert report.row("").error == "replay raised RuntimeError: boom in isolation; estimated from 2 of 2 children"
+    # the root's own replay raised (an error); it is estimated from both children (a note)
+    assert report.row("").error == "replay raised RuntimeError: boom in isolation"
+    assert report.row("").note == "estimated from 2 of 2 children"
 
 
 def test_parameter_holders_are_not_components() -> None:

@@ -24,7 +24,14 @@ from torch import nn
 import cb_callback._engine as engine_module
 import cb_callback._metrics.flops as flops_module
 import cb_callback._metrics.memory as memory_module
-from cb_callback import Report, profile_components, register_flop_rule
+from cb_callback import (
+    PassContext,
+    Phase,
+    ReplayInputs,
+    Report,
+    profile_components,
+    register_flop_rule,
+)
 from cb_callback import _hardware as hw
 from cb_callback._config import resolve_dtype
 from cb_callback._tree import filter_reasons
@@ -59,7 +66,7 @@ def test_include_profiles_the_ancestors_that_lead_to_matches() -> None:
     assert [r.path for r in report] == ["", "0", "1", "0.0", "0.1"]
     # "0.0" and "0.1" match; "0" and the root lead to them; "1" neither
     assert [r.status for r in report] == ["ok", "ok", "skipped", "ok", "ok"]
-    assert report.row("1").error == "not matched by include=['0.*']"
+    assert report.row("1").note == "not matched by include=['0.*']"
     assert report.row("0").fwd_flops == 2 * 2 * 4 * 4  # measured whole: its Linear(4 -> 4) on 2 rows
 
 
@@ -199,7 +206,7 @@ def test_the_calibration_is_outside_the_budget_and_recorded(monkeypatch: pytest.
 def test_any_positive_budget_measures_the_root() -> None:
     report = profile_components(_nested(), (torch.randn(2, 4),), max_total_time_s=1e-9, **OPTS)
     assert [r.status for r in report] == ["ok", "skipped", "skipped", "skipped", "skipped"]
-    assert "max_total_time_s=1e-09 spent" in (report.row("1").error or "")
+    assert "max_total_time_s=1e-09 spent" in (report.row("1").note or "")
 
 
 # --- 4. our FLOP rules apply to our counting only ---------------------------------------
@@ -316,12 +323,16 @@ def _cuda_instrument() -> Any:
     return memory_module.MemoryMetric().instrument(ctx)  # type: ignore[arg-type]
 
 
+def _cuda_pass() -> PassContext:
+    return PassContext(Phase.PASS, "block", nn.Identity(), torch.device("cuda", 0), ReplayInputs((), {}))
+
+
 def test_the_cuda_pass_never_resets_the_peak_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_cuda(monkeypatch, [_stats(0, 8 * _MIB, 100), _stats(0, 8 * _MIB, 100 + 2 * _MIB)])
     events = [(1, 2 * _MIB, 2 * _MIB), (2, -2 * _MIB, 0)]
     monkeypatch.setattr(memory_module, "_allocation_events", lambda prof, device: events)
     ins = _cuda_instrument()
-    with ins.observe("pass"):
+    with ins.observe(_cuda_pass()):
         torch.ones(4)
     values = ins.values()
     assert values["peak_mem_mb"] == 2.0  # the 2 MiB block, below the process's 8 MiB peak
@@ -337,7 +348,7 @@ def test_an_unknown_cuda_peak_is_empty_and_warned_once(monkeypatch: pytest.Monke
         warnings.simplefilter("always")
         for _ in range(2):
             ins = _cuda_instrument()
-            with ins.observe("pass"):
+            with ins.observe(_cuda_pass()):
                 pass
     values = ins.values()
     assert "peak_mem_mb" not in values

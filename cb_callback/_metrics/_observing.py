@@ -12,7 +12,7 @@ __all__ = ["ObservingMetric"]
 
 
 class ObservingMetric:
-    """A metric plugin that observes a forward + backward instead of running its own.
+    """An :class:`cb_callback.InstrumentingMetric` that can also measure on its own.
 
     Subclasses implement ``instrument(ctx)``. Inside the engine all such plugins
     share one instrumented pass per component; ``measure`` (for use on its own,
@@ -28,5 +28,5 @@ class ObservingMetric:
     def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
         """Run an instrumented pass of its own and return what it observed."""
         ins = self.instrument(ctx)
-        instrumented_pass(ctx.replay, [ins], ctx.config.backward)
+        instrumented_pass(ctx.replay, [ins], ctx.config.backward, path=ctx.path)
         return ins.values()

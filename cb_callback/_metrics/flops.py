@@ -15,6 +15,7 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
+from cb_callback._isolate import PassContext, Phase
 from cb_callback._metrics._observing import ObservingMetric
 from cb_callback._plugins import MeasureContext
 
@@ -115,31 +116,38 @@ def _uncounted(recorder: _OpRecorder, counter: FlopCounterMode) -> list[str]:
 
 class _FlopsInstrument:
     def __init__(self) -> None:
-        self.flops: dict[str, int] = {}
+        self.flops: dict[Phase, int] = {}
         self.uncounted: set[str] = set()
+        self.backward = True
 
     @contextlib.contextmanager
-    def observe(self, phase: str) -> Iterator[None]:
-        if phase == "pass":
+    def observe(self, ctx: PassContext) -> Iterator[None]:
+        if ctx.phase is Phase.PASS:
+            self.backward = ctx.backward
             yield
             return
         recorder = _OpRecorder()
         counter = FlopCounterMode(display=False, custom_mapping=dict(_RULES))
         with counter, recorder:
             yield
-        self.flops[phase] = int(counter.get_total_flops())
+        self.flops[ctx.phase] = int(counter.get_total_flops())
         self.uncounted.update(_uncounted(recorder, counter))
 
     def values(self) -> Mapping[str, Any]:
+        # Not measured (backward=False): NaN; measured, but the component has no backward: 0.
+        bwd = float(self.flops.get(Phase.BACKWARD, 0)) if self.backward else float("nan")
         return {
-            "fwd_flops": float(self.flops.get("forward", 0)),
-            "bwd_flops": float(self.flops.get("backward", 0)),
+            "fwd_flops": float(self.flops.get(Phase.FORWARD, 0)),
+            "bwd_flops": bwd,
             "uncounted_ops": sorted(self.uncounted),
         }
 
 
 class FlopsMetric(ObservingMetric):
     """``fwd_flops`` and ``bwd_flops`` of one call; details ``uncounted_ops``.
+
+    ``bwd_flops`` is NaN when the backward is not measured (``backward=False``)
+    and 0 for a component without a backward.
 
     Notes:
         Counted per aten op by torch's ``FlopCounterMode`` (matmuls, convolutions,
@@ -156,9 +164,3 @@ class FlopsMetric(ObservingMetric):
     def instrument(self, ctx: MeasureContext) -> _FlopsInstrument:
         """An observer of the engine's shared instrumented pass."""
         return _FlopsInstrument()
-
-    def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
-        out = dict(super().measure(ctx))
-        if not ctx.config.backward:
-            out["bwd_flops"] = float("nan")
-        return out

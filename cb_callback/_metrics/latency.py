@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cb_callback._isolate import instrumented_pass
 from cb_callback._plugins import MeasureContext
 from cb_callback._timing import Sample, SampleSet, interleave, record_timed
 
@@ -97,7 +98,10 @@ class LatencyMetric:
         so load from elsewhere spreads over components instead of landing on
         one; :meth:`measure` on its own samples just this component in the same
         rounds. A component without a backward (no output requires grad) has
-        ``bwd_ms = 0``.
+        ``bwd_ms = 0``. The first warm-up run is always an observed pass
+        (:func:`cb_callback._isolate.instrumented_pass`; in the engine the one
+        the FLOPs, bytes and memory metrics share): it tells whether one copy of
+        the inputs can serve every run.
     """
 
     name = "latency"
@@ -105,6 +109,17 @@ class LatencyMetric:
     def sampler(self, ctx: MeasureContext) -> Callable[[], Sample]:
         """A callable that times one run (forward + backward) of ``ctx``'s component."""
         return _PassSampler(ctx.replay, backward=ctx.config.backward, device=ctx.device)
+
+    def warmed_sampler(self, ctx: MeasureContext) -> Callable[[], Sample]:
+        """:meth:`sampler`, after the rest of the warm-up: call it after the component's observed pass.
+
+        That pass was the first of ``config.warmup`` warm-up runs; this makes
+        the other ``warmup - 1``.
+        """
+        run = self.sampler(ctx)
+        for _ in range(max(ctx.config.warmup - 1, 0)):
+            run()
+        return run
 
     def budget_s(self, ctx: MeasureContext) -> float:
         """Timed seconds to aim for: ``min_run_time_s`` per pass."""
@@ -136,11 +151,11 @@ class LatencyMetric:
         return out
 
     def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
-        """Warm up, then sample this component alone in ``config.rounds`` rounds."""
+        """One observed pass and the rest of the warm-up, then sample this component
+        alone in ``config.rounds`` rounds (as the engine does for all of them)."""
         cfg = ctx.config
-        run = self.sampler(ctx)
-        for _ in range(cfg.warmup):
-            run()
+        instrumented_pass(ctx.replay, [], cfg.backward, path=ctx.path)
+        run = self.warmed_sampler(ctx)
         (samples,) = interleave(
             [run],
             budgets_s=[self.budget_s(ctx)],

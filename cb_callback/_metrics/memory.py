@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -12,20 +10,15 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from cb_callback._isolate import ReplayInputs
+from cb_callback._isolate import PassContext, Phase
 from cb_callback._metrics._observing import ObservingMetric
 from cb_callback._plugins import MeasureContext
+from cb_callback._stderr import kineto_lines_dropped
+from cb_callback._storage import storage_key
 
 __all__ = ["MemoryMetric"]
 
 _MIB = 1024.0 * 1024.0
-
-
-def _storage_key(t: torch.Tensor) -> int | None:
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return None
 
 
 def _allocation_events(prof: Any, device: torch.device) -> list[tuple[int, int, int]]:
@@ -97,25 +90,6 @@ def _cuda_pass_peak(
 
 
 @contextlib.contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
-    """Silence file descriptor 2 (kineto prints a line at each profiler start and stop)."""
-    sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-@contextlib.contextmanager
 def _allocations(device: torch.device) -> Iterator[list[list[tuple[int, int, int]]]]:
     """Record the allocation events of ``device`` with the torch profiler (CPU activity only).
 
@@ -130,12 +104,12 @@ def _allocations(device: torch.device) -> Iterator[list[list[tuple[int, int, int
         yield result
         return
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
-    with _native_stderr_silenced():  # only the start: the component's own output stays visible
+    with kineto_lines_dropped():  # only the start: the component's own output stays as it is
         prof.__enter__()
     try:
         yield result
     finally:
-        with _native_stderr_silenced():
+        with kineto_lines_dropped():
             prof.__exit__(None, None, None)
     result.append(_allocation_events(prof, device))
 
@@ -156,37 +130,37 @@ def _warn_unknown_peak_once(device_type: str, path: str, why: str) -> None:
     )
 
 
+def _excluded(ctx: PassContext) -> set[int]:
+    """Storages of the component's parameters, buffers and this pass's inputs."""
+    inputs = ctx.inputs
+    given: list[Any] = [*ctx.module.parameters(), *ctx.module.buffers()]
+    given += pytree.tree_leaves((inputs.args, inputs.kwargs)) + list(inputs.leaves)
+    keys = {storage_key(t) for t in given if isinstance(t, torch.Tensor)}
+    return {k for k in keys if k is not None}
+
+
 class _MemoryInstrument:
-    def __init__(self, ctx: MeasureContext) -> None:
-        self.ctx = ctx
+    def __init__(self) -> None:
         self.saved: dict[int, int] = {}
         self.peak: int | None = None
         self.unknown: str | None = None
         self.source = "unsupported device"
 
-    def _excluded(self, inputs: ReplayInputs | None) -> set[int]:
-        module = self.ctx.module
-        given: list[Any] = list(module.parameters()) + list(module.buffers())
-        if inputs is not None:
-            given += pytree.tree_leaves((inputs.args, inputs.kwargs)) + list(inputs.leaves)
-        keys = {_storage_key(t) for t in given if isinstance(t, torch.Tensor)}
-        return {k for k in keys if k is not None}
-
     @contextlib.contextmanager
-    def observe(self, phase: str) -> Iterator[None]:
-        device = self.ctx.device
-        if phase == "forward":
-            excluded = self._excluded(self.ctx.replay.current_inputs)
+    def observe(self, ctx: PassContext) -> Iterator[None]:
+        device, phase = ctx.device, ctx.phase
+        if phase is Phase.FORWARD:
+            excluded = _excluded(ctx)
 
             def pack(t: torch.Tensor) -> torch.Tensor:
-                key = _storage_key(t)
-                if key is not None and key != 0 and key not in excluded:
+                key = storage_key(t)
+                if key is not None and key not in excluded:
                     self.saved[key] = t.untyped_storage().nbytes()
                 return t
 
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 yield
-        elif phase == "pass" and device.type == "cuda":
+        elif phase is Phase.PASS and device.type == "cuda":
             if device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.synchronize(device)
@@ -197,7 +171,7 @@ class _MemoryInstrument:
             after = torch.cuda.memory_stats(device)
             self.peak, self.unknown = _cuda_pass_peak(before, after, recorded[0] if recorded else None)
             self.source = "cuda_caching_allocator"
-        elif phase == "pass" and device.type == "cpu":
+        elif phase is Phase.PASS and device.type == "cpu":
             with _allocations(device) as recorded:
                 yield
             if recorded:
@@ -207,8 +181,8 @@ class _MemoryInstrument:
             self.source = "cpu_profiler_allocations"
         else:
             yield
-        if phase == "pass" and self.unknown is not None:
-            _warn_unknown_peak_once(device.type, self.ctx.path, self.unknown)
+        if phase is Phase.PASS and self.unknown is not None:
+            _warn_unknown_peak_once(device.type, ctx.path, self.unknown)
 
     def values(self) -> Mapping[str, Any]:
         out: dict[str, Any] = {"activation_mb": sum(self.saved.values()) / _MIB, "peak_mem_source": self.source}
@@ -246,4 +220,4 @@ class MemoryMetric(ObservingMetric):
 
     def instrument(self, ctx: MeasureContext) -> _MemoryInstrument:
         """An observer of the engine's shared instrumented pass."""
-        return _MemoryInstrument(ctx)
+        return _MemoryInstrument()

@@ -8,10 +8,12 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from cb_callback._isolate import PassContext, Phase, unobserved
 from cb_callback._metrics._observing import ObservingMetric
 from cb_callback._plugins import MeasureContext
+from cb_callback._storage import storage_key
 
 __all__ = ["TrafficMetric", "register_traffic_rule", "tensor_bytes"]
 
@@ -49,13 +51,12 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 
 
 def _unique_bytes(tensors: Sequence[torch.Tensor]) -> int:
-    seen: set[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = set()
+    """:func:`tensor_bytes` of each distinct tensor: the same view of one storage counts once."""
+    seen: set[object] = set()
     total = 0
     for t in tensors:
-        try:
-            key = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
-        except (RuntimeError, NotImplementedError):
-            key = (id(t), 0, (), ())
+        storage = storage_key(t)
+        key = ("tensor", id(t)) if storage is None else (storage, t.storage_offset(), t.shape, t.stride())
         if key in seen:
             continue
         seen.add(key)
@@ -197,7 +198,7 @@ class _TrafficMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        with _disable_current_modes():  # a rule's own tensor ops are not the component's
+        with unobserved():  # a rule's own tensor ops are not the component's
             n = _op_bytes(func, args, kwargs, out)
         if n:
             self.bytes += n
@@ -208,23 +209,23 @@ class _TrafficMode(TorchDispatchMode):
 
 class _TrafficInstrument:
     def __init__(self) -> None:
-        self.bytes: dict[str, int] = {}
+        self.bytes: dict[Phase, int] = {}
         self.by_op: dict[str, int] = {}
 
     @contextlib.contextmanager
-    def observe(self, phase: str) -> Iterator[None]:
-        if phase == "pass":
+    def observe(self, ctx: PassContext) -> Iterator[None]:
+        if ctx.phase is Phase.PASS:
             yield
             return
         mode = _TrafficMode()
         with mode:
             yield
-        self.bytes[phase] = mode.bytes
+        self.bytes[ctx.phase] = mode.bytes
         for k, v in mode.by_op.items():
             self.by_op[k] = self.by_op.get(k, 0) + v
 
     def values(self) -> Mapping[str, Any]:
-        fwd, bwd = self.bytes.get("forward", 0), self.bytes.get("backward", 0)
+        fwd, bwd = self.bytes.get(Phase.FORWARD, 0), self.bytes.get(Phase.BACKWARD, 0)
         top = dict(sorted(self.by_op.items(), key=lambda kv: -kv[1])[:5])
         return {"bytes": float(fwd + bwd), "fwd_bytes": fwd, "bwd_bytes": bwd, "top_bytes_ops": top}
 

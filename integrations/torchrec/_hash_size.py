@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -63,20 +62,11 @@ def _tables(model: nn.Module) -> Iterator[_Table]:
             yield _Table(f"{prefix}{attr}.{name}", path, name, table, configs.get(name))
 
 
-def _hidden_from_metrics() -> contextlib.AbstractContextManager[Any]:
-    """Run the id remap outside dispatch modes (FLOP and byte counters)."""
-    try:
-        from torch.utils._python_dispatch import _disable_current_modes
-    except ImportError:  # pragma: no cover - older/newer torch
-        return contextlib.nullcontext()
-    return _disable_current_modes()
-
-
 def _remap_hook(rows: int) -> Callable[..., Any]:
     def remap(ids: Any) -> Any:
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
             return ids
-        with _hidden_from_metrics():
+        with cb_callback.unobserved():  # the id remap is not the component's work
             return torch.remainder(ids, rows)
 
     def reduce_hash_size_remap(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from torch import nn
 
-__all__ = ["direct_hidden", "hidden_modules", "tbe_classes", "tbe_modules"]
+__all__ = ["hidden_modules", "tbe_classes", "tbe_modules"]
 
 
 def tbe_classes() -> tuple[type, ...]:
@@ -68,13 +68,3 @@ def tbe_modules(root: nn.Module) -> list[nn.Module]:
     mods = list(root.modules()) + list(hidden_modules(root))
     return [m for m in mods if isinstance(m, classes)]
 
-
-def direct_hidden(mod: nn.Module) -> list[nn.Module]:
-    """Hidden modules reachable from ``mod``'s own plain attributes (not its children's)."""
-    in_tree = {id(m) for m in mod.modules()}
-    out: dict[int, nn.Module] = {}
-    for cand in _attr_modules(mod):
-        for sub in [*cand.modules(), *hidden_modules(cand)]:
-            if id(sub) not in in_tree:
-                out.setdefault(id(sub), sub)
-    return list(out.values())

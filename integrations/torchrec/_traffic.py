@@ -172,21 +172,13 @@ def tbe_grad_indice_weights_bytes(named: Mapping[str, Any], out: Any) -> int:
     return small + _rows_gathered(named) * table.element_size() + _out_bytes(out)
 
 
-def _outside_modes() -> contextlib.AbstractContextManager[Any]:
-    try:
-        from torch.utils._python_dispatch import _disable_current_modes
-    except ImportError:  # pragma: no cover - a torch without it
-        return contextlib.nullcontext()
-    return _disable_current_modes()
-
-
 def _bind(schema_names: Sequence[str], fn: Callable[[Mapping[str, Any], Any], int]) -> Any:
     def rule(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
         named = dict(zip(schema_names, args, strict=False))
         named.update(kwargs)
         # The traffic mode may be nested in other modes (the FLOP counter): hide
         # the reads of offsets/indices from them.
-        with _outside_modes():
+        with cb_callback.unobserved():
             try:
                 return int(fn(named, out))
             except Exception:  # an argument layout this rule does not know: a lower bound
