@@ -7,7 +7,8 @@ Public surface::
     print(report.summary())
 
 ``ComponentBenchmark`` (the Lightning callback) is imported lazily, so that the
-engine works without importing Lightning.
+engine works without importing Lightning; so is :mod:`cb_callback.reporters`
+(the built-in reporters and renderers, which import matplotlib).
 """
 
 from __future__ import annotations
@@ -105,4 +106,8 @@ def __getattr__(name: str) -> Any:
         from cb_callback._callback import ComponentBenchmark
 
         return ComponentBenchmark
+    if name == "reporters":
+        import importlib
+
+        return importlib.import_module("cb_callback.reporters")
     raise AttributeError(f"module 'cb_callback' has no attribute {name!r}")

@@ -11,13 +11,11 @@ from typing import Any
 
 from cb_callback._files import FileReporter
 from cb_callback._plugins import ReportContext
+from cb_callback._publish import ERROR_FILE, write_error_file
 from cb_callback._report import Report
 from cb_callback._snapshot import load_snapshot
 
 __all__ = ["ERROR_FILE", "ChildResult", "ChildRun", "run_child", "spawn_context"]
-
-#: Written into the output directory when profiling in the child fails.
-ERROR_FILE = "error.txt"
 
 _GUARD_HINT = (
     "The 'spawn' start method re-imports the training script (`__main__`) in the child: "
@@ -46,14 +44,11 @@ def run_child(snapshot_dir: str, output_dir: str, device: str | None, step: int)
         report = snapshot.profile(device=device, output_dir=out)
         FileReporter().write(report, ReportContext(output_dir=out, step=step))
     except BaseException as e:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / ERROR_FILE).write_text(
-                f"cb_callback: profiling the snapshot {snapshot_dir} failed in the child process:\n"
-                f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}"
-            )
-        except OSError:
-            pass
+        write_error_file(
+            out,
+            f"cb_callback: profiling the snapshot {snapshot_dir} failed in the child process:\n"
+            f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}",
+        )
         raise SystemExit(1) from e
 
 
@@ -148,12 +143,7 @@ class ChildRun:
         return ChildResult(None, message, self._write_error(message))
 
     def _write_error(self, message: str) -> Path | None:
-        path = self.output_dir / ERROR_FILE
-        try:
-            path.write_text(f"cb_callback: {message}\n")
-        except OSError:
-            return None
-        return path
+        return write_error_file(self.output_dir, f"cb_callback: {message}\n")
 
     def _result(self, exitcode: int | None) -> ChildResult:
         error_file = self.output_dir / ERROR_FILE

@@ -11,10 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["COLUMNS", "STATUSES", "ComponentRow", "Report"]
+from cb_callback._schema import STATUSES
 
-#: Every status a row can have. See the README ("Rows") for their meaning.
-STATUSES = ("ok", "estimated", "failed", "not_run", "skipped")
+__all__ = ["COLUMNS", "STATUSES", "ComponentRow", "Report"]
 
 _NAN = float("nan")
 
@@ -191,7 +190,11 @@ class Report:
         return sorted(leaves, key=lambda r: -r.total_ms * max(r.calls, 1))[:top]
 
     def summary(self, top: int = 10) -> str:
-        """A human table: the whole model first, then the ``top`` hotspots."""
+        """A human table: the whole model first, then the ``top`` hotspots.
+
+        This is :func:`cb_callback.reporters.format_summary`; rendering is the
+        layer above the results, so it is imported here, when called.
+        """
         from cb_callback._table import format_summary
 
         return format_summary(self, top=top)

@@ -45,6 +45,7 @@ from torch import nn
 from cb_callback._config import BenchmarkConfig
 from cb_callback._engine import profile_captured
 from cb_callback._inputs import ComponentInputs
+from cb_callback._precision import AUTOCAST_DTYPES, DEFAULT_DTYPES
 from cb_callback._report import Report
 from cb_callback._storage import model_device
 
@@ -66,9 +67,6 @@ FORMAT = 1
 # process that profiles the snapshot, not to the snapshot.
 _LOCAL_OPTIONS = ("progress", "output_dir")
 _PLUGIN_OPTIONS = ("preprocessors", "metrics", "reporters")
-
-_AUTOCAST = {"bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16, "16-mixed": torch.float16, "16": torch.float16}
-_DEFAULT_DTYPE = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64, "64": torch.float64}
 
 _IMPORT_HINT = (
     "Define the class in an importable module or at the top level of the training "
@@ -174,11 +172,11 @@ def precision_context(
     created inside the forward take it); anything else (``"32-true"``, ``None``)
     gives ``None``: no context.
     """
-    if precision in _AUTOCAST:
-        dtype = _AUTOCAST[precision]
+    if precision in AUTOCAST_DTYPES:
+        dtype = AUTOCAST_DTYPES[precision]
         return lambda: torch.autocast(device_type, dtype=dtype)
-    if precision in _DEFAULT_DTYPE:
-        return lambda: _default_dtype(_DEFAULT_DTYPE[precision])
+    if precision in DEFAULT_DTYPES:
+        return lambda: _default_dtype(DEFAULT_DTYPES[precision])
     return None
 
 

@@ -1,4 +1,7 @@
-"""Plain-text and markdown tables of a :class:`~cb_callback._report.Report`."""
+"""Plain-text and markdown tables of a :class:`~cb_callback._report.Report`.
+
+A renderer: it reads rows and metadata only (``Report`` is imported for types).
+"""
 
 from __future__ import annotations
 
@@ -7,14 +10,22 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cb_callback._report import STATUSES
+from cb_callback._schema import STATUSES
 
 if TYPE_CHECKING:
     from cb_callback._report import ComponentRow, Report
 
-__all__ = ["MARKDOWN_HEADERS", "SUMMARY_HEADERS", "format_rows", "format_summary", "markdown_table", "quality_lines"]
+__all__ = [
+    "MARKDOWN_HEADERS",
+    "SUMMARY_HEADERS",
+    "format_rows",
+    "format_summary",
+    "format_table",
+    "markdown_table",
+    "quality_lines",
+]
 
-#: Columns of :func:`markdown_table`, in order (a contract: TensorBoard shows them).
+#: Columns of :func:`format_table`, in order (a contract: TensorBoard shows them).
 MARKDOWN_HEADERS: tuple[str, ...] = (
     "path",
     "type",
@@ -135,8 +146,9 @@ def format_summary(report: Report, top: int = 10) -> str:
     Returns:
         Lines of text: device, dtype and peaks (with their sources) when the
         metadata has them; the row counts by status; the root row; the ``top``
-        hotspots, most expensive over the step first; the failed and estimated
-        rows with their error, one line each; and, when any row is flagged or
+        hotspots, most expensive over the step first; under ``errors:`` the
+        failed or estimated rows that hold an ``error`` (a real failure), one
+        line each; and, when any row is flagged or
         the verdict is not clean, the quality section (:func:`quality_lines`).
         Missing values show as ``"-"``.
 
@@ -144,6 +156,8 @@ def format_summary(report: Report, top: int = 10) -> str:
         Times, FLOPs, memory and bandwidth are per call; ``calls`` says how many
         calls the real step made (a hotspot's rank is ``total ms * calls``).
         ``GFLOP`` is forward plus backward; ``MFU %`` is percent of the peak.
+        A row's ``note`` (how an estimate was built, "a container") is not an
+        error: a container estimated from its children is not listed.
     """
     lines = ["cb_callback component benchmark", *_metadata_lines(report.metadata)]
     counts = Counter(r.status for r in report.rows)
@@ -168,6 +182,7 @@ def format_summary(report: Report, top: int = 10) -> str:
             *_aligned(SUMMARY_HEADERS, [_summary_cells(r) for r in hot]),
         ]
 
+    # Only ``error`` counts: a row that has just a note is a normal container, not a failure.
     troubled = [r for r in report.rows if r.status in ("failed", "estimated") and r.error]
     if troubled:
         lines += ["", "errors:"]
@@ -239,7 +254,7 @@ _MARKDOWN_CELLS: tuple[Callable[[ComponentRow], str], ...] = (
 )
 
 
-def markdown_table(report: Report) -> str:
+def format_table(report: Report) -> str:
     """A markdown table of every row, in report order.
 
     Args:
@@ -260,3 +275,7 @@ def markdown_table(report: Report) -> str:
     for row in report.rows:
         lines.append("| " + " | ".join(_md_cell(cell(row)) for cell in _MARKDOWN_CELLS) + " |")
     return "\n".join(lines)
+
+
+#: The former name of :func:`format_table`.
+markdown_table = format_table

@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from cb_callback._icicle import icicle_figure
-from cb_callback._table import format_summary, markdown_table
+from cb_callback._table import format_summary, format_table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -83,7 +83,7 @@ def log_report(writer: Any, report: Report, step: int = 0) -> None:
 
     Writes, for every row and every metric of :data:`SCALAR_METRICS` with a
     finite value, the scalar :func:`scalar_tag` ``(metric, path)``; the texts
-    ``component_benchmark/table`` (:func:`markdown_table`) and
+    ``component_benchmark/table`` (:func:`format_table`) and
     ``component_benchmark/summary`` (:func:`format_summary` and the metadata);
     and the images ``component_benchmark/icicle/<metric>`` for
     :data:`ICICLE_IMAGE_METRICS`, through ``add_figure`` when the writer has it,
@@ -99,7 +99,7 @@ def log_report(writer: Any, report: Report, step: int = 0) -> None:
             value = float(getattr(row, metric))
             if math.isfinite(value):
                 writer.add_scalar(scalar_tag(metric, row.path), value, global_step=step)
-    _add_text(writer, f"{TAG_PREFIX}/table", markdown_table(report), step)
+    _add_text(writer, f"{TAG_PREFIX}/table", format_table(report), step)
     _add_text(writer, f"{TAG_PREFIX}/summary", _summary_markdown(report), step)
     for metric in ICICLE_IMAGE_METRICS:
         tag = f"{TAG_PREFIX}/icicle/{metric}"

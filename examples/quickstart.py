@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from cb_callback import profile_components
-from cb_callback._files import FileReporter
+from cb_callback.reporters import FileReporter
 
 
 class Block(nn.Module):

@@ -14,6 +14,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import cb_callback._callback as callback_module
 from cb_callback import BenchmarkConfig, ComponentBenchmark, Report
+from cb_callback._progress import ProgressBar
+from cb_callback._step import step_capture
 from cb_callback._tensorboard import SCALAR_METRICS
 from tests._callback_models import (
     BATCH,
@@ -303,13 +305,13 @@ def test_without_tensorboard_files_are_written_and_the_run_says_where(
 
 def test_progress_bar_follows_the_trainers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, int, str]] = []
-    real = callback_module._ProgressBar.__call__
+    real = ProgressBar.__call__
 
     def spy(self: Any, done: int, total: int, path: str) -> None:
         calls.append((done, total, path))
         real(self, done, total, path)
 
-    monkeypatch.setattr(callback_module._ProgressBar, "__call__", spy)
+    monkeypatch.setattr(ProgressBar, "__call__", spy)
     cb = ComponentBenchmark(capture_step=1, **OPTS)
     run_fit(tmp_path / "on", [cb], max_steps=2, logger=False, enable_progress_bar=True)
     # one step per component (its instrumented pass), then one per interleaved timing round
@@ -464,7 +466,7 @@ def test_forward_redirection_captures_the_roots_real_forward() -> None:
 
     model = MLPModule()
     x, y = torch.randn(BATCH, FEATURES), torch.zeros(BATCH, dtype=torch.long)
-    capture = callback_module._step_capture(model, keep_samples=None).__enter__()
+    capture = step_capture(model, keep_samples=None).__enter__()
     try:
         _ForwardRedirection()(Wrapper(model), model, "training_step", (x, y), 0)
     finally:
@@ -476,7 +478,7 @@ def test_forward_redirection_captures_the_roots_real_forward() -> None:
     assert capture.calls["head"].calls == 1
     assert capture.batch_size == BATCH
     # without redirection it is a plain capture of the root
-    plain = callback_module._step_capture(model, keep_samples=2).__enter__()
+    plain = step_capture(model, keep_samples=2).__enter__()
     try:
         model(x)
     finally:

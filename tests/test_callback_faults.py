@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import cb_callback._callback as callback_module
+import cb_callback._tensorboard as tensorboard_module
 from cb_callback import ComponentBenchmark
 from tests._callback_models import GatedModule, MLPModule, run_fit
 from tests.conftest import FAST
@@ -143,7 +144,7 @@ def test_a_tensorboard_failure_is_a_warning(tmp_path: Path, monkeypatch: pytest.
     def broken(*args: Any, **kwargs: Any) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(callback_module, "log_report", broken)
+    monkeypatch.setattr(tensorboard_module, "log_report", broken)
     cb = ComponentBenchmark(capture_step=1, **OPTS)
     with pytest.warns(RuntimeWarning) as record:
         trainer, _, _ = run_fit(tmp_path, [cb], max_steps=3)

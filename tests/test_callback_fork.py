@@ -19,8 +19,8 @@ import pytest
 import cb_callback._callback as callback_module
 import cb_callback._child as child_module
 from cb_callback import ComponentBenchmark
-from cb_callback._callback import _spawn_problem
 from cb_callback._snapshot import SnapshotError
+from cb_callback._spawn import spawn_problem
 from tests._callback_models import CrashingChildModule, MLPModule, run_fit
 from tests.conftest import FAST
 
@@ -207,23 +207,23 @@ def test_spawn_problems_are_found_before_training(tmp_path: Path, monkeypatch: p
     in_main = type("Net", (), {"__module__": "__main__", "__qualname__": "Net"})
 
     _fake_main(monkeypatch, str(unguarded))
-    problem = _spawn_problem(MLPModule)
+    problem = spawn_problem(MLPModule)
     assert problem is not None
     assert f"re-imports the training script {unguarded}" in problem
     assert 'no `if __name__ == "__main__":` guard' in problem
 
     _fake_main(monkeypatch, str(guarded))
-    assert _spawn_problem(MLPModule) is None
-    assert _spawn_problem(in_main) is None  # a guarded script's classes unpickle in the child
+    assert spawn_problem(MLPModule) is None
+    assert spawn_problem(in_main) is None  # a guarded script's classes unpickle in the child
 
     _fake_main(monkeypatch, None)  # a notebook or an interactive session
-    problem = _spawn_problem(in_main)
+    problem = spawn_problem(in_main)
     assert problem is not None and "is defined in `__main__` (an interactive session or notebook)" in problem
-    assert _spawn_problem(MLPModule) is None
+    assert spawn_problem(MLPModule) is None
 
     _fake_main(monkeypatch, "/x/pkg/__main__.py", spec="pkg.__main__")  # python -m pkg: not re-imported
-    assert _spawn_problem(in_main) is not None
-    assert _spawn_problem(MLPModule) is None
+    assert spawn_problem(in_main) is not None
+    assert spawn_problem(MLPModule) is None
 
 
 def test_fork_of_a_class_defined_in_a_function_falls_back_to_pause(tmp_path: Path) -> None:

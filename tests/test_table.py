@@ -126,3 +126,26 @@ def test_summary_is_report_summary_and_handles_empty() -> None:
         "cb_callback component benchmark",
         "components: 0",
     ]
+
+
+def test_summary_errors_are_errors_not_notes() -> None:
+    rows = [
+        # a normal container: estimated, with a note and no error
+        ComponentRow(
+            "", "Net", 0, None, "estimated", note="never called itself (a container); estimated from 2 of 2 children",
+            total_ms=3.0,
+        ),
+        # a real failure, estimated from its children: its error is listed, its note is not
+        ComponentRow(
+            "a", "Block", 1, "", "estimated", error="replay raised RuntimeError: boom",
+            note="estimated from 1 of 1 children", calls=1, total_ms=2.0,
+        ),
+        ComponentRow("a.0", "Linear", 2, "a", "ok", calls=1, total_ms=2.0),
+        ComponentRow("b", "Linear", 1, "", "ok", calls=1, total_ms=1.0, note="a note on a measured row"),
+        ComponentRow("c", "Dropout", 1, "", "skipped", error="excluded by exclude=['c']"),  # a reason, not a failure
+    ]  # fmt: skip
+    lines = format_summary(Report(rows)).split("\n")
+    start = lines.index("errors:")
+    assert lines[start + 1 :] == ["  a [estimated]: replay raised RuntimeError: boom"]
+    only_notes = [rows[0], ComponentRow("a", "Block", 1, "", "estimated", note="a container", total_ms=3.0)]
+    assert "errors:" not in format_summary(Report(only_notes)).split("\n")
