@@ -38,6 +38,7 @@ from cb_callback._plugins import (
     ReportContext,
     checked_values,
     load_entry_point_plugins,
+    models_restored,
     validate_plugin,
 )
 from cb_callback._quality import LoadProbe, assess, inconsistent_pairs, is_noisy
@@ -433,7 +434,9 @@ def profile_captured(
     rows: dict[str, ComponentRow] = {}
     descendants_called = _descendants_called(nodes, calls)
     filtered = filter_reasons([n.path for n in nodes], cfg.include, cfg.exclude)
-    with StateGuard(model):  # also restores the RNG a CPU calibration draws from
+    # The guard also restores the RNG a CPU calibration draws from; every preprocessor of the run
+    # (profile_components prepared them) is undone after the replays, also on error.
+    with models_restored(pre_user, model, prepare_ctx), StateGuard(model):
         calibration0 = time.perf_counter()
         peaks: Peaks = resolve_peaks(
             device, dtype, peak_flops=cfg.peak_flops, peak_bandwidth=cfg.peak_bandwidth

@@ -21,8 +21,9 @@ When each metric hook runs, per component (see the README, "Plugins"):
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -53,6 +54,7 @@ __all__ = [
     "Reporter",
     "checked_values",
     "load_entry_point_plugins",
+    "models_restored",
     "validate_plugin",
 ]
 
@@ -85,7 +87,10 @@ class PrepareContext:
 class Preprocessor:
     """Transforms the model before capture and/or each component's inputs.
 
-    Subclass and override either method; the defaults change nothing.
+    Subclass and override any method; the defaults change nothing. What
+    ``prepare_model`` installs (hooks, caches) is taken off in ``restore_model``,
+    which the engine runs once per run after the last replay, also when
+    profiling raised.
     """
 
     name: str = "preprocessor"
@@ -105,6 +110,40 @@ class Preprocessor:
     def process_inputs(self, inputs: ComponentInputs, ctx: PrepareContext) -> ComponentInputs:
         """Called once per component, before its replay, with its captured inputs."""
         return inputs
+
+    def restore_model(self, model: nn.Module, ctx: PrepareContext) -> None:
+        """Called once per run, after the last replay: undo what :meth:`prepare_model` installed.
+
+        ``model`` is the model that was profiled (what the preprocessors'
+        ``prepare_model`` returned, moved to the profiling device). It runs in a
+        ``finally``: also when a replay, a plugin or the user's interrupt raised
+        out of the run, in the reverse order of ``prepare_model``. It is not
+        called when a ``prepare_model`` raised (the run never started). What it
+        raises becomes a warning naming the preprocessor; the report stands.
+        Preprocessors written before this hook existed (without the method)
+        are simply not called.
+        """
+
+
+@contextlib.contextmanager
+def models_restored(preprocessors: Sequence[Any], model: nn.Module, ctx: PrepareContext) -> Iterator[None]:
+    """Run every preprocessor's :meth:`Preprocessor.restore_model` on exit, last one first, also on error."""
+    try:
+        yield
+    finally:
+        for p in reversed(preprocessors):
+            restore = getattr(p, "restore_model", None)  # optional: older preprocessors lack it
+            if not callable(restore):
+                continue
+            try:
+                restore(model, ctx)
+            except Exception as e:
+                warnings.warn(
+                    f"cb_callback: preprocessor {getattr(p, 'name', type(p).__name__)!r} raised in "
+                    f"restore_model: {type(e).__name__}: {e}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
 
 
 @dataclass

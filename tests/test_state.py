@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import warnings
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -157,3 +159,79 @@ def test_registered_grad_targets_reach_hidden_tensors() -> None:
     finally:
         _isolate._GRAD_TARGETS.remove(targets)
     assert row.bwd_flops == 2 * 4 * 2 * 4  # d(hidden) = x^T @ dY: one [4,2]x[2,4] matmul
+
+
+# --- what the guard copies, and where (issue 8: memory at the capture step) ---------------
+
+
+def test_the_guard_copies_only_the_buffers_when_nothing_writes_weights() -> None:
+    model = Net()
+    model(torch.randn(8, 6)).sum().backward()  # .grad set, as after a training step
+    with StateGuard(model) as guard:
+        # BatchNorm1d(6): running_mean, running_var (6 fp32 each) + num_batches_tracked (1 int64).
+        # Not copied: the weights (lin 6*6+6, head 6*2+2 = 56 fp32) nor their 56 grads.
+        assert guard.copied_bytes() == {"cpu": 6 * 4 + 6 * 4 + 8}
+
+
+def test_weights_with_a_gradient_hook_are_copied_to_host_with_their_grad() -> None:
+    model = FusedUpdate()
+    model(torch.randn(2, 4)).sum().backward()  # the hook updates the weight; .grad is set
+    with StateGuard(model) as guard:
+        # the hooked 4x4 fp32 weight and its 4x4 grad, in host memory; no buffers
+        assert guard.copied_bytes() == {"cpu": 2 * 4 * 4 * 4}
+
+
+def test_a_max_norm_embedding_renormalised_by_the_forward_is_restored() -> None:
+    emb = nn.Embedding(10, 4, max_norm=0.5)
+    before = emb.weight.detach().clone()
+    assert float(before.norm(dim=1).max()) > 0.5  # N(0, 1) rows of dim 4: the forward will rescale some
+    with StateGuard(emb) as guard:
+        assert guard.copied_bytes() == {"cpu": 10 * 4 * 4}  # the weight is known to be written
+        emb(torch.tensor([0, 1, 2, 3]))
+        assert not torch.equal(emb.weight, before)
+    assert torch.equal(emb.weight, before)
+
+
+def test_a_replaced_grad_comes_back_as_the_same_tensor() -> None:
+    model = Net()
+    model(torch.randn(8, 6)).sum().backward()
+    grad = model.lin.weight.grad
+    values = grad.clone()
+    with StateGuard(model):
+        model.lin.weight.grad = torch.zeros_like(grad)
+        model.head.weight.grad = None
+    assert model.lin.weight.grad is grad and torch.equal(grad, values)
+    assert model.head.weight.grad is not None
+
+
+def test_a_write_the_guard_holds_no_copy_of_is_reported_by_name() -> None:
+    """Version counters are how the guard sees writes: a bump without a copy is named, not hidden."""
+    model = Net()
+    warning = r"1 parameter\(s\).*\(lin\.bias\).*register_state_saver"
+    with pytest.warns(RuntimeWarning, match=warning), StateGuard(model), torch.no_grad():
+        model.lin.bias.add_(1.0)  # an unhooked parameter written in place: version 0 -> 1
+
+
+def test_a_write_without_a_version_bump_is_out_of_scope() -> None:
+    """Documented limit: ``.data`` writes to an unhooked parameter are invisible to the guard."""
+    model = Net()
+    before = model.lin.bias.detach().clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and it says nothing
+        with StateGuard(model):
+            model.lin.bias.data.add_(1.0)  # ``.data`` has its own version counter
+    assert torch.equal(model.lin.bias, before + 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_only_the_buffers_are_copied_on_the_device() -> None:
+    model = FusedUpdate().cuda()
+    model.bn = nn.BatchNorm1d(4).cuda()  # 2 x 4 fp32 + 1 int64 of buffers
+    before = model.weight.detach().clone()
+    with StateGuard(model) as guard:
+        # the hooked weight (4x4 fp32, no grad yet) is copied to host memory
+        assert guard.copied_bytes() == {"cuda:0": 2 * 4 * 4 + 8, "cpu": 4 * 4 * 4}
+        model(torch.randn(3, 4, device="cuda", requires_grad=True)).sum().backward()
+        assert not torch.equal(model.weight, before)
+    assert torch.equal(model.weight, before)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -143,3 +144,72 @@ def test_traffic_rules_cover_the_cpu_tbe_ops() -> None:
     assert "split_embedding_backward_codegen_sgd_unweighted_pt2_wrapper" in names
     assert "split_embedding_backward_codegen_rowwise_adagrad_unweighted_pt2_wrapper" in names
     assert cbt.register_tbe_traffic_rules() == names  # idempotent
+
+
+def test_tbe_backward_counts_a_row_shared_by_two_features_once() -> None:
+    # features 0 and 1 share one table (same weights offset, D = 4); 2 samples each:
+    # feature 0 bags [1], [2, 2]; feature 1 bags [2], [3] -> distinct rows {1, 2, 3}
+    named = {
+        "host_weights": torch.zeros(10 * 4),
+        "grad_output": torch.zeros(2, 8),
+        "indices": torch.tensor([1, 2, 2, 2, 3]),
+        "offsets": torch.tensor([0, 1, 3, 4, 5]),
+        "weights_offsets": torch.tensor([0, 0]),
+        "D_offsets": torch.tensor([0, 4, 8], dtype=torch.int32),
+    }
+    small = 2 * 8 * F32 + 5 * I64 + 5 * I64 + 2 * I64 + 3 * 4  # every argument but the table
+    assert cbt.tbe_backward_bytes(named, None) == small + 2 * (3 * 4) * F32  # read + write of 3 rows of dim 4
+    assert cbt.tbe_forward_bytes(named, None) == small + 5 * 4 * F32  # 5 ids, each a row of dim 4
+
+
+def test_tbe_rules_follow_a_variable_batch() -> None:
+    # VBE: feature 0 (dim 4) has 1 sample, bag [5, 6]; feature 1 (dim 8, its own table) 2: [6], [7]
+    named = {
+        "host_weights": torch.zeros(100 * 4 + 100 * 8),
+        "indices": torch.tensor([5, 6, 6, 7], dtype=torch.int32),
+        "offsets": torch.tensor([0, 2, 3, 4], dtype=torch.int32),
+        "B_offsets": torch.tensor([0, 1, 3], dtype=torch.int32),
+        "weights_offsets": torch.tensor([0, 100 * 4]),
+        "D_offsets": torch.tensor([0, 4, 12], dtype=torch.int32),
+    }
+    small = 4 * 4 + 4 * 4 + 3 * 4 + 2 * I64 + 3 * 4  # int32 indices, offsets, B_offsets; weights_offsets; D_offsets
+    # distinct rows: feature 0 ids {5, 6} (dim 4), feature 1 ids {6, 7} (dim 8): 2 * 4 + 2 * 8 = 24 elements
+    assert cbt.tbe_backward_bytes(named, None) == small + 2 * 24 * F32
+    assert cbt.tbe_forward_bytes(named, None) == small + 24 * F32  # 2 ids of dim 4 + 2 of dim 8
+
+
+def _rows_by_dict(named: dict[str, Any]) -> tuple[int, int]:
+    """The per-id loop the vectorised rule replaced: the oracle."""
+    offsets = named["offsets"].tolist()
+    d_off = named["D_offsets"].tolist()
+    dims = [b - a for a, b in itertools.pairwise(d_off)]
+    batch = (len(offsets) - 1) // len(dims)
+    bounds = [offsets[f * batch] for f in range(len(dims) + 1)]
+    indices, starts = named["indices"].tolist(), named["weights_offsets"].tolist()
+    rows: dict[int, int] = {}
+    for f, d in enumerate(dims):
+        for i in indices[bounds[f] : bounds[f + 1]]:
+            rows[starts[f] + i * d] = d
+    return len(rows), sum(rows.values())
+
+
+def test_tbe_backward_bytes_match_the_per_id_loop_on_random_batches() -> None:
+    from cb_callback.integrations.torchrec._traffic import _unique_rows
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        features, batch = int(torch.randint(1, 6, (1,), generator=gen)), int(torch.randint(1, 9, (1,), generator=gen))
+        dims = torch.randint(1, 4, (features,), generator=gen) * 4
+        rows = torch.randint(1, 20, (features,), generator=gen)
+        starts = torch.cat([torch.zeros(1, dtype=torch.long), (rows * dims).cumsum(0)[:-1]])
+        if features > 1:  # features 0 and 1 share a table
+            dims[1], starts[1], rows[1] = dims[0], starts[0], rows[0]
+        lengths = torch.randint(0, 4, (features * batch,), generator=gen)
+        ids = [torch.randint(0, int(rows[k // batch]), (int(n),), generator=gen) for k, n in enumerate(lengths)]
+        named: dict[str, Any] = {
+            "indices": torch.cat(ids),
+            "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+            "weights_offsets": starts,
+            "D_offsets": torch.cat([torch.zeros(1, dtype=torch.long), dims.cumsum(0)]).int(),
+        }
+        assert _unique_rows(named) == _rows_by_dict(named)

@@ -1,23 +1,26 @@
-"""Fused-optimizer state that the engine's ``StateGuard`` cannot see, saved and restored.
+"""Fused-optimizer state that the engine's ``StateGuard`` cannot see, saved to host memory and restored.
 
 fbgemm's ``SplitTableBatchedEmbeddingBagsCodegen`` (TBE) applies its optimizer
 inside backward: the weights *and* the optimizer state (momentum tensors, the
-``iter`` buffer) change in place, and plain Python attributes count steps
-(``step``, ``iter_cpu``, ``timestep`` …). ``StateGuard`` restores every
-parameter and buffer of the guarded tree; this saver adds
+``iter`` buffer) change in place — without bumping their version counters —
+and plain Python attributes count steps (``step``, ``iter_cpu``, ``timestep``
+…). ``StateGuard`` copies every buffer of the guarded tree but only the
+parameters it can see being written (those with gradient hooks); this saver
+adds, as host copies (pinned for CUDA tensors),
 
-* the Python-level state of every TBE (numbers, plain tensor attributes), and
-* every parameter and buffer of TBEs that are *not* in the tree:
+* the parameters (weights, optimizer state) of every TBE in the tree;
+* every parameter and buffer of modules that are *not* in the tree:
   torchrec's ``FusedEmbeddingBagCollection`` keeps its TBEs in a plain list
   (``_emb_modules``) and exposes only views of the weights as parameters, so
-  its optimizer state (e.g. Adagrad's ``momentum1_host``) is invisible to a
-  ``parameters()``/``buffers()`` walk.
+  its tables and optimizer state (e.g. Adagrad's ``momentum1_host``) are
+  invisible to a ``parameters()``/``buffers()`` walk;
+* the Python-level state of every TBE (numbers, plain tensor attributes).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import torch
@@ -33,11 +36,13 @@ __all__ = ["fused_tbe_state_saver", "register_fused_state_saver"]
 _PLAIN = (int, float, bool)
 
 
-def _storage(t: torch.Tensor) -> int | None:
-    try:
-        return t.untyped_storage().data_ptr() if t.device.type != "meta" else None
-    except (RuntimeError, NotImplementedError):
-        return None
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s data in host memory: pinned for a CUDA tensor (pageable when none is left)."""
+    src = t.detach()
+    if src.device.type == "cuda":
+        with contextlib.suppress(RuntimeError):
+            return torch.empty_like(src, device="cpu", pin_memory=True).copy_(src)
+    return src.to("cpu", copy=True)
 
 
 def fused_tbe_state_saver(root: nn.Module) -> Callable[[], None]:
@@ -48,30 +53,42 @@ def fused_tbe_state_saver(root: nn.Module) -> Callable[[], None]:
     the restorer on exit, after parameters and buffers are restored.
 
     Notes:
-        Tensors of a hidden TBE that share storage with a parameter of the tree
-        (FusedEBC's weight views) are restored by ``StateGuard`` already and are
-        not copied twice. A tensor attribute reassigned during profiling (a TBE
-        stores its last ``indices``) is put back as the same object.
+        The copies are in host memory, so profiling a model whose tables fill
+        the GPU needs no second copy of them on the device; the restorer copies
+        every saved tensor back (fbgemm's update bumps no version counter, so
+        there is no telling which were written). A FusedEBC's weight parameters
+        are views of its hidden TBE's weights: copying the TBE's tensors covers
+        them. A tensor attribute reassigned during profiling (a TBE stores its
+        last ``indices``) is put back as the same object.
     """
     tbes = tbe_modules(root)
     if not tbes:
         return lambda: None
-    tree_storages = {s for p in root.parameters() if (s := _storage(p)) is not None}
+    in_tree = {id(m) for m in root.modules()}
     plain: list[tuple[nn.Module, str, Any]] = []
-    tensors: list[tuple[Any, str, torch.Tensor, torch.Tensor]] = []
+    tensors: list[tuple[MutableMapping[str, Any], str, torch.Tensor, torch.Tensor]] = []
+    seen: set[int] = set()
+
+    def keep(store: MutableMapping[str, Any], name: str, t: Any) -> None:
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta" or id(t) in seen:
+            return
+        seen.add(id(t))
+        tensors.append((store, name, t, _host_copy(t)))
+
     with torch.no_grad():
-        for mod in hidden_modules(root):
+        for mod in hidden_modules(root):  # outside the tree: the guard sees none of their tensors
             for store in (mod._parameters, mod._buffers):
                 for name, t in store.items():
-                    if t is None or _storage(t) in tree_storages or t.device.type == "meta":
-                        continue
-                    tensors.append((store, name, t, t.detach().clone()))
+                    keep(store, name, t)
         for mod in tbes:
+            if id(mod) in in_tree:  # the guard copies its buffers, and its parameters have no hooks
+                for name, t in mod._parameters.items():
+                    keep(mod._parameters, name, t)
             for name, value in vars(mod).items():
                 if isinstance(value, _PLAIN):
                     plain.append((mod, name, value))
-                elif isinstance(value, torch.Tensor) and value.device.type != "meta":
-                    tensors.append((mod.__dict__, name, value, value.detach().clone()))
+                elif isinstance(value, torch.Tensor):
+                    keep(mod.__dict__, name, value)
                 elif isinstance(value, list) and name in ("timesteps_prefetched",):
                     plain.append((mod, name, list(value)))
 

@@ -131,6 +131,12 @@ class ReduceHashSize(cb_callback.Preprocessor):
     the original and reduced rows are recorded in
     ``ctx.metadata["hash_size_reduction"]`` (in the report's metadata).
 
+    The remap hooks live on the rebuilt tables only and come off in
+    :meth:`restore_model`, which the engine runs after the run's last replay
+    (also on error). Pickling keeps only ``max_rows``: a snapshot's options
+    carry the preprocessor, not a run's hooks or flags, and the process that
+    profiles the snapshot reduces the tables afresh.
+
     Args:
         max_rows: the most rows a profiled table keeps (>= 1).
 
@@ -162,6 +168,13 @@ class ReduceHashSize(cb_callback.Preprocessor):
 
     def __repr__(self) -> str:
         return f"ReduceHashSize(max_rows={self.max_rows})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Only the option is pickled (a snapshot's config): a run's hooks and flags stay behind."""
+        return {"max_rows": self.max_rows}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["max_rows"])  # type: ignore[misc]
 
     def plan(self, model: nn.Module) -> list[tuple[str, int, int]]:
         """``(table path, original rows, new rows)`` of each table :meth:`prepare_model` rebuilds."""
@@ -226,6 +239,11 @@ class ReduceHashSize(cb_callback.Preprocessor):
                 stacklevel=2,
             )
         return inputs
+
+    def restore_model(self, model: nn.Module, ctx: cb_callback.PrepareContext) -> None:
+        """After the run (the engine calls it, also on error): take the id-remap hooks off."""
+        self.remove()
+        self._prepared = False
 
     def remove(self) -> None:
         """Remove the id-remap hooks this preprocessor installed (on the copies it made)."""

@@ -24,10 +24,10 @@ What torchrec 1.8 dispatches on CPU (seen with a ``TorchDispatchMode``):
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 import cb_callback
@@ -60,13 +60,20 @@ def _is_state(name: str) -> bool:
     return name.startswith(_STATE_PREFIXES) and name.endswith(_STATE_SUFFIXES)
 
 
-def _ints(t: Any) -> list[int]:
-    # ``tolist()`` reads the data without dispatching an op: the rules stay
-    # invisible to the FLOP counter, the op recorder and the allocator.
-    return [int(v) for v in t.tolist()] if isinstance(t, torch.Tensor) else []
+def _ints(t: Any) -> np.ndarray:
+    """``t``'s values as int64 numpy (an empty array for a non-tensor).
+
+    Read through numpy, off the device (one copy for a CUDA tensor, none on
+    CPU): the rules dispatch no torch op and allocate nothing from torch's
+    allocators, so they stay invisible to the FLOP counter, the op recorder and
+    the memory metric's allocation events.
+    """
+    if not isinstance(t, torch.Tensor):
+        return np.empty(0, dtype=np.int64)
+    return t.detach().cpu().numpy().astype(np.int64, copy=False).reshape(-1)
 
 
-def _per_feature(named: Mapping[str, Any]) -> tuple[list[int], list[int]]:
+def _per_feature(named: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """(bounds of each feature's indices, embedding dim of each feature).
 
     ``offsets`` holds one bag per (feature, sample), feature-major; a uniform
@@ -76,23 +83,25 @@ def _per_feature(named: Mapping[str, Any]) -> tuple[list[int], list[int]]:
     """
     offsets = _ints(named["offsets"])
     if isinstance(named.get("D_offsets"), torch.Tensor):
-        d = _ints(named["D_offsets"])
-        dims = [b - a for a, b in itertools.pairwise(d)]
+        dims = np.diff(_ints(named["D_offsets"]))
     else:  # no-bag kernels: one dim for every feature (one per weights_offsets entry)
-        dims = [int(named["D"])] * int(named["weights_offsets"].numel())
+        dims = np.full(int(named["weights_offsets"].numel()), int(named["D"]), dtype=np.int64)
     features = len(dims)
     if isinstance(named.get("B_offsets"), torch.Tensor):
         starts = _ints(named["B_offsets"])
     else:
         batch = (len(offsets) - 1) // max(features, 1)
-        starts = [f * batch for f in range(features + 1)]
-    return [offsets[s] for s in starts], dims
+        starts = np.arange(features + 1, dtype=np.int64) * batch
+    bounds = offsets[starts]
+    if len(bounds) < features + 1:
+        raise IndexError(f"{len(bounds)} feature bounds for {features} features")
+    return bounds, dims
 
 
 def _rows_gathered(named: Mapping[str, Any]) -> int:
     """Elements read from the tables: each index reads one row of its feature's dim."""
     bounds, dims = _per_feature(named)
-    return sum((bounds[f + 1] - bounds[f]) * dims[f] for f in range(len(dims)))
+    return int(np.dot(np.diff(bounds[: len(dims) + 1]), dims))
 
 
 def _small_inputs(named: Mapping[str, Any], skip: Callable[[str], bool]) -> int:
@@ -126,14 +135,17 @@ def _unique_rows(named: Mapping[str, Any]) -> tuple[int, int]:
     bounds, dims = _per_feature(named)
     indices = _ints(named["indices"])
     starts = _ints(named["weights_offsets"])
-    rows: dict[int, int] = {}
-    for f, d in enumerate(dims):
-        base = starts[f]
-        # the row's element offset in the flat weights: unique across tables, and
-        # the same for two features that share a table
-        for i in indices[bounds[f] : bounds[f + 1]]:
-            rows[base + i * d] = d
-    return len(rows), sum(rows.values())
+    # A row is its element offset in the flat weights, base + id * D: unique across
+    # tables, and the same for two features that share a table.
+    keys = [starts[f] + indices[bounds[f] : bounds[f + 1]] * d for f, d in enumerate(dims)]
+    widths = [np.full(len(k), d, dtype=np.int64) for k, d in zip(keys, dims, strict=True)]
+    if not keys:
+        return 0, 0
+    # Each distinct row counts once, with the dim of its last feature (as a dict's
+    # last assignment would): the first occurrence in the reversed order.
+    flat, width = np.concatenate(keys)[::-1], np.concatenate(widths)[::-1]
+    _, first = np.unique(flat, return_index=True)
+    return len(first), int(width[first].sum())
 
 
 def tbe_backward_bytes(named: Mapping[str, Any], out: Any) -> int:
