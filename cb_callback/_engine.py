@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from cb_callback._capture import Capture
+from cb_callback._collectives import CollectiveInReplay, refuse_collectives
 from cb_callback._config import BenchmarkConfig, resolve_dtype
 from cb_callback._estimate import derive, estimate_from_children
 from cb_callback._hardware import Peaks, calibration_spread, recalibrate_cpu_flops, resolve_peaks
@@ -278,7 +279,14 @@ class _Run:
         )
         try:
             instruments = [p.instrument(ctx) for p in self.observing]
-            result = instrumented_pass(replay, instruments, self.cfg.backward, path=row.path)
+            with refuse_collectives():  # under DDP: a collective would wait forever for the other ranks
+                result = instrumented_pass(replay, instruments, self.cfg.backward, path=row.path)
+        except CollectiveInReplay as e:
+            # Not replayed (and never probed): a container is estimated from its other children.
+            row.status = "estimated" if any(True for _ in module.children()) else "skipped"
+            row.note = str(e)
+            row.details["collective"] = e.op
+            return None
         except Exception as e:
             self._after_error(e)
             try:
