@@ -107,11 +107,11 @@ class ComponentBenchmark(Callback):
         exclude: Sequence[str] = tuple(_DEFAULTS.exclude), backward: bool = _DEFAULTS.backward,
         warmup: int = _DEFAULTS.warmup, min_run_time_s: float = _DEFAULTS.min_run_time_s,
         min_repeats: int = _DEFAULTS.min_repeats, max_repeats: int = _DEFAULTS.max_repeats,
-        rounds: int = _DEFAULTS.rounds, max_total_time_s: float | None = _DEFAULTS.max_total_time_s,
+        rounds: int = _DEFAULTS.rounds, max_total_time_s: float | None = _DEFAULTS.max_total_time_s, log_scalars: int | Literal["all"] = _DEFAULTS.log_scalars,
         device: str | None = None, dtype: str | None = None, peak_flops: float | None = _DEFAULTS.peak_flops,
         peak_bandwidth: float | None = _DEFAULTS.peak_bandwidth, batch_size: int | None = _DEFAULTS.batch_size,
         preprocessors: Sequence[Any] = (), metrics: Sequence[Any] = (), reporters: Sequence[Any] = (),
-        seed: int = _DEFAULTS.seed, load_plugins: bool = _DEFAULTS.load_plugins,
+        seed: int = _DEFAULTS.seed, load_plugins: bool = _DEFAULTS.load_plugins, artifacts: Sequence[str] = (), artifacts_top: int | None = None,
         # the callback's own
         capture_batch_size: int | None = None, output_dir: str | None = None, log_to_tensorboard: bool = True,
         stop_after: bool = False, ranks: Literal["zero", "all"] = "zero", enabled: bool = True,

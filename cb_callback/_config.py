@@ -6,7 +6,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -74,8 +74,22 @@ class BenchmarkConfig:
             nothing is written by the engine.
         seed: seed of the random gradient of the outputs in the backward replay.
         progress: called as ``progress(done, total, path)`` after each component.
+        artifacts: per-component artifacts to write under
+            ``<output_dir>/artifacts/<path or "root">/``, each from an isolated
+            forward + backward of its own after the timed runs: ``"trace"``
+            (a Kineto trace, ``trace.json.gz``), ``"ops"`` (the operator table,
+            ``ops.csv``), ``"memory"`` (CUDA: an allocator snapshot; CPU: the
+            allocation timeline). Empty: none. Needs ``output_dir``.
+        artifacts_top: write artifacts only for the ``K`` most expensive
+            components (``total_ms × calls``); ``None``: every measured one.
         load_plugins: also use plugins registered under the entry-point group
             ``cb_callback.plugins``.
+        log_scalars: how many components :class:`cb_callback.reporters.TensorBoardReporter`
+            logs scalars for, besides the root (always logged): the ``n`` measured
+            components that cost the most time over the step (``total_ms * calls``,
+            at any depth); ``"all"``: every component; ``0``: no scalars at all.
+            The engine does not use it: it reaches the reporter through
+            ``report.metadata["config"]``.
     """
 
     max_depth: int | None = None
@@ -99,9 +113,13 @@ class BenchmarkConfig:
     output_dir: str | None = None
     seed: int = 0
     progress: Any = field(default=None, repr=False, compare=False)
+    artifacts: Sequence[str] = ()
+    artifacts_top: int | None = None
     load_plugins: bool = True
+    log_scalars: int | Literal["all"] = 10
 
     def __post_init__(self) -> None:
+        self._check_artifacts()
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"BenchmarkConfig.{name}={getattr(self, name)!r} is invalid: {why}")
 
@@ -160,8 +178,25 @@ class BenchmarkConfig:
                 raise bad("device", str(e)) from None
         if self.dtype is not None and not isinstance(self.dtype, torch.dtype) and self.dtype not in _DTYPES:
             raise bad("dtype", f"expected a torch.dtype or one of {sorted(_DTYPES)}")
+        if self.log_scalars != "all":
+            non_negative_int("log_scalars")
         if self.progress is not None and not callable(self.progress):
             raise bad("progress", "expected a callable progress(done, total, path)")
+
+    def _check_artifacts(self) -> None:
+        from cb_callback._metrics.artifacts import ARTIFACT_KINDS
+
+        kinds = (self.artifacts,) if isinstance(self.artifacts, str) else self.artifacts
+        if isinstance(self.artifacts, str) and "," in self.artifacts:
+            kinds = tuple(k.strip() for k in self.artifacts.split(",") if k.strip())
+        if not isinstance(kinds, (list, tuple)) or any(k not in ARTIFACT_KINDS for k in kinds):
+            raise ValueError(
+                f"BenchmarkConfig.artifacts={self.artifacts!r} is invalid: expected kinds from {list(ARTIFACT_KINDS)}"
+            )
+        self.artifacts = tuple(dict.fromkeys(kinds))
+        top = self.artifacts_top
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+            raise ValueError(f"BenchmarkConfig.artifacts_top={top!r} is invalid: expected an integer >= 1 or None")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -29,6 +29,7 @@ from cb_callback._hardware import Peaks, calibration_spread, recalibrate_cpu_flo
 from cb_callback._inputs import ComponentInputs, leading_batch_size, replicate_batch, to_device
 from cb_callback._isolate import Replay, instrumented_pass
 from cb_callback._metrics import LatencyMetric, builtin_metrics
+from cb_callback._metrics.artifacts import artifact_plugins
 from cb_callback._plugins import (
     ArtifactMetric,
     InstrumentingMetric,
@@ -238,7 +239,15 @@ class _Run:
             if isinstance(p, MetricPlugin) and p not in self.observing and p is not self.latency
         ]
         #: Observe a pass of their own each, after every component's timed runs.
-        self.artifact_plugins = [p for p in plugins if isinstance(p, ArtifactMetric)]
+        self.artifact_plugins = [
+            *artifact_plugins(cfg.artifacts), *(p for p in plugins if isinstance(p, ArtifactMetric))
+        ]
+        if cfg.artifacts and cfg.output_dir is None:
+            warnings.warn(
+                f"cb_callback: artifacts={list(cfg.artifacts)} need an output_dir; none are written",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         self.forward_context = forward_context
         self.warned: set[str] = set()
 
@@ -495,7 +504,7 @@ def profile_captured(
         for p in pending:
             run.finish(p, samples[p.row.path])
         load.stop()
-        for p in pending:  # after every timed run: the artifacts' overhead is never timed
+        for p in _artifact_targets(pending, cfg):  # after every timed run: their overhead is never timed
             run.record_artifacts(p)
     _estimate_parents(nodes, rows)
     for row in rows.values():
@@ -588,6 +597,23 @@ def _time_interleaved(
         for i in redo:
             sets[i].remeasured = True
     return by_path
+
+
+def _artifact_targets(pending: Sequence[_Pending], cfg: BenchmarkConfig) -> list[_Pending]:
+    """The components artifacts are written for: all, or the ``artifacts_top`` most expensive.
+
+    Cost is ``(fwd_ms + bwd_ms) × calls`` of the measured (``ok``) rows.
+    """
+    ok = [p for p in pending if p.row.status == "ok"]
+    if cfg.artifacts_top is None:
+        return ok
+
+    def cost(p: _Pending) -> float:
+        t = _nan0(p.row.fwd_ms) + _nan0(p.row.bwd_ms)
+        return t * max(p.row.calls, 1)
+
+    top = {id(p) for p in sorted(ok, key=cost, reverse=True)[: cfg.artifacts_top]}
+    return [p for p in ok if id(p) in top]
 
 
 def _floor_measured_peaks(peaks: Peaks, rows: Iterable[ComponentRow]) -> Peaks:

@@ -1,4 +1,4 @@
-"""Write a :class:`~cb_callback._report.Report` to files: JSON, CSV and icicle PNGs."""
+"""Write a :class:`~cb_callback._report.Report` to files: JSON, CSV, the interactive page, icicle PNGs."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cb_callback._html import write_html
 from cb_callback._icicle import resolve_metric, save_icicles
 
 if TYPE_CHECKING:
@@ -16,11 +17,13 @@ __all__ = ["FileReporter"]
 
 
 class FileReporter:
-    """A reporter that writes ``report.json``, ``components.csv`` and icicle PNGs.
+    """A reporter that writes ``report.json``, ``components.csv``, ``report.html`` and icicle PNGs.
 
     Args:
         icicle_metrics: one ``icicle_<metric>.png`` per metric (see
             :func:`cb_callback._icicle.save_icicles`); empty for none.
+        html: also write ``report.html``, the interactive report (about 5 MB:
+            plotly.js is inlined so it opens offline).
 
     Raises:
         ValueError: for an icicle metric that is not supported.
@@ -28,21 +31,24 @@ class FileReporter:
 
     name = "files"
 
-    def __init__(self, icicle_metrics: Iterable[str] = ("mfu", "total_ms", "peak_mem_mb")) -> None:
+    def __init__(self, icicle_metrics: Iterable[str] = ("mfu", "total_ms", "peak_mem_mb"), html: bool = True) -> None:
         self.icicle_metrics = tuple(resolve_metric(m) for m in icicle_metrics)
+        self.html = html
 
     def write(self, report: Report, ctx: ReportContext) -> list[Path]:
         """Write the files into ``ctx.output_dir`` (created if missing).
 
         Returns:
-            The written files: ``report.json``, ``components.csv``, then the PNGs;
-            ``[]`` when ``ctx.output_dir`` is ``None``.
+            The written files: ``report.json``, ``components.csv``, ``report.html``,
+            then the PNGs; ``[]`` when ``ctx.output_dir`` is ``None``.
         """
         if ctx.output_dir is None:
             return []
         out = report.save(ctx.output_dir)
+        page = [write_html(report, out)] if self.html else []
         return [
             out / report.REPORT_FILE,
             out / report.CSV_FILE,
+            *page,
             *save_icicles(report, out, self.icicle_metrics),
         ]

@@ -10,6 +10,7 @@ the same page with plotly from one of its routes instead.
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from functools import lru_cache
@@ -112,12 +113,43 @@ def render_html(
     return _MARKER.sub(lambda m: values[m.group(0)], _asset("viewer.html"))
 
 
+def read_ops_table(path: str | Path, top: int = 15) -> list[dict[str, str]]:
+    """The first ``top`` rows of an ``ops`` artifact (``ops.csv``), as the page shows them."""
+    with Path(path).open(newline="") as f:
+        return [row for _, row in zip(range(top), csv.DictReader(f), strict=False)]
+
+
+def with_artifact_tables(data: dict[str, Any], directory: str | Path, top: int = 15) -> dict[str, Any]:
+    """``data`` (a report's dict) with each row's ``ops`` artifact read into ``details["ops_top"]``.
+
+    The page shows the ``top`` operators of a component from its ``ops.csv``
+    (written by the ``ops`` artifact, relative to ``directory``); a file that
+    cannot be read is skipped. ``report.json`` itself is not changed.
+    """
+    rows = []
+    for row in data.get("rows") or []:
+        arts = (row.get("details") or {}).get("artifacts") or {}
+        if "ops" in arts:
+            try:
+                table = read_ops_table(Path(directory) / arts["ops"], top)
+            except (OSError, ValueError):
+                table = None
+            if table:
+                row = {**row, "details": {**row["details"], "ops_top": table}}
+        rows.append(row)
+    return {**data, "rows": rows}
+
+
 def write_html(report: Report, directory: str | Path) -> Path:
-    """Write ``report.html`` (plotly inlined) into ``directory``; returns its path."""
+    """Write ``report.html`` (plotly inlined) into ``directory``; returns its path.
+
+    Each component's operator table (its ``ops`` artifact, if any) is shown in
+    its details.
+    """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     path = out / HTML_FILE
-    path.write_text(render_html(report), encoding="utf-8")
+    path.write_text(render_html(with_artifact_tables(report.to_dict(), out)), encoding="utf-8")
     return path
 
 

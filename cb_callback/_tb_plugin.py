@@ -33,7 +33,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from cb_callback._discover import REPORT_FILE, find_reports
-from cb_callback._html import plotly_js, render_html, viewer_js
+from cb_callback._html import plotly_js, render_html, viewer_js, with_artifact_tables
 
 __all__ = ["ComponentsPlugin", "find_reports"]
 
@@ -146,7 +146,7 @@ class ComponentsPlugin(base_plugin.TBPlugin):
         d = self._run_dir(run)
         if d is None:
             return http_util.Respond(request, f"no component report {run!r}", "text/plain", code=404)
-        data = json.loads((d / _REPORT_FILE).read_text())
+        data = with_artifact_tables(json.loads((d / _REPORT_FILE).read_text()), d)
         page = render_html(
             data,
             plotly_src="plotly.js",

@@ -138,7 +138,9 @@ def _assert_tensorboard(logdir: str, report: Report, step: int) -> None:
 
 def _assert_files(directory: Path, report: Report) -> None:
     names = {p.name for p in directory.iterdir()}
-    expected = {"report.json", "components.csv", "icicle_mfu.png", "icicle_total_ms.png", "icicle_peak_mem_mb.png"}
+    expected = {
+        "report.json", "components.csv", "report.html", "icicle_mfu.png", "icicle_total_ms.png", "icicle_peak_mem_mb.png",
+    }
     assert expected <= names
     assert "error.txt" not in names
     assert [r.path for r in Report.load(directory).rows] == [r.path for r in report.rows]

@@ -43,7 +43,7 @@ def test_replay_profiles_a_snapshot_and_writes_the_report(tmp_path: Path, capsys
     assert "only replay snapshots you trust" in stdout
     assert "cb_callback component benchmark" in stdout
     assert stdout.rstrip().endswith(
-        f"cb: report written to {out} (report.json, components.csv, icicle_mfu.png, "
+        f"cb: report written to {out} (report.json, components.csv, report.html, icicle_mfu.png, "
         "icicle_total_ms.png, icicle_peak_mem_mb.png)"
     )
 

@@ -46,6 +46,7 @@ def test_writes_every_file(tmp_path: Path) -> None:
     names = [
         "report.json",
         "components.csv",
+        "report.html",  # issue 9: the interactive report, with every report
         "icicle_mfu.png",
         "icicle_total_ms.png",
         "icicle_peak_mem_mb.png",
