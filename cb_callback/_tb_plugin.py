@@ -134,7 +134,7 @@ class ComponentsPlugin(base_plugin.TBPlugin):
             meta = data.get("metadata") or {}
             out.append({
                 "run": self._name(d),
-                "step": meta.get("step"),
+                "step": meta.get("capture_step", meta.get("step")),
                 "created_at": meta.get("created_at"),
                 "device_name": meta.get("device_name"),
                 "components": len(data.get("rows") or []),

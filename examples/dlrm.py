@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("no report: training stopped before the capture step")
     print(bench.report.summary(top=12))
     print(f"\nreport files: {bench.output_dir} (report.json, components.csv, icicle_*.png)")
+    print(f"interactive:  {Path(bench.output_dir) / 'report.html'}  (open it in a browser; works offline)")
     print(f"TensorBoard:  tensorboard --logdir {out}")
 
 

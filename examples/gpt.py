@@ -10,6 +10,7 @@ MLP, norm and the LM head gets its own row (time, FLOPs, MFU, bytes, memory).
 Run::
 
     python examples/gpt.py                      # CPU, ~30 s
+    python examples/gpt.py --artifacts trace,ops   # + a trace and an op table per component
     python examples/gpt.py --device cuda --steps 200 --n-layer 6 --n-embd 384
 
 The model and data are importable (``build_gpt``, ``CharCorpus``), so the same
@@ -189,6 +190,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-head", type=int, default=4)
     parser.add_argument("--n-embd", type=int, default=64)
     parser.add_argument("--out", default="cb_out/gpt", help="log and report directory")
+    parser.add_argument(
+        "--artifacts", default="", help="per-component artifacts, e.g. trace,ops,memory (see BenchmarkConfig.artifacts)"
+    )
+    parser.add_argument("--artifacts-top", type=int, default=None, help="artifacts for the K most expensive only")
     args = parser.parse_args(argv)
 
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
@@ -198,7 +203,10 @@ def main(argv: list[str] | None = None) -> None:
         corpus, batch_size=args.batch_size, shuffle=True, generator=torch.Generator().manual_seed(0), drop_last=True
     )
     out = Path(args.out).resolve()
-    bench = ComponentBenchmark(capture_step=args.capture_step, mode="pause", output_dir=str(out / "report"))
+    bench = ComponentBenchmark(
+        capture_step=args.capture_step, mode="pause", output_dir=str(out / "report"),
+        artifacts=[k for k in args.artifacts.split(",") if k], artifacts_top=args.artifacts_top,
+    )  # fmt: skip
     trainer = pl.Trainer(
         max_steps=args.steps,
         accelerator="gpu" if device == "cuda" else "cpu",
@@ -217,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("no report: training stopped before the capture step")
     print(bench.report.summary())
     print(f"\nreport files: {bench.output_dir}")
+    print(f"interactive:  {Path(bench.output_dir) / 'report.html'}")
     print(f"TensorBoard:  tensorboard --logdir {out}")
     print(f"({math.ceil(sum(p.numel() for p in module.parameters()) / 1e3)} k parameters, {device})")
 

@@ -14,6 +14,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -93,6 +94,7 @@ def main() -> None:
     print()
     print(bench.report.summary(top=8))
     print(f"\nreport files: {bench.output_dir} (report.json, components.csv, icicle_*.png)")
+    print(f"interactive:  {Path(bench.output_dir) / 'report.html'}  (open it in a browser; works offline)")
     print(f"TensorBoard:  tensorboard --logdir {logger.log_dir}")
 
 

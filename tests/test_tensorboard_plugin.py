@@ -35,7 +35,7 @@ def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (out / "artifacts" / "0").mkdir(parents=True)
     (out / "artifacts" / "0" / "ops.csv").write_text("name,calls\naten::addmm,1\n")
     report.row("0").details["artifacts"] = {"ops": "artifacts/0/ops.csv"}
-    report.metadata["step"] = 3
+    report.metadata["capture_step"] = 3  # what the callback records
     report.save(out)
     (root / "version_1").mkdir()  # a run without a report
     (root / "version_1" / "report.json").write_text('["not ours"]')

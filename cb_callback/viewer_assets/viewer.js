@@ -401,7 +401,8 @@
     if (isNum(peaks.flops)) parts.push("peak " + fmt(peaks.flops, 1, 1e-12) + " TFLOP/s (" + esc(peaks.flops_source || "?") + ")");
     if (isNum(peaks.bandwidth)) parts.push(fmt(peaks.bandwidth, 1, 1e-9) + " GB/s (" + esc(peaks.bandwidth_source || "?") + ")");
     if (meta.created_at) parts.push(esc(meta.created_at));
-    if (isNum(meta.step)) parts.push("step " + meta.step);
+    var step = isNum(meta.capture_step) ? meta.capture_step : meta.step;
+    if (isNum(step)) parts.push("step " + step);
     document.getElementById("meta").innerHTML = parts.map(function (p) { return "<span>" + p + "</span>"; }).join("");
     var q = meta.quality, qel = document.getElementById("quality");
     if (q && q.verdict && q.verdict !== "clean") {
