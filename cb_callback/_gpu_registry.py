@@ -50,14 +50,10 @@ def gpu_spec(device_name: str) -> GpuSpec | None:
         several do.
 
     Notes:
-        Matching is by whole tokens after lower-casing and splitting on anything
-        that is not a letter or digit, so ``"L4"`` never matches ``"L40S"``,
-        ``"A10"`` never matches ``"A100"`` and ``"H20"`` never matches ``"H200"``.
-        A name without a form-factor token means the model's default entry
-        (``"NVIDIA H200"`` is the SXM part); an A100 name must say its form factor
-        and memory size, because the bandwidths of the four SKUs differ.
-        Registrations never overlap an existing entry, so which table a name
-        matches in never depends on order.
+        The matching rules are :func:`cb_callback._device_names.match_spec`'s
+        (whole tokens: ``"L4"`` never matches ``"L40S"``). Registrations never
+        overlap an existing entry, so which table a name matches in never
+        depends on order.
     """
     return match_spec(device_name, (*_REGISTERED, *GPU_SPECS))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -61,3 +61,14 @@ def load_example(name: str) -> ModuleType:
         sys.modules[key] = module
         spec.loader.exec_module(module)
     return sys.modules[key]
+
+
+@pytest.fixture
+def cuda_name(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """Make ``resolve_peaks`` see a CUDA device of the given name (there is no GPU here)."""
+    import cb_callback._hardware as hw
+
+    def set_name(name: str) -> None:
+        monkeypatch.setattr(hw, "_cuda_device_name", lambda device: name)
+
+    return set_name

@@ -21,16 +21,6 @@ def _fresh_caches() -> Iterator[None]:
     hw._clear_caches()
 
 
-@pytest.fixture
-def cuda_name(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
-    """Make ``resolve_peaks`` see a CUDA device of the given name (there is no GPU here)."""
-
-    def set_name(name: str) -> None:
-        monkeypatch.setattr(hw, "_cuda_device_name", lambda device: name)
-
-    return set_name
-
-
 class FakeClock:
     """Stands in for ``_best_seconds``: every timed call takes ``best`` seconds."""
 

@@ -28,16 +28,6 @@ def _empty_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     hw._clear_caches()
 
 
-@pytest.fixture
-def cuda_name(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
-    """Make ``resolve_peaks`` see a CUDA device of the given name (there is no GPU here)."""
-
-    def set_name(name: str) -> None:
-        monkeypatch.setattr(hw, "_cuda_device_name", lambda device: name)
-
-    return set_name
-
-
 # Figures as a user would copy them for the GH200's GPU (96 GB HBM3 part, which
 # reports itself as "NVIDIA GH200 480GB"); the tests check they come back exactly.
 GH200: dict[str, Any] = dict(
