@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cb_callback._capture import Capture
+from cb_callback._compare import Comparison, compare_components
 from cb_callback._config import BenchmarkConfig
 from cb_callback._engine import ReplicateBatch, profile_captured, profile_components
 from cb_callback._gpu_registry import register_device_peaks
@@ -63,6 +64,7 @@ __all__ = [
     "ArtifactMetric",
     "BenchmarkConfig",
     "Capture",
+    "Comparison",
     "ComponentBenchmark",
     "ComponentInputs",
     "ComponentRow",
@@ -86,6 +88,7 @@ __all__ = [
     "Reporter",
     "StateGuard",
     "TrafficMetric",
+    "compare_components",
     "profile_captured",
     "profile_components",
     "register_batch_rule",

@@ -1,4 +1,4 @@
-"""The ``cb`` command: replay a snapshot, print a saved report, compare two reports."""
+"""The ``cb`` command: replay a snapshot, print a saved report, compare two reports or two components."""
 
 from __future__ import annotations
 
@@ -72,6 +72,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     diff.add_argument("--html", type=Path, default=None, metavar="FILE", help="also write a diff page")
     _add_selection(diff, sorts=_DIFF_SORTS, default_sort="change")
+
+    compare = sub.add_parser(
+        "compare",
+        help="check a re-authored component against a snapshot's component (numerics and speed)",
+        description="Run a snapshot's component and a candidate module on the component's captured inputs, "
+        "compare outputs and gradients, and time both. Exit status: 0 equivalent, 1 not equivalent, "
+        f"2 could not compare. {_TRUST}",
+    )
+    compare.add_argument("snapshot", metavar="SNAPSHOT_DIR", type=Path, help="directory with snapshot.pt")
+    compare.add_argument("--path", required=True, help="the component's dotted path ('' for the root)")
+    compare.add_argument(
+        "--candidate", required=True, metavar="MODULE:FACTORY",
+        help="package.module:factory; factory() returns the candidate module (factory(reference) if it "
+        "takes one argument); the module must be importable (PYTHONPATH)",
+    )
+    compare.add_argument("--device", default=None, help="where to run (default: as for cb replay)")
+    compare.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: by dtype)")
+    compare.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: by dtype)")
+    compare.add_argument("--no-backward", action="store_true", help="compare and time the forward only")
+    compare.add_argument(
+        "--script", type=Path, default=None, help="the training script defining the model's class (as for cb replay)"
+    )
     return parser
 
 
@@ -203,10 +225,94 @@ def _diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def _candidate_factory(spec: str) -> Any:
+    """The callable ``package.module:attr`` names (``attr`` may be dotted).
+
+    Raises:
+        ValueError: not of that form, or the module or attribute cannot be found.
+    """
+    import importlib
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--candidate {spec!r}: expected package.module:factory")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"--candidate {spec!r}: cannot import {module_name!r} ({e}); is it on PYTHONPATH?") from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"--candidate {spec!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"--candidate {spec!r}: {attr!r} is not callable")
+    return obj
+
+
+def _takes_one_argument(fn: Any) -> bool:
+    import inspect
+
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin): call it without arguments
+        return False
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:
+        return True
+    return False
+
+
+def _compare_cmd(args: argparse.Namespace) -> int:
+    import torch
+    from torch import nn
+
+    from cb_callback._compare import compare_components
+    from cb_callback._snapshot import (
+        SnapshotError,
+        load_snapshot,
+        precision_context,
+        read_description,
+    )
+
+    description = read_description(args.snapshot)
+    recorded = description.get("metadata", {}).get("capture_device")
+    device, note = (args.device, None) if args.device is not None else _default_device(recorded)
+    if note is not None:
+        print(f"cb: {note}")
+    print(f"cb: loading {args.snapshot} ({_TRUST.lower()})")
+    try:
+        snapshot = load_snapshot(args.snapshot, map_location=device, script=args.script)
+        factory = _candidate_factory(args.candidate)
+    except (SnapshotError, ValueError) as e:
+        print(f"cb: error: {e}", file=sys.stderr)
+        return 2
+    if args.path not in snapshot.calls:
+        known = ", ".join(repr(p) for p in sorted(snapshot.calls)) or "none"
+        print(f"cb: error: the snapshot has no captured call of {args.path!r}; captured: {known}", file=sys.stderr)
+        return 2
+    reference = snapshot.model.get_submodule(args.path)
+    candidate = factory(reference) if _takes_one_argument(factory) else factory()
+    if not isinstance(candidate, nn.Module):
+        print(f"cb: error: {args.candidate} returned {type(candidate).__name__}, not an nn.Module", file=sys.stderr)
+        return 2
+    cfg = snapshot.benchmark_config(device=device, output_dir=None, reporters=())
+    comparison = compare_components(
+        reference, candidate, snapshot.calls[args.path], rtol=args.rtol, atol=args.atol,
+        backward=cfg.backward and not args.no_backward, config=cfg,
+        forward_context=precision_context(snapshot.precision, torch.device(device).type),
+    )  # fmt: skip
+    print(f"cb: {args.path or '(root)'} ({type(reference).__name__}) vs {args.candidate} ({type(candidate).__name__})")
+    print(comparison.summary())
+    return 0 if comparison.equivalent else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``cb`` with ``argv`` (default: the command line); returns the exit status."""
     args = _parser().parse_args(argv)
-    handlers = {"replay": _replay, "report": _report, "diff": _diff}
+    handlers = {"replay": _replay, "report": _report, "diff": _diff, "compare": _compare_cmd}
     return handlers[args.command](args)
 
 
