@@ -27,15 +27,9 @@ __all__ = [
 
 #: Columns of :func:`format_table`, in order (a contract: TensorBoard shows them).
 MARKDOWN_HEADERS: tuple[str, ...] = (
-    "path",
-    "type",
-    "status",
-    "ms",
-    "TFLOP/s",
-    "MFU",
-    "MB",
-    "bound",
-)
+    "path", "type", "status", "calls", "fwd ms", "bwd ms", "total ms",
+    "share %", "TFLOP/s", "MFU %", "MB", "bound",
+)  # fmt: skip
 
 #: Columns of the component lines of :func:`format_summary`, in order.
 SUMMARY_HEADERS: tuple[str, ...] = (
@@ -246,9 +240,13 @@ _MARKDOWN_CELLS: tuple[Callable[[ComponentRow], str], ...] = (
     lambda r: _NBSP * (2 * r.depth) + _path_label(r),
     lambda r: r.module_type,
     lambda r: r.status,
+    lambda r: str(r.calls),
+    lambda r: _num(r.fwd_ms, 3),
+    lambda r: _num(r.bwd_ms, 3),
     lambda r: _num(r.total_ms, 3),
+    lambda r: _num(r.share, 1, 100.0),
     lambda r: _num(r.tflops, 3),
-    lambda r: _num(r.mfu, 1, 100.0) + ("%" if math.isfinite(r.mfu) else ""),
+    lambda r: _num(r.mfu, 1, 100.0),
     lambda r: _num(r.peak_mem_mb, 1),
     lambda r: r.bound or _MISSING,
 )
@@ -264,9 +262,18 @@ def format_table(report: Report) -> str:
         A header line with :data:`MARKDOWN_HEADERS`, a separator, then one line
         per row: the full dotted path (``(root)`` for the root) indented by two
         non-breaking spaces per depth level, the module type, the status,
-        ``total_ms`` (3 decimals), ``tflops`` (3 decimals), ``mfu`` as a percent
-        (``"12.5%"``), ``peak_mem_mb`` (1 decimal) and ``bound``. Missing values
-        show as ``"-"``; ``|`` in a cell is escaped as ``\\|``.
+        ``calls``, ``fwd_ms``, ``bwd_ms`` and ``total_ms`` (3 decimals),
+        ``share`` in percent (1 decimal), ``tflops`` (3 decimals), ``mfu`` in
+        percent (1 decimal: ``12.5`` under ``MFU %``), ``peak_mem_mb``
+        (1 decimal) and ``bound``. Missing values show as ``"-"``; ``|`` in a
+        cell is escaped as ``\\|``.
+
+    Notes:
+        Times, FLOP/s and memory are per call; ``calls`` is how often the real
+        step called the component and ``share %`` its time over the step
+        (``total_ms * calls``) in percent of the root's. The data keeps ``mfu``
+        and ``share`` as fractions; only this text shows percents, as
+        :func:`format_summary` does.
     """
     lines = [
         "| " + " | ".join(MARKDOWN_HEADERS) + " |",

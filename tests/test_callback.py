@@ -16,7 +16,7 @@ import cb_callback._callback as callback_module
 from cb_callback import BenchmarkConfig, ComponentBenchmark, Report
 from cb_callback._progress import ProgressBar
 from cb_callback._step import step_capture
-from cb_callback._tensorboard import SCALAR_METRICS
+from cb_callback._tensorboard import SCALAR_METRICS, scalar_rows
 from tests._callback_models import (
     BATCH,
     CLASSES,
@@ -113,11 +113,15 @@ def test_state_key_and_state_dict() -> None:
 def _assert_tensorboard(logdir: str, report: Report, step: int) -> None:
     acc = _events(logdir)
     tags = acc.Tags()
+    # scalars for the root and the default log_scalars=10 components with the most time over the step
+    assert report.metadata["config"]["log_scalars"] == 10
+    logged = {r.path for r in scalar_rows(report, 10)}
+    assert "" in logged and len(logged) == min(len(report.rows), 11)
     for row in report.rows:
         for metric in SCALAR_METRICS:
             tag = f"component_benchmark/{metric}/{row.path or 'root'}"
             value = float(getattr(row, metric))
-            if math.isfinite(value):
+            if row.path in logged and math.isfinite(value):
                 (event,) = acc.Scalars(tag)
                 assert event.step == step
                 assert event.value == pytest.approx(value, rel=1e-6)
@@ -133,7 +137,7 @@ def _assert_tensorboard(logdir: str, report: Report, step: int) -> None:
     for tag in images:
         (image,) = acc.Images(tag)
         assert image.step == step
-        assert image.width >= 1200 and image.height >= 600
+        assert (image.width, image.height) == (1600, 900)
 
 
 def _assert_files(directory: Path, report: Report) -> None:

@@ -16,7 +16,7 @@ def _report() -> Report:
         ComponentRow(
             "", "Net", 0, None, "ok", calls=1, fwd_ms=4.0, bwd_ms=6.0, total_ms=10.0,
             fwd_flops=2e9, bwd_flops=4e9, tflops=0.6, mfu=0.125, peak_mem_mb=12.5,
-            gbps=50.0, bound="compute",
+            gbps=50.0, bound="compute", share=1.0,
         ),
         ComponentRow("a", "Block", 1, "", "ok", calls=1, total_ms=6.0, mfu=0.2),
         ComponentRow(
@@ -26,7 +26,7 @@ def _report() -> Report:
         ComponentRow(
             "a.x", "Linear", 2, "a", "ok", calls=2, fwd_ms=0.5, bwd_ms=1.5, total_ms=2.0,
             fwd_flops=1e9, bwd_flops=2e9, tflops=1.5, mfu=0.25, peak_mem_mb=3.5,
-            gbps=20.0, bound="compute",
+            gbps=20.0, bound="compute", share=0.4,
         ),
         ComponentRow("b.0", "Dropout", 2, "b", "failed", error="RuntimeError: boom\nline 2"),
         ComponentRow(
@@ -48,22 +48,40 @@ def _report() -> Report:
 def test_markdown_headers_and_one_line_per_row() -> None:
     report = _report()
     lines = markdown_table(report).split("\n")
-    assert lines[0] == "| path | type | status | ms | TFLOP/s | MFU | MB | bound |"
-    assert MARKDOWN_HEADERS == ("path", "type", "status", "ms", "TFLOP/s", "MFU", "MB", "bound")
-    assert lines[1] == "|:---|:---|:---|---:|---:|---:|---:|---:|"
+    assert lines[0] == (
+        "| path | type | status | calls | fwd ms | bwd ms | total ms | share % | TFLOP/s | MFU % | MB | bound |"
+    )
+    assert MARKDOWN_HEADERS == (
+        "path", "type", "status", "calls", "fwd ms", "bwd ms", "total ms", "share %", "TFLOP/s", "MFU %", "MB", "bound",
+    )  # fmt: skip
+    # names left-aligned, numbers right-aligned
+    assert lines[1] == "|:---|:---|:---|" + "---:|" * 9
     assert len(lines) == 2 + len(report)
 
 
 def test_markdown_values() -> None:
     lines = markdown_table(_report()).split("\n")
-    # root: total 10 ms, 0.6 TFLOP/s, mfu 0.125 -> 12.5 %, 12.5 MiB
-    assert lines[2] == "| (root) | Net | ok | 10.000 | 0.600 | 12.5% | 12.5 | compute |"
-    # a.x: depth 2 -> 4 non-breaking spaces; mfu 0.25 -> 25.0 %
-    assert lines[5] == f"| {NB2 * 2}a.x | Linear | ok | 2.000 | 1.500 | 25.0% | 3.5 | compute |"
-    # failed row: every number missing
-    assert lines[6] == f"| {NB2 * 2}b.0 | Dropout | failed | - | - | - | - | - |"
-    # the pipe in the type is escaped, so the row keeps 8 cells
-    assert lines[7] == f"| {NB2 * 2}b.1 | My\\|Mod | ok | 1.500 | - | - | - | memory |"
+    # root: 1 call, 4 + 6 = 10 ms, share 1.0 -> 100.0 %, 0.6 TFLOP/s, mfu 0.125 -> 12.5 %, 12.5 MiB
+    assert lines[2] == "| (root) | Net | ok | 1 | 4.000 | 6.000 | 10.000 | 100.0 | 0.600 | 12.5 | 12.5 | compute |"
+    # a.x: depth 2 -> 4 non-breaking spaces; 2 calls; share 2 ms x 2 / 10 ms = 0.4 -> 40.0 %; mfu 0.25 -> 25.0 %
+    assert lines[5] == (
+        f"| {NB2 * 2}a.x | Linear | ok | 2 | 0.500 | 1.500 | 2.000 | 40.0 | 1.500 | 25.0 | 3.5 | compute |"
+    )
+    # failed row: never called in the replay (0 calls), every number missing
+    assert lines[6] == f"| {NB2 * 2}b.0 | Dropout | failed | 0 | - | - | - | - | - | - | - | - |"
+    # the pipe in the type is escaped, so the row keeps 12 cells; no backward, no share
+    assert lines[7] == f"| {NB2 * 2}b.1 | My\\|Mod | ok | 1 | 1.500 | - | 1.500 | - | - | - | - | memory |"
+
+
+def test_mfu_is_a_percent_in_text_a_fraction_in_data() -> None:
+    report = _report()
+    assert report.row("a.x").mfu == 0.25  # the data: a fraction of the peak
+    table = markdown_table(report).split("\n")
+    summary = format_summary(report).split("\n")
+    mfu_column = MARKDOWN_HEADERS.index("MFU %")
+    assert table[5].split(" | ")[mfu_column] == "25.0"
+    assert "MFU %" in summary[summary.index("whole model:") + 1]
+    assert "25.0" in summary[summary.index("top 2 hotspots (by total ms x calls):") + 3].split()
 
 
 def test_markdown_empty_report() -> None:

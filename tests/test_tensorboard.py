@@ -13,13 +13,22 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.tensorboard import SummaryWriter
 
 import cb_callback._tensorboard as tensorboard_module
+from cb_callback import BenchmarkConfig
 from cb_callback._plugins import ReportContext, Reporter
 from cb_callback._report import ComponentRow, Report
-from cb_callback._tensorboard import TensorBoardReporter, log_report, scalar_tag
+from cb_callback._tensorboard import (
+    SCALAR_METRICS,
+    TensorBoardReporter,
+    log_report,
+    scalar_layout,
+    scalar_rows,
+    scalar_tag,
+)
 
 NAN = math.nan
 ICICLES = {f"component_benchmark/icicle/{m}" for m in ("mfu", "total_ms", "peak_mem_mb")}
 TEXTS = {"component_benchmark/table", "component_benchmark/summary"}
+LAYOUT_TAG = "custom_scalars__config__"  # where SummaryWriter.add_custom_scalars puts the layout
 
 
 def _report() -> Report:
@@ -80,7 +89,7 @@ def test_images_read_back(events: EventAccumulator) -> None:
     for tag in ICICLES:
         (image,) = events.Images(tag)
         assert image.step == 7
-        assert (image.width, image.height) == (1400, 700)
+        assert (image.width, image.height) == (1600, 900)
 
 
 def _text(acc: EventAccumulator, tag: str) -> str:
@@ -90,10 +99,12 @@ def _text(acc: EventAccumulator, tag: str) -> str:
 
 
 def test_texts_read_back(events: EventAccumulator) -> None:
-    # stored under exactly the contract's tags (not add_text's "<tag>/text_summary")
-    assert set(events.Tags()["tensors"]) == set(TEXTS)
+    # stored under exactly the contract's tags (not add_text's "<tag>/text_summary"), beside the layout
+    assert set(events.Tags()["tensors"]) == {*TEXTS, LAYOUT_TAG}
     table = _text(events, "component_benchmark/table")
-    assert table.split("\n")[0] == "| path | type | status | ms | TFLOP/s | MFU | MB | bound |"
+    assert table.split("\n")[0] == (
+        "| path | type | status | calls | fwd ms | bwd ms | total ms | share % | TFLOP/s | MFU % | MB | bound |"
+    )
     assert len(table.split("\n")) == 2 + 3
     summary = _text(events, "component_benchmark/summary")
     assert summary.startswith("```\ncb_callback component benchmark\n")
@@ -126,7 +137,7 @@ def test_reporter_uses_ctx_writer() -> None:
     assert {c[1] for c in writer.calls if c[0] == "text"} == TEXTS
     images = {c[1]: c[2] for c in writer.calls if c[0] == "image"}
     assert set(images) == ICICLES
-    assert all(im.shape == (700, 1400, 3) and im.dtype == np.uint8 for im in images.values())
+    assert all(im.shape == (900, 1600, 3) and im.dtype == np.uint8 for im in images.values())
     assert {c[3] for c in writer.calls} == {3}
 
 
@@ -150,3 +161,148 @@ def test_non_finite_values_are_skipped(value: float, monkeypatch: pytest.MonkeyP
     report = Report([ComponentRow("", "Net", 0, None, "ok", calls=1, total_ms=1.0, mfu=value)])
     log_report(writer, report, step=0)
     assert [c[1] for c in writer.calls if c[0] == "scalar"] == ["component_benchmark/total_ms/root"]
+
+
+# --- which components get scalars ------------------------------------------------------------
+
+
+def _fifteen(config: dict[str, Any] | None = None) -> Report:
+    """A root and 14 components: 3 blocks of attn + mlp, a norm called 3 times, one failed, one skipped."""
+    rows = [
+        ComponentRow(
+            "", "Net", 0, None, "ok", calls=1, fwd_ms=40.0, bwd_ms=60.0, total_ms=100.0,
+            tflops=0.5, mfu=0.25, peak_mem_mb=64.0, gbps=50.0, bw_util=0.125,
+        ),
+        ComponentRow("embed", "Embedding", 1, "", "ok", calls=1, fwd_ms=2.0, bwd_ms=3.0, total_ms=5.0),
+        ComponentRow("blocks", "ModuleList", 1, "", "estimated", calls=1, fwd_ms=20.0, bwd_ms=40.0, total_ms=60.0),
+        ComponentRow(
+            "norm", "LayerNorm", 1, "", "ok", calls=3, fwd_ms=3.0, bwd_ms=6.0, total_ms=9.0,
+            tflops=0.02, mfu=0.01, peak_mem_mb=1.5, gbps=7.0, bw_util=0.5,
+        ),
+        ComponentRow("head", "Linear", 1, "", "failed", error="boom"),
+        ComponentRow("drop", "Dropout", 1, "", "skipped", error="excluded"),
+    ]  # fmt: skip
+    for b in range(3):
+        rows.append(ComponentRow(
+            f"blocks.{b}", "Block", 2, "blocks", "ok", calls=1, fwd_ms=8.0, bwd_ms=12.0, total_ms=20.0, mfu=0.25,
+        ))  # fmt: skip
+        rows.append(ComponentRow(f"blocks.{b}.attn", "Attn", 3, f"blocks.{b}", "ok", calls=1, total_ms=12.0))
+        rows.append(ComponentRow(f"blocks.{b}.mlp", "MLP", 3, f"blocks.{b}", "ok", calls=1, total_ms=8.0))
+    return Report(rows, {"device_name": "cpu", "config": config or {}})
+
+
+# Time over the step (total_ms x calls) of the measured non-root rows: blocks 60, norm 9 x 3 = 27,
+# blocks.0/1/2 20 each, the attns 12, the mlps 8, embed 5; head failed and drop was skipped.
+# log_scalars=3: the root, then blocks (60), norm (27) and blocks.0 (first of the three 20s, report order).
+FIFTEEN_TOP3 = ["", "blocks", "norm", "blocks.0"]
+FIFTEEN_TOP3_TAGS = {
+    # the root has all 8 metrics
+    *(f"component_benchmark/{m}/root" for m in SCALAR_METRICS),
+    # blocks: only its times
+    "component_benchmark/total_ms/blocks", "component_benchmark/fwd_ms/blocks", "component_benchmark/bwd_ms/blocks",
+    # norm has all 8
+    *(f"component_benchmark/{m}/norm" for m in SCALAR_METRICS),
+    # blocks.0: its times and mfu
+    "component_benchmark/total_ms/blocks.0", "component_benchmark/fwd_ms/blocks.0",
+    "component_benchmark/bwd_ms/blocks.0", "component_benchmark/mfu/blocks.0",
+}  # fmt: skip
+
+
+def test_scalar_rows_are_the_root_and_the_top_by_time_over_the_step() -> None:
+    report = _fifteen()
+    assert len(report) == 15
+    assert [r.path for r in scalar_rows(report, 3)] == FIFTEEN_TOP3
+    # the default 10: the root and 10 of the 12 measured others; the last two are blocks.2.mlp (8) and embed (5)...
+    ten = [r.path for r in scalar_rows(report)]
+    assert ten == [
+        "", "blocks", "norm", "blocks.0", "blocks.1", "blocks.2",
+        "blocks.0.attn", "blocks.1.attn", "blocks.2.attn", "blocks.0.mlp", "blocks.1.mlp",
+    ]  # fmt: skip
+    # ... which are left out, with the failed head and the skipped drop
+    assert [r.path for r in scalar_rows(report, "all")] == [r.path for r in report.rows]
+    assert scalar_rows(report, 0) == []
+    assert [r.path for r in scalar_rows(report, 100)] == [*ten, "blocks.2.mlp", "embed"]
+    for bad in (-1, True, "some", 2.0):
+        with pytest.raises(ValueError, match="log_scalars="):
+            scalar_rows(report, bad)  # type: ignore[arg-type]
+
+
+def test_fifteen_components_with_log_scalars_3_read_back(tmp_path: Path) -> None:
+    writer = SummaryWriter(str(tmp_path))
+    log_report(writer, _fifteen({"log_scalars": 3}), step=2)
+    writer.close()
+    acc = _read(tmp_path)
+    assert set(acc.Tags()["scalars"]) == FIFTEEN_TOP3_TAGS
+    assert len(FIFTEEN_TOP3_TAGS) == 8 + 3 + 8 + 4
+    assert [e.value for e in acc.Scalars("component_benchmark/total_ms/norm")] == [9.0]  # per call, not x 3
+    assert set(acc.Tags()["tensors"]) == {*TEXTS, LAYOUT_TAG}
+
+
+def test_scalars_are_written_time_first_metric_by_metric() -> None:
+    writer = _ImageOnlyWriter()
+    TensorBoardReporter(log_scalars=3).write(_fifteen(), ReportContext(step=1, writer=writer))
+    order = [c[1] for c in writer.calls if c[0] == "scalar"]
+    assert order[:6] == [
+        "component_benchmark/total_ms/root", "component_benchmark/total_ms/blocks",
+        "component_benchmark/total_ms/norm", "component_benchmark/total_ms/blocks.0",
+        "component_benchmark/fwd_ms/root", "component_benchmark/fwd_ms/blocks",
+    ]  # fmt: skip
+    assert [tag.split("/")[1] for tag in order] == sorted(
+        (tag.split("/")[1] for tag in order), key=SCALAR_METRICS.index
+    )
+
+
+def test_log_scalars_from_the_config_the_constructor_wins() -> None:
+    def scalars(reporter: TensorBoardReporter, report: Report) -> set[str]:
+        writer = _ImageOnlyWriter()
+        reporter.write(report, ReportContext(writer=writer))
+        return {c[1].split("/", 2)[2] for c in writer.calls if c[0] == "scalar"}
+
+    # the report's config says 1: the root and blocks
+    assert scalars(TensorBoardReporter(), _fifteen({"log_scalars": 1})) == {"root", "blocks"}
+    assert scalars(TensorBoardReporter(log_scalars=2), _fifteen({"log_scalars": 1})) == {"root", "blocks", "norm"}
+    assert scalars(TensorBoardReporter(), _fifteen({"log_scalars": 0})) == set()
+    assert len(scalars(TensorBoardReporter(), _fifteen({"log_scalars": "all"}))) == 13  # all but head and drop
+    # no config (an older report) or a value that is not valid: the default 10 -> the root and 10 more
+    assert len(scalars(TensorBoardReporter(), _fifteen())) == 11
+    assert len(scalars(TensorBoardReporter(), _fifteen({"log_scalars": "lots"}))) == 11
+    with pytest.raises(ValueError, match="log_scalars=-2"):
+        TensorBoardReporter(log_scalars=-2)
+
+
+def test_benchmark_config_log_scalars() -> None:
+    assert BenchmarkConfig().log_scalars == 10
+    assert BenchmarkConfig(log_scalars="all").to_metadata()["log_scalars"] == "all"
+    assert BenchmarkConfig(log_scalars=0).log_scalars == 0
+    for bad in (-1, True, "every", 1.5):
+        with pytest.raises(ValueError, match=r"BenchmarkConfig\.log_scalars="):
+            BenchmarkConfig(log_scalars=bad)  # type: ignore[arg-type]
+
+
+def test_custom_scalars_layout_puts_time_first(events: EventAccumulator) -> None:
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    (event,) = events.Tensors(LAYOUT_TAG)
+    layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
+    charts = [[c.multiline.tag[0] for c in category.chart] for category in layout.category]
+    assert charts == [
+        ["component_benchmark/total_ms/.*", "component_benchmark/fwd_ms/.*", "component_benchmark/bwd_ms/.*"],
+        ["component_benchmark/mfu/.*", "component_benchmark/tflops/.*"],
+        ["component_benchmark/peak_mem_mb/.*", "component_benchmark/gbps/.*", "component_benchmark/bw_util/.*"],
+    ]
+    titles = [category.title for category in layout.category]
+    assert titles[0] == "component_benchmark: time (ms per call)"
+    assert "fraction" in titles[1] and "fraction" in titles[2]  # mfu and bw_util are logged as fractions
+    assert list(scalar_layout()) == titles
+
+
+def test_no_layout_when_asked_or_without_scalars(tmp_path: Path) -> None:
+    for name, reporter, config in (
+        ("off", TensorBoardReporter(layout=False), {}),
+        ("zero", TensorBoardReporter(), {"log_scalars": 0}),
+    ):
+        reporter.write(_fifteen(config), ReportContext(output_dir=tmp_path / name))
+        tags = _read(tmp_path / name).Tags()
+        assert set(tags["tensors"]) == TEXTS, name
+        # the default 10: root 8 + blocks 3 + norm 8 + blocks.0-2 4 each + 3 attns and 2 mlps 1 each
+        assert len(tags["scalars"]) == (0 if name == "zero" else 8 + 3 + 8 + 3 * 4 + 3 + 2), name
