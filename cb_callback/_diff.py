@@ -89,15 +89,27 @@ class Comparison:
         return next((c for c in self.changes if c.path == ""), None)
 
 
+#: Rates and fractions: compared per call (a rate times a call count means nothing).
+RATE_METRICS = frozenset({"mfu", "bw_util", "tflops", "gbps", "intensity"})
+#: Fractions, shown in percent.
+_PERCENT = frozenset({"mfu", "bw_util"})
+
+
 def _over_step(row: ComponentRow | None, metric: str) -> float:
     if row is None or row.status not in ("ok", "estimated"):
         return math.nan
     v = float(getattr(row, metric))
-    return v * max(row.calls, 1) if math.isfinite(v) else math.nan
+    if not math.isfinite(v):
+        return math.nan
+    return v if metric in RATE_METRICS else v * max(row.calls, 1)
 
 
 def compare_reports(a: Report, b: Report, metric: str = "total_ms") -> Comparison:
-    """The per-component changes of ``metric × calls`` from ``a`` to ``b``."""
+    """The per-component changes of ``metric × calls`` from ``a`` to ``b``.
+
+    Rates and fractions (:data:`RATE_METRICS`: MFU, bandwidth utilisation,
+    TFLOP/s, GB/s, intensity) are compared per call.
+    """
     rows_a = {r.path: r for r in a.rows}
     rows_b = {r.path: r for r in b.rows}
     paths = [r.path for r in a.rows] + [r.path for r in b.rows if r.path not in rows_a]
@@ -156,7 +168,11 @@ def format_diff(d: Comparison, *, sort: str = "change", paths: Iterable[str] | N
         ``sig`` column (not significant) and its ratio is not printed as a
         speed-up or slow-down.
     """
-    unit = "ms" if d.metric.endswith("_ms") else ""
+    unit = "ms" if d.metric.endswith("_ms") else ("%" if d.metric in _PERCENT else "")
+    scale = 100.0 if d.metric in _PERCENT else 1.0
+    label = d.metric if d.metric in RATE_METRICS else f"{d.metric}×calls"
+    if d.metric in _PERCENT:
+        label = f"{d.metric} %"
     keep = set(paths) if paths is not None else None
     changes = [c for c in d.changes if keep is None or c.path in keep]
     lines = []
@@ -164,22 +180,29 @@ def format_diff(d: Comparison, *, sort: str = "change", paths: Iterable[str] | N
     if root is not None and math.isfinite(root.a) and math.isfinite(root.b):
         pct = (root.b - root.a) / root.a * 100 if root.a else math.nan
         verdict = "" if root.significant else ", within noise"
-        lines.append(f"whole model: A {_num(root.a)} {unit} -> B {_num(root.b)} {unit} ({_num(pct, 1, True)} %{verdict})")
+        lines.append(
+            f"whole model: A {_num(root.a * scale)} {unit} -> B {_num(root.b * scale)} {unit} "
+            f"({_num(pct, 1, True)} %{verdict})"
+        )
     movers = sorted(
         (c for c in d.changes if c.path != "" and c.significant and math.isfinite(c.effective)),
         key=lambda c: -abs(c.effective),
     )[:3]
     if movers:
         lines.append("biggest movers: " + ", ".join(
-            f"{c.path} {_num(c.effective, 3, True)} {unit}".rstrip() + (f" (only in {c.only_in})" if c.only_in else "")
+            f"{c.path} {_num(c.effective * scale, 3, True)} {unit}".rstrip()
+            + (f" (only in {c.only_in})" if c.only_in else "")
             for c in movers
         ))
-    header = ("path", "type", f"A {d.metric}×calls", f"B {d.metric}×calls", "change", "B/A", "sig")
+    header = ("path", "type", f"A {label}", f"B {label}", "change", "B/A", "sig")
     table = [header]
     for c in sorted(changes, key=_sort_key(sort)):
         note = f"only in {c.only_in}" if c.only_in else ("" if c.significant else "~")
         ratio = _num(c.ratio) if c.significant else "~"
-        table.append((c.path or "(root)", c.module_type, _num(c.a), _num(c.b), _num(c.effective, 3, True), ratio, note))
+        table.append((
+            c.path or "(root)", c.module_type, _num(c.a * scale), _num(c.b * scale),
+            _num(c.effective * scale, 3, True), ratio, note,
+        ))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for i, row in enumerate(table):
         cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]

@@ -76,3 +76,17 @@ def test_cb_report_finds_the_report_under_a_lightning_log_dir(tmp_path: Path, ca
     assert (logs / "version_0" / "component_benchmark" / "report.html").is_file()
     assert main(["report", str(tmp_path / "empty")]) == 1
     assert "no report.json at or under" in capsys.readouterr().err
+
+
+def test_rates_are_compared_per_call_and_fractions_in_percent() -> None:
+    a = _report({"": (10.0, 0.02), "a": (2.0, 0.05)}, calls={"a": 4})
+    b = _report({"": (10.0, 0.02), "a": (2.0, 0.05)}, calls={"a": 4})
+    a.row("").mfu, b.row("").mfu = 0.25, 0.5
+    a.row("a").mfu, b.row("a").mfu = 0.1, 0.1
+    lines = format_diff(compare_reports(a, b, "mfu"))
+    # MFU 25 % -> 50 % for the root; a's MFU is per call: 10 %, not 4 x 0.1
+    assert lines[0] == "whole model: A 25.000 % -> B 50.000 % (+100.0 %)"
+    header = next(ln for ln in lines if ln.startswith("path"))
+    assert header.split()[2:5] == ["A", "mfu", "%"]
+    row_a = next(ln for ln in lines if ln.startswith("a "))
+    assert row_a.split()[2:4] == ["10.000", "10.000"]
