@@ -109,8 +109,8 @@ class ComponentBenchmark(Callback):
         min_repeats: int = _DEFAULTS.min_repeats, max_repeats: int = _DEFAULTS.max_repeats,
         rounds: int = _DEFAULTS.rounds, max_total_time_s: float | None = _DEFAULTS.max_total_time_s, log_scalars: int | Literal["all"] = _DEFAULTS.log_scalars,
         device: str | None = None, dtype: str | None = None, peak_flops: float | None = _DEFAULTS.peak_flops,
-        peak_bandwidth: float | None = _DEFAULTS.peak_bandwidth, batch_size: int | None = _DEFAULTS.batch_size,
-        preprocessors: Sequence[Any] = (), metrics: Sequence[Any] = (), reporters: Sequence[Any] = (),
+        peak_bandwidth: float | None = _DEFAULTS.peak_bandwidth, batch_size: int | None = _DEFAULTS.batch_size, preprocessors: Sequence[Any] = (), metrics: Sequence[Any] = (), reporters: Sequence[Any] = (),
+        descend: Literal["all", "hotspots"] = _DEFAULTS.descend, descend_share: float = _DEFAULTS.descend_share,
         seed: int = _DEFAULTS.seed, load_plugins: bool = _DEFAULTS.load_plugins, artifacts: Sequence[str] = (), artifacts_top: int | None = None,
         # the callback's own
         capture_batch_size: int | None = None, output_dir: str | None = None, log_to_tensorboard: bool = True,

@@ -57,6 +57,19 @@ class BenchmarkConfig:
             is always measured (it is first); ``0`` measures nothing (every row
             ``skipped``). A component that runs past the budget is not
             interrupted. ``None``: no limit.
+        descend: ``"all"`` profiles every component (one interleaved timing over
+            all of them); ``"hotspots"`` profiles breadth-first level by level
+            (each depth's components timed interleaved among themselves) and
+            only descends into the children of a component whose ``share`` (its
+            ``total_ms * calls`` over the root's ``total_ms``) is at least
+            ``descend_share``; the subtrees below the others become ``skipped``,
+            the note naming the ancestor and its share. A component without a
+            time of its own (a container such as a ``ModuleList``, a failed
+            replay) is always descended into: its share is its children's sum.
+            Cost then grows with the depth of the hotspots, not the size of the
+            model. A component that never ran stays ``not_run``.
+        descend_share: the share a component needs for ``descend="hotspots"``
+            to profile its children, in ``[0, 1]``; ``0`` descends everywhere.
         device: where to replay; ``None`` means where the model's parameters are.
         dtype: compute dtype used to choose the peak for MFU (``"bf16"``, ``"tf32"``,
             ``"fp64"`` …); ``None`` infers it (autocast, else the parameters' dtype).
@@ -102,6 +115,8 @@ class BenchmarkConfig:
     max_repeats: int = 1000
     rounds: int = 5
     max_total_time_s: float | None = None
+    descend: Literal["all", "hotspots"] = "all"
+    descend_share: float = 0.05
     device: str | torch.device | None = None
     dtype: str | torch.dtype | None = None
     peak_flops: float | None = None
@@ -151,6 +166,11 @@ class BenchmarkConfig:
         positive_number("min_run_time_s", allow_zero=True)
         positive_number("max_total_time_s", allow_none=True, allow_zero=True)
         positive_number("peak_flops", allow_none=True)
+        if self.descend not in ("all", "hotspots"):
+            raise bad("descend", "expected 'all' or 'hotspots'")
+        positive_number("descend_share", allow_zero=True)
+        if self.descend_share > 1:
+            raise bad("descend_share", "expected a share in [0, 1]")
         positive_number("peak_bandwidth", allow_none=True)
         if self.batch_size is not None:
             non_negative_int("batch_size")

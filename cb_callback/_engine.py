@@ -429,6 +429,14 @@ def profile_captured(
     Returns:
         The report; the model's state (weights, buffers, grads, flags, RNG) is as
         it was.
+
+    Notes:
+        ``config.descend="all"`` starts every component breadth-first (one
+        instrumented pass each) and then times all of them in one interleaving;
+        ``"hotspots"`` does the same one depth level at a time and starts a
+        level's components only below those whose share of the root's time was
+        at least ``config.descend_share`` (the rest become ``skipped``, the note
+        naming the ancestor and its share).
     """
     cfg = config or BenchmarkConfig()
     wall0 = time.perf_counter()
@@ -449,6 +457,7 @@ def profile_captured(
     run = _Run(model, calls, cfg, device, prepare_ctx, [*builtins, *pre_user], met_user, forward_context)
     nodes, modules = build_tree(model, calls, cfg.max_depth)
     rows: dict[str, ComponentRow] = {}
+    by_path = {n.path: n for n in nodes}
     descendants_called = _descendants_called(nodes, calls)
     filtered = filter_reasons([n.path for n in nodes], cfg.include, cfg.exclude)
     # The guard also restores the RNG a CPU calibration draws from; every preprocessor of the run
@@ -464,45 +473,60 @@ def profile_captured(
                 peaks = dataclasses.replace(peaks, flops=again)
         budget0 = time.perf_counter()  # max_total_time_s excludes the one-off calibration
         load = LoadProbe()
-        total_steps = len(nodes) + cfg.rounds
+        # "all": one level of every node, timed in one interleaving; "hotspots": depth by depth.
+        levels = [nodes] if cfg.descend == "all" else _levels(nodes)
+        total_steps = len(nodes) + cfg.rounds * len(levels)
+        done = 0
         pending: list[_Pending] = []
-        for done, node in enumerate(nodes, start=1):
-            row = ComponentRow(
-                path=node.path,
-                module_type=node.module_type,
-                depth=node.depth,
-                parent=node.parent,
-                calls=calls[node.path].calls if node.path in calls else 0,
-                params_mb=_params_mb(modules[node.path]),
-            )
-            rows[node.path] = row
-            reason = filtered.get(node.path)
-            # The timed runs come later: count the budget they will take.
-            elapsed = time.perf_counter() - budget0 + sum(p.budget_s for p in pending)
-            if reason is not None:
-                row.status, row.note = "skipped", reason
-            elif cfg.max_total_time_s is not None and elapsed >= cfg.max_total_time_s and (
-                node.path != "" or cfg.max_total_time_s == 0
-            ):
-                row.status = "skipped"
-                row.note = (
-                    f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed or committed "
-                    "to the timed runs of the components before it)"
-                )
-            elif node.path in calls:
-                started = run.start(row, modules[node.path])
-                if started is not None:
-                    pending.append(started)
-            elif descendants_called[node.path]:
-                row.status, row.note = "estimated", "never called itself (a container)"
-            else:
-                row.status, row.note = "not_run", "neither it nor a descendant ran in the captured forward"
-            if cfg.progress is not None:
-                cfg.progress(done, total_steps, node.path)
+        samples: dict[str, SampleSet] = {}
         canary_s: list[float] = []
-        samples = _time_interleaved(pending, rows, cfg, len(nodes), total_steps, device, canary_s)
-        for p in pending:
-            run.finish(p, samples[p.row.path])
+        not_descended: dict[str, tuple[str, float]] = {}  # path -> (the ancestor not descended, its share)
+        for level in levels:
+            started: list[_Pending] = []
+            for node in level:
+                done += 1
+                row = ComponentRow(
+                    path=node.path,
+                    module_type=node.module_type,
+                    depth=node.depth,
+                    parent=node.parent,
+                    calls=calls[node.path].calls if node.path in calls else 0,
+                    params_mb=_params_mb(modules[node.path]),
+                )
+                rows[node.path] = row
+                reason = filtered.get(node.path)
+                if reason is None and node.path in not_descended and descendants_called[node.path]:
+                    reason = _not_descended_note(node, *not_descended[node.path], cfg.descend_share)
+                # The timed runs come later: count the budget they will take.
+                elapsed = time.perf_counter() - budget0 + sum(p.budget_s for p in started)
+                if reason is not None:
+                    row.status, row.note = "skipped", reason
+                elif cfg.max_total_time_s is not None and elapsed >= cfg.max_total_time_s and (
+                    node.path != "" or cfg.max_total_time_s == 0
+                ):
+                    row.status = "skipped"
+                    row.note = (
+                        f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed or committed "
+                        "to the timed runs of the components before it)"
+                    )
+                elif node.path in calls:
+                    begun = run.start(row, modules[node.path])
+                    if begun is not None:
+                        started.append(begun)
+                elif descendants_called[node.path]:
+                    row.status, row.note = "estimated", "never called itself (a container)"
+                else:
+                    row.status, row.note = "not_run", "neither it nor a descendant ran in the captured forward"
+                if cfg.progress is not None:
+                    cfg.progress(done, total_steps, node.path)
+            level_samples = _time_interleaved(started, rows, cfg, done, total_steps, device, canary_s)
+            done += cfg.rounds
+            for p in started:
+                run.finish(p, level_samples[p.row.path])
+            samples.update(level_samples)
+            pending += started
+            if cfg.descend == "hotspots":
+                not_descended.update(_below_cold(level, by_path, rows, cfg.descend_share, not_descended))
         load.stop()
         for p in _artifact_targets(pending, cfg):  # after every timed run: their overhead is never timed
             run.record_artifacts(p)
@@ -560,10 +584,14 @@ def _time_interleaved(
     device: torch.device,
     canary_s: list[float],
 ) -> dict[str, SampleSet]:
-    """The timed runs of every started component, interleaved in ``cfg.rounds`` rounds.
+    """The timed runs of the started components, interleaved in ``cfg.rounds`` rounds.
 
-    Components that come out inconsistent (``noise`` above the noisy threshold,
-    or a child slower than its parent) get the same number of rounds again,
+    With ``descend="all"`` these are every component; with ``"hotspots"`` one
+    depth level's, so a child and its parent are never in the same call and a
+    child slower than its parent is not re-measured (the quality assessment
+    still flags the pair ``slower_than_parent``). Components that come out
+    inconsistent (``noise`` above the noisy threshold, or a child slower than
+    its parent) get the same number of rounds again,
     interleaved among themselves, once; their samples are pooled. On CPU a
     reference GEMM (the canary) is timed before every round into ``canary_s``.
     """
@@ -658,6 +686,76 @@ def _fill_share(rows: Mapping[str, ComponentRow]) -> None:
     for row in rows.values():
         if row.status in ("ok", "estimated") and math.isfinite(row.total_ms):
             row.share = row.total_ms * max(row.calls, 1) / root.total_ms
+
+
+def _levels(nodes: Sequence[Node]) -> list[list[Node]]:
+    """The nodes grouped by depth, shallowest first, each group in the nodes' order."""
+    out: dict[int, list[Node]] = {}
+    for n in nodes:
+        out.setdefault(n.depth, []).append(n)
+    return [out[d] for d in sorted(out)]
+
+
+def _step_cost_ms(path: str, nodes: Mapping[str, Node], rows: Mapping[str, ComponentRow]) -> float | None:
+    """``(fwd_ms + bwd_ms) × calls`` of a component over the step, as far as known now.
+
+    A measured (``ok``) row has its own; a row without one of its own (a
+    container, a failed replay) is the sum of its children's known costs (as
+    it will be estimated); a component that never ran costs 0; ``None`` when
+    nothing is known (skipped, or no child profiled yet).
+    """
+    row = rows.get(path)
+    if row is None:
+        return None
+    if row.status == "ok" and math.isfinite(row.fwd_ms):
+        return (row.fwd_ms + _nan0(row.bwd_ms)) * max(row.calls, 1)
+    if row.status == "not_run":
+        return 0.0
+    if row.status not in ("estimated", "failed"):
+        return None
+    parts = [_step_cost_ms(c, nodes, rows) for c in nodes[path].children]
+    known = [x for x in parts if x is not None]
+    return sum(known) if known else None
+
+
+def _below_cold(
+    level: Sequence[Node],
+    nodes: Mapping[str, Node],
+    rows: Mapping[str, ComponentRow],
+    descend_share: float,
+    not_descended: Mapping[str, tuple[str, float]],
+) -> dict[str, tuple[str, float]]:
+    """The children of ``level`` not to profile: ``{child: (ancestor not descended, its share)}``.
+
+    A node's ``share`` is :func:`_step_cost_ms` over the root's per-call
+    ``total_ms`` (as :func:`_fill_share` computes it). Below a node with a known
+    share under ``descend_share`` nothing is profiled; a node whose share is not
+    known yet (a container, before its children ran; or no root time) is
+    descended into; a node that was not descended into passes its reason on.
+    """
+    root_cost = _step_cost_ms("", nodes, rows)
+    root = rows.get("")
+    ref = None if root_cost is None or root is None else root_cost / max(root.calls, 1)
+    out: dict[str, tuple[str, float]] = {}
+    for node in level:
+        if node.path in not_descended:
+            why = not_descended[node.path]
+        else:
+            cost = _step_cost_ms(node.path, nodes, rows)
+            if ref is None or ref <= 0 or cost is None or rows[node.path].status != "ok":
+                continue
+            share = cost / ref
+            if share >= descend_share:
+                continue
+            why = (node.path, share)
+        out.update(dict.fromkeys(node.children, why))
+    return out
+
+
+def _not_descended_note(node: Node, ancestor: str, share: float, descend_share: float) -> str:
+    """The ``note`` of a component below one whose share was under ``descend_share``."""
+    who = "parent" if node.parent == ancestor else "ancestor"
+    return f"not descended: {who} {ancestor or 'root'} has share {share:.3g} < descend_share {descend_share:g}"
 
 
 def _descendants_called(nodes: list[Node], calls: Mapping[str, ComponentInputs]) -> dict[str, bool]:
