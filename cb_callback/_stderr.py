@@ -8,8 +8,9 @@ import re
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["kineto_lines_dropped"]
+__all__ = ["kineto_lines_dropped", "quiet_session"]
 
 # "USDT:2026-12-01 16:16:59 17147:17147 SyncActivityProfilerHandler.cpp:52] profiler_start"
 _KINETO_LINE = re.compile(rb"(?:STAGE|USDT):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ [\w.]+\.cpp:\d+\] [^\n]*\n?")
@@ -67,3 +68,18 @@ def kineto_lines_dropped() -> Iterator[None]:
         if kept:
             with contextlib.suppress(OSError):
                 _write_all(2, kept)
+
+
+@contextlib.contextmanager
+def quiet_session(prof: Any) -> Iterator[Any]:
+    """Run a torch profiler session with kineto's start/stop lines dropped (only those two moments).
+
+    What the profiled code itself writes to fd 2 is left as it is.
+    """
+    with kineto_lines_dropped():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with kineto_lines_dropped():
+            prof.__exit__(None, None, None)

@@ -43,7 +43,7 @@ import torch
 
 from cb_callback._isolate import PassContext, Phase
 from cb_callback._plugins import MeasureContext
-from cb_callback._stderr import kineto_lines_dropped
+from cb_callback._stderr import quiet_session
 
 __all__ = ["ARTIFACT_KINDS", "MemoryArtifact", "OpsArtifact", "TraceArtifact", "artifact_plugins"]
 
@@ -65,14 +65,8 @@ def _profiler(device: torch.device, **options: Any) -> Iterator[Any]:
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    prof = profile(activities=activities, **options)
-    with kineto_lines_dropped():
-        prof.__enter__()
-    try:
+    with quiet_session(profile(activities=activities, **options)) as prof:
         yield prof
-    finally:
-        with kineto_lines_dropped():
-            prof.__exit__(None, None, None)
 
 
 class _ProfiledPass:

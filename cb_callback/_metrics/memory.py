@@ -13,7 +13,7 @@ from torch.utils import _pytree as pytree
 from cb_callback._isolate import PassContext, Phase
 from cb_callback._metrics._observing import ObservingMetric
 from cb_callback._plugins import MeasureContext
-from cb_callback._stderr import kineto_lines_dropped
+from cb_callback._stderr import quiet_session
 from cb_callback._storage import storage_key
 
 __all__ = ["MemoryMetric"]
@@ -104,13 +104,8 @@ def _allocations(device: torch.device) -> Iterator[list[list[tuple[int, int, int
         yield result
         return
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
-    with kineto_lines_dropped():  # only the start: the component's own output stays as it is
-        prof.__enter__()
-    try:
+    with quiet_session(prof):
         yield result
-    finally:
-        with kineto_lines_dropped():
-            prof.__exit__(None, None, None)
     result.append(_allocation_events(prof, device))
 
 
