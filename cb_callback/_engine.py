@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import torch
 from torch import nn
@@ -139,9 +140,31 @@ def _params_mb(module: nn.Module) -> float:
     return unique_storage_bytes([*module.parameters(), *module.buffers()]) / _MIB
 
 
+def _collective_in(e: BaseException) -> CollectiveInReplay | None:
+    """The :class:`CollectiveInReplay` behind ``e`` (itself, its cause or context), if any."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, CollectiveInReplay):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def _artifact_dir(cfg: BenchmarkConfig, path: str) -> Path | None:
-    """``<output_dir>/artifacts/<path or "root">`` (not created), ``None`` without an ``output_dir``."""
-    return None if cfg.output_dir is None else Path(cfg.output_dir) / "artifacts" / (path or "root")
+    """``<output_dir>/artifacts/<path or "root">`` (not created), ``None`` without an ``output_dir``.
+
+    The path is percent-encoded (a ``ModuleDict`` key may hold ``/``), and a
+    top-level component literally named ``root`` gets ``%72oot`` so it cannot
+    share the root's directory.
+    """
+    if cfg.output_dir is None:
+        return None
+    name = quote(path, safe="._-") if path else "root"
+    if path == "root":
+        name = "%72oot"
+    return Path(cfg.output_dir) / "artifacts" / name
 
 
 def _artifact_files(plugin: Any, found: Mapping[str, Any], artifact_dir: Path, report_dir: Path) -> dict[str, str]:
@@ -205,6 +228,9 @@ class _Pending:
     values: dict[str, Any]
     sampler: Callable[[], Sample]
     budget_s: float
+    #: What its timed runs will cost at least, for ``max_total_time_s``: the timing
+    #: budget, or ``min_repeats`` runs at the instrumented pass's speed when slower.
+    committed_s: float = 0.0
 
 
 class _Run:
@@ -288,19 +314,27 @@ class _Run:
         )
         try:
             instruments = [p.instrument(ctx) for p in self.observing]
+            pass0 = time.perf_counter()
             with refuse_collectives():  # under DDP: a collective would wait forever for the other ranks
                 result = instrumented_pass(replay, instruments, self.cfg.backward, path=row.path)
+            pass_s = time.perf_counter() - pass0
         except CollectiveInReplay as e:
-            # Not replayed (and never probed): a container is estimated from its other children.
-            row.status = "estimated" if any(True for _ in module.children()) else "skipped"
-            row.note = str(e)
-            row.details["collective"] = e.op
+            self._communicates(row, module, e)
             return None
         except Exception as e:
             self._after_error(e)
+            wrapped = _collective_in(e)
+            if wrapped is not None:  # user code re-raised it as something else
+                self._communicates(row, module, wrapped)
+                return None
             try:
-                replay.probe(self.cfg.backward)
+                with refuse_collectives():  # never a real collective on one rank
+                    replay.probe(self.cfg.backward)
             except Exception as plain:
+                wrapped = _collective_in(plain)
+                if wrapped is not None:
+                    self._communicates(row, module, wrapped)
+                    return None
                 self._after_error(plain)
                 row.status, row.error = "failed", f"replay raised {_error_text(plain)}"
                 return None
@@ -322,7 +356,16 @@ class _Run:
         except Exception as e:
             self._plugin_error(row, self.latency, e)
             return None
-        return _Pending(row, ctx, values, sampler, self.latency.budget_s(ctx))
+        budget = self.latency.budget_s(ctx)
+        # The instrumented pass runs under counting modes (slower than a plain run): an upper estimate.
+        committed = max(budget, max(self.cfg.min_repeats, 1) * pass_s)
+        return _Pending(row, ctx, values, sampler, budget, committed)
+
+    def _communicates(self, row: ComponentRow, module: nn.Module, e: CollectiveInReplay) -> None:
+        """Not replayed (and never probed): a container is estimated from its other children."""
+        row.status = "estimated" if any(True for _ in module.children()) else "skipped"
+        row.note = str(e)
+        row.details["collective"] = e.op
 
     def finish(self, pending: _Pending, samples: SampleSet) -> None:
         """Fill the row from its samples, then run the plugins that replay on their own."""
@@ -333,7 +376,11 @@ class _Run:
         for plugin in [self.latency, *self.replaying]:
             ctx.values = dict(values)
             try:
-                found = self.latency.values(samples, ctx) if plugin is self.latency else plugin.measure(ctx)
+                if plugin is self.latency:
+                    found = self.latency.values(samples, ctx)
+                else:
+                    with refuse_collectives():  # a user plugin's own replays
+                        found = plugin.measure(ctx)
                 values.update(checked_values(plugin, found))
             except Exception as e:
                 if self._plugin_error(row, plugin, e):
@@ -360,7 +407,8 @@ class _Run:
         for plugin in self.artifact_plugins:
             try:
                 ins = plugin.artifacts(ctx)
-                instrumented_pass(ctx.replay, [ins], self.cfg.backward, path=row.path)
+                with refuse_collectives():
+                    instrumented_pass(ctx.replay, [ins], self.cfg.backward, path=row.path)
                 files = _artifact_files(plugin, ins.values(), home, Path(self.cfg.output_dir))
                 recorded = row.details.get("artifacts", {})
                 again = sorted(set(files) & set(recorded))
@@ -498,7 +546,7 @@ def profile_captured(
                 if reason is None and node.path in not_descended and descendants_called[node.path]:
                     reason = _not_descended_note(node, *not_descended[node.path], cfg.descend_share)
                 # The timed runs come later: count the budget they will take.
-                elapsed = time.perf_counter() - budget0 + sum(p.budget_s for p in started)
+                elapsed = time.perf_counter() - budget0 + sum(p.committed_s for p in started)
                 if reason is not None:
                     row.status, row.note = "skipped", reason
                 elif cfg.max_total_time_s is not None and elapsed >= cfg.max_total_time_s and (
@@ -679,13 +727,20 @@ def _nan0(x: float) -> float:
 
 
 def _fill_share(rows: Mapping[str, ComponentRow]) -> None:
-    """``share`` = ``total_ms * calls / root total_ms`` where both are known."""
+    """``share`` = ``total_ms × calls ÷ (root total_ms × root calls)`` where both are known.
+
+    Time over the step as a fraction of the root's time over the step: for a
+    root called once (the usual step) that is ``total_ms × calls ÷ root
+    total_ms``; a step that calls the model twice (a siamese step) does not
+    double every share.
+    """
     root = rows.get("")
     if root is None or not math.isfinite(root.total_ms) or root.total_ms <= 0:
         return
+    whole = root.total_ms * max(root.calls, 1)
     for row in rows.values():
         if row.status in ("ok", "estimated") and math.isfinite(row.total_ms):
-            row.share = row.total_ms * max(row.calls, 1) / root.total_ms
+            row.share = row.total_ms * max(row.calls, 1) / whole
 
 
 def _levels(nodes: Sequence[Node]) -> list[list[Node]]:
@@ -727,15 +782,13 @@ def _below_cold(
 ) -> dict[str, tuple[str, float]]:
     """The children of ``level`` not to profile: ``{child: (ancestor not descended, its share)}``.
 
-    A node's ``share`` is :func:`_step_cost_ms` over the root's per-call
-    ``total_ms`` (as :func:`_fill_share` computes it). Below a node with a known
+    A node's ``share`` is :func:`_step_cost_ms` over the root's (as
+    :func:`_fill_share` computes it). Below a node with a known
     share under ``descend_share`` nothing is profiled; a node whose share is not
     known yet (a container, before its children ran; or no root time) is
     descended into; a node that was not descended into passes its reason on.
     """
-    root_cost = _step_cost_ms("", nodes, rows)
-    root = rows.get("")
-    ref = None if root_cost is None or root is None else root_cost / max(root.calls, 1)
+    ref = _step_cost_ms("", nodes, rows)  # the root's time over the step, as _fill_share divides by
     out: dict[str, tuple[str, float]] = {}
     for node in level:
         if node.path in not_descended:

@@ -124,16 +124,21 @@ def with_artifact_tables(data: dict[str, Any], directory: str | Path, top: int =
 
     The page shows the ``top`` operators of a component from its ``ops.csv``
     (written by the ``ops`` artifact, relative to ``directory``); a file that
-    cannot be read is skipped. ``report.json`` itself is not changed.
+    cannot be read, or that lies outside ``directory``, is skipped.
+    ``report.json`` itself is not changed.
     """
     rows = []
     for row in data.get("rows") or []:
         arts = (row.get("details") or {}).get("artifacts") or {}
         if "ops" in arts:
-            try:
-                table = read_ops_table(Path(directory) / arts["ops"], top)
-            except (OSError, ValueError):
-                table = None
+            home = Path(directory).resolve()
+            target = (home / str(arts["ops"])).resolve()
+            table = None
+            if target.is_relative_to(home):  # never a file outside the report's directory
+                try:
+                    table = read_ops_table(target, top)
+                except (OSError, ValueError):
+                    table = None
             if table:
                 row = {**row, "details": {**row["details"], "ops_top": table}}
         rows.append(row)

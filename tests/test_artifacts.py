@@ -78,3 +78,23 @@ def test_the_page_shows_each_components_top_operators(tmp_path: Path) -> None:
     row = next(r for r in data["rows"] if r["path"] == "0")
     assert len(row["details"]["ops_top"]) == 3 and set(row["details"]["ops_top"][0]) == set(OPS_COLUMNS)
     assert "ops_top" not in json.loads((tmp_path / "report.json").read_text())["rows"][1]["details"]
+
+
+def test_artifact_directories_never_collide_or_escape(tmp_path: Path) -> None:
+    from cb_callback._engine import _artifact_dir
+
+    cfg = BenchmarkConfig(output_dir=str(tmp_path))
+    assert _artifact_dir(cfg, "") == tmp_path / "artifacts" / "root"
+    assert _artifact_dir(cfg, "root") == tmp_path / "artifacts" / "%72oot"  # a child named "root"
+    assert _artifact_dir(cfg, "/etc") == tmp_path / "artifacts" / "%2Fetc"  # a ModuleDict key with "/"
+    assert _artifact_dir(cfg, "blocks.0.attn") == tmp_path / "artifacts" / "blocks.0.attn"
+
+
+def test_the_page_reads_no_ops_table_outside_the_report(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.csv"
+    secret.write_text("name,calls\nsecret,1\n")
+    (tmp_path / "rep").mkdir()
+    data = {"metadata": {}, "rows": [{"path": "", "details": {"artifacts": {"ops": "../secret.csv"}}},
+                                     {"path": "a", "details": {"artifacts": {"ops": str(secret)}}}]}
+    out = with_artifact_tables(data, tmp_path / "rep")
+    assert all("ops_top" not in r["details"] for r in out["rows"])

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from cb_callback import profile_components
+from cb_callback import BenchmarkConfig, profile_components
 from cb_callback._quality import (
     FLAGS,
     NOISY_THRESHOLD,
@@ -376,3 +376,18 @@ def test_the_canary_runs_before_every_round() -> None:
     interleave([fixed(1.0, log, "a")], budgets_s=[0.0], rounds=3, min_repeats=3, max_repeats=3,
                clock=Clock(), switches=lambda: 0, canary=canary, canary_s=times)
     assert log == ["canary", "a", "canary", "a", "canary", "a"] and times == [1e-3] * 3
+
+
+def test_share_of_a_root_called_twice_is_still_a_fraction_of_the_step() -> None:
+    from cb_callback import Capture, profile_captured
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.GELU())
+    with Capture(model) as cap:
+        model(torch.randn(4, 16))
+        model(torch.randn(4, 16))  # a siamese step: the root runs twice, so does every child
+    report = profile_captured(model, cap.calls, config=BenchmarkConfig(**FAST))
+    root = report.row("")
+    assert root.calls == 2 and root.share == 1.0  # not 2.0
+    for row in report:  # total_ms x calls / (root total_ms x root calls)
+        assert row.share == row.total_ms * row.calls / (root.total_ms * 2)

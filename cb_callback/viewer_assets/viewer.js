@@ -146,7 +146,7 @@
     var lines = [
       "<b>" + esc(r.path === "" ? ROOT_ID : r.path) + "</b> (" + esc(r.module_type) + ")",
       "status: " + esc(r.status) + (r.error ? " \u2014 " + esc(String(r.error).slice(0, 120)) : ""),
-      "calls: " + r.calls + "; share: " + fmt(r.share, 1, 100) + " %",
+      "calls: " + esc(r.calls) + "; share: " + fmt(r.share, 1, 100) + " %",
       "fwd " + fmt(r.fwd_ms, 3) + " + bwd " + fmt(r.bwd_ms, 3) + " = " + fmt(r.total_ms, 3) + " ms per call",
       "GFLOP " + fmt(totalGflop(r), 3) + "; TFLOP/s " + fmt(r.tflops, 3) + "; MFU " + fmt(r.mfu, 1, 100) + " %",
       "GB/s " + fmt(r.gbps, 1) + "; BW util " + fmt(r.bw_util, 1, 100) + " %; bound " + esc(r.bound || "-"),
@@ -223,7 +223,7 @@
     { key: "path", label: "path", get: function (r) { return r.path === "" ? ROOT_ID : r.path; } },
     { key: "module_type", label: "type", get: function (r) { return r.module_type; } },
     { key: "status", label: "status", get: function (r) { return r.status; } },
-    { key: "calls", label: "calls", num: true, get: function (r) { return r.calls; }, show: function (v) { return String(v); } },
+    { key: "calls", label: "calls", num: true, get: function (r) { return r.calls; }, show: function (v) { return esc(v); } },
     { key: "fwd_ms", label: "fwd ms", num: true, get: function (r) { return r.fwd_ms; }, show: function (v) { return fmt(v, 3); } },
     { key: "bwd_ms", label: "bwd ms", num: true, get: function (r) { return r.bwd_ms; }, show: function (v) { return fmt(v, 3); } },
     { key: "total_ms", label: "total ms", num: true, get: function (r) { return r.total_ms; }, show: function (v) { return fmt(v, 3); } },
@@ -252,7 +252,7 @@
   }
   var GROUP_COLS = [
     { key: "group", label: "group", get: function (g) { return g.group; } },
-    { key: "count", label: "count", num: true, get: function (g) { return g.count; }, show: String },
+    { key: "count", label: "count", num: true, get: function (g) { return g.count; }, show: esc },
     { key: "step", label: "ms \u00d7 calls", num: true, get: function (g) { return g.step; }, show: function (v) { return fmt(v, 3); } },
     { key: "share", label: "share %", num: true, get: function (g) { return g.share; }, show: function (v) { return fmt(v, 1, 100); } },
     { key: "mfu", label: "mean MFU %", num: true, get: function (g) { return g.mfu; }, show: function (v) { return fmt(v, 1, 100); } }
@@ -365,8 +365,12 @@
     }).join("");
     var det = r.details || {};
     var arts = det.artifacts || {};
-    var links = Object.keys(arts).map(function (kind) {
-      return '<a class="artifact" data-kind="' + esc(kind) + '" href="' + esc(artifactBase + arts[kind]) + '" target="_blank">' + esc(kind) + "</a>";
+    // Artifact paths are relative to the report: a URL scheme (javascript:) or an absolute path is not linked.
+    var links = Object.keys(arts).filter(function (kind) {
+      var p = String(arts[kind]);
+      return !/^[a-z][\w+.-]*:/i.test(p) && p.charAt(0) !== "/" && p.indexOf("\\") < 0;
+    }).map(function (kind) {
+      return '<a class="artifact" data-kind="' + esc(kind) + '" href="' + esc(artifactBase + encodeURI(String(arts[kind]))) + '" target="_blank">' + esc(kind) + "</a>";
     }).join("");
     var ops = "";
     if (Array.isArray(det.ops_top) && det.ops_top.length) {
