@@ -26,7 +26,7 @@ class ComponentRow:
     ``gbps`` 1e9 bytes per second, ``tflops`` 1e12 FLOP per second. ``mfu`` and
     ``bw_util`` are fractions (0.25 = 25 % of the device's peak). ``share`` is
     this component's time over the whole step as a fraction of the root's
-    (``total_ms * calls / root total_ms``); ``noise`` the relative spread of
+    (``total_ms * calls / (root total_ms * root calls)``); ``noise`` the relative spread of
     its timed runs (IQR ÷ median of fwd + bwd). ``details["flags"]`` lists the
     row's measurement-quality flags (see :mod:`cb_callback._quality`).
 
