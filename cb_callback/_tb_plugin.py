@@ -146,13 +146,17 @@ class ComponentsPlugin(base_plugin.TBPlugin):
         d = self._run_dir(run)
         if d is None:
             return http_util.Respond(request, f"no component report {run!r}", "text/plain", code=404)
-        data = with_artifact_tables(json.loads((d / _REPORT_FILE).read_text()), d)
-        page = render_html(
-            data,
-            plotly_src="plotly.js",
-            viewer_src="viewer.js",
-            artifact_base=f"artifact?run={quote(run, safe='')}&path=",
-        )
+        try:
+            # NaN/Infinity (written by other tools) become null, as Report.to_dict writes them.
+            raw = json.loads((d / _REPORT_FILE).read_text(), parse_constant=lambda _: None)
+            page = render_html(
+                with_artifact_tables(raw, d),
+                plotly_src="plotly.js",
+                viewer_src="viewer.js",
+                artifact_base=f"artifact?run={quote(run, safe='')}&path=",
+            )
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            return http_util.Respond(request, f"cannot show {run!r}: {e}", "text/plain", code=422)
         return http_util.Respond(request, page, "text/html")
 
     def _serve_plotly(self, request: wrappers.Request) -> wrappers.Response:

@@ -88,6 +88,20 @@ def test_routes_serve_runs_page_scripts_and_only_the_reports_files(logdir: Path)
     assert client.get("/report", query_string={"run": "nope"}).status_code == 404
 
 
+def test_a_foreign_report_with_nan_or_garbage_is_shown_or_refused_not_a_500(tmp_path: Path) -> None:
+    good = tmp_path / "nan"
+    good.mkdir()
+    (good / "report.json").write_text('{"metadata": {}, "rows": [{"path": "", "total_ms": NaN}]}')
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "report.json").write_text('{"metadata": {}, "rows": [oops')
+    client = _app(tmp_path)
+    ok = client.get("/report", query_string={"run": "nan"})
+    assert ok.status_code == 200 and '"total_ms":null' in ok.get_data(as_text=True)
+    refused = client.get("/report", query_string={"run": "bad"})
+    assert refused.status_code == 422 and refused.get_data(as_text=True).startswith("cannot show 'bad'")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
