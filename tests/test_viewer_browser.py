@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from tests._browser import browser, new_page
 
 __all__ = ["browser"]  # the fixture
 
-FAST = dict(min_run_time_s=0.0, min_repeats=2, max_repeats=3, rounds=1, warmup=1)
+FAST: dict[str, Any] = dict(min_run_time_s=0.0, min_repeats=2, max_repeats=3, rounds=1, warmup=1)
 
 
 class Block(nn.Module):
@@ -172,3 +173,143 @@ def test_the_diff_page_colours_by_change(browser: object, tmp_path: Path) -> Non
         assert colors[paths.index("blocks.0.attn")] == "rgb(247,247,247)"  # unchanged: neutral
         assert "slower" in page.locator("#legend").inner_text()
         assert log.errors == []
+
+
+def _open_file(page: object, path: Path) -> None:
+    page.goto(path.as_uri())  # type: ignore[attr-defined]
+    page.wait_for_function("window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0")  # type: ignore[attr-defined]
+
+
+def _headers(page: object) -> list[str]:
+    return page.locator("#table thead th").all_text_contents()  # type: ignore[attr-defined]
+
+
+def _cell(page: object, path: str, header: str) -> str:
+    """The text of ``path``'s cell in the column headed ``header``."""
+    col = _headers(page).index(header)
+    return page.locator(f'#table tbody tr[data-path="{path}"] td').nth(col).inner_text()  # type: ignore[attr-defined]
+
+
+def _to_fixed(page: object, value: float, digits: int) -> str:
+    """``value`` as the browser's ``toFixed`` writes it (the page's number format)."""
+    return page.evaluate(f"({value!r}).toFixed({digits})")  # type: ignore[attr-defined]
+
+
+def _hover(page: object, path: str) -> str:
+    ids = page.evaluate("document.getElementById('icicle').data[0].ids")  # type: ignore[attr-defined]
+    hover = page.evaluate("document.getElementById('icicle').data[0].customdata")  # type: ignore[attr-defined]
+    return hover[ids.index(path or "(root)")]
+
+
+WHATIF_HEADERS = ("p90 ms", "median ms", "compiled ms", "compile \u00d7")
+
+
+def test_a_report_without_batches_or_compile_has_none_of_their_columns(browser: object, report_dir: Path) -> None:
+    with new_page(browser) as (page, log):
+        _open(page, report_dir)
+        headers = _headers(page)
+        assert "total ms" in headers
+        assert not set(WHATIF_HEADERS) & set(headers)
+        assert "compile_speedup" not in page.evaluate("Array.from(document.querySelectorAll('#metric option')).map(o => o.value)")
+        page.click('#table tr[data-path="blocks.1.attn"]')
+        assert page.locator("#details .batches, #details .compile-whatif").count() == 0
+        assert log.errors == []
+
+
+def test_many_batches_show_median_p90_and_each_batch(browser: object, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU())
+    report = profile_components(model, batches=[torch.randn(n, 16) for n in (2, 4, 8)], **FAST)
+    assert report.metadata["batches"] == 3
+    page_file = write_html(report, tmp_path)
+    root = report.row("")
+    with new_page(browser) as (page, log):
+        _open_file(page, page_file)
+        headers = _headers(page)
+        assert "total ms" not in headers
+        assert headers.index("p90 ms") == headers.index("median ms") + 1
+        assert "3 batches" in (page.locator("#table th[data-key='total_ms']").get_attribute("title") or "")
+        assert _cell(page, "", "p90 ms") == _to_fixed(page, root.details["p90_ms"], 3)
+        assert _cell(page, "", "median ms") == _to_fixed(page, root.total_ms, 3)
+        assert f"p90 {_to_fixed(page, root.details['p90_ms'], 3)} ms over 3 batches" in _hover(page, "")
+        # sorting by p90 orders the rows by it
+        page.click("#table th[data-key='p90_ms']")
+        p90 = {r.path: r.details.get("p90_ms", float("-inf")) for r in report.rows}
+        shown = page.evaluate("window.cbViewer.visiblePaths()")
+        assert [p90[p] for p in shown] == sorted(p90.values(), reverse=True)
+        # and the CSV carries it
+        table = list(csv.DictReader(io.StringIO(page.evaluate("window.cbViewer.csv()"))))
+        root_line = next(r for r in table if r["path"] == "(root)")
+        assert float(root_line["p90 ms"]) == root.details["p90_ms"]
+        assert float(root_line["median ms"]) == root.total_ms
+        # the details list each batch with its input shape; none of it is dumped twice
+        page.click('#table tr[data-path="0"]')
+        batch_rows = page.locator("#details .batch-table tbody tr[data-batch]")
+        assert batch_rows.count() == 3
+        shapes = [b["shape"] for b in report.row("0").details["batches"]]
+        assert shapes == ["float32[2,16]", "float32[4,16]", "float32[8,16]"]
+        assert page.locator("#details .batch-table td.shape").all_inner_texts() == shapes  # one line under each batch
+        dump = page.locator("#details pre").inner_text()
+        assert '"p90_ms"' not in dump and '"batches"' not in dump and '"shapes"' not in dump
+        assert log.errors == []
+
+
+def test_the_compile_what_if_shows_compiled_times_and_speedups(browser: object, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    report = profile_components(model, (torch.randn(4, 16),), compile=True, compile_options={"backend": "eager"}, **FAST)
+    compiled = [r for r in report.rows if r.compiled_ms == r.compiled_ms]  # not NaN
+    assert compiled
+    page_file = write_html(report, tmp_path)
+    with new_page(browser) as (page, log):
+        _open_file(page, page_file)
+        headers = _headers(page)
+        assert headers.index("compiled ms") == headers.index("noise %") + 1
+        assert headers.index("compile \u00d7") == headers.index("compiled ms") + 1
+        assert "total ms" in headers and "p90 ms" not in headers  # one batch
+        for r in compiled:
+            assert _cell(page, r.path, "compiled ms") == _to_fixed(page, r.compiled_ms, 3)
+            assert _cell(page, r.path, "compile \u00d7") == _to_fixed(page, r.compile_speedup, 2)
+        root = report.row("")
+        speedup = _to_fixed(page, root.compile_speedup, 2)
+        assert f"compiled {_to_fixed(page, root.compiled_ms, 3)} ms (\u00d7{speedup})" in _hover(page, "")
+        table = list(csv.DictReader(io.StringIO(page.evaluate("window.cbViewer.csv()"))))
+        assert float(next(t for t in table if t["path"] == "(root)")["compile \u00d7"]) == root.compile_speedup
+        page.select_option("#metric", "compile_speedup")
+        assert "compile speed-up" in page.locator("#legend").inner_text()
+        page.click('#table tr[data-path=""]')
+        section = page.locator("#details .compile-whatif")
+        assert section.count() == 1
+        text = section.inner_text()
+        assert f"compiled {_to_fixed(page, root.compiled_ms, 3)} ms (\u00d7{speedup})" in text
+        assert "graph breaks" in text and "recompiles" in text and "outputs close" in text
+        sep = root.details["compile"]["children_separately_ms"]
+        assert f"\u2192 {_to_fixed(page, sep, 3)} ms ({root.details['compile']['children_compiled']} children compiled)" in text
+        assert '"compile"' not in page.locator("#details pre").inner_text()
+        assert log.errors == []
+
+
+def test_compile_errors_and_break_reasons_are_escaped(browser: object, tmp_path: Path) -> None:
+    report = profile_components(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), (torch.randn(1, 2),), **FAST)
+    evil = "<img id=evil src=x onerror=alert(1)>"
+    ok = report.row("0")
+    ok.compiled_ms, ok.compile_speedup = ok.total_ms / 2, 2.0
+    ok.details["compile"] = {
+        "graphs": 2, "graph_breaks": 1, "break_reasons": [{"reason": evil, "count": 2, "where": evil}], "recompiles": 0,
+    }
+    report.row("1").details["compile"] = {"error": "RuntimeError: " + evil + "x" * 200}
+    report.row("1").details["batches"] = [{"batch": 0, "status": "ok", "calls": 1, "shape": evil}]
+    page_file = write_html(report, tmp_path)
+    with new_page(browser) as (page, log):
+        _open_file(page, page_file)
+        hover = _hover(page, "1")
+        assert "compile failed: RuntimeError: &lt;img" in hover and "<img" not in hover
+        assert len(hover.split("compile failed: ", 1)[1].split("<br>")[0]) < 120  # the first 80 characters, escaped
+        page.click('#table tr[data-path="0"]')
+        assert evil in page.locator("#details .break-reasons").inner_text()
+        page.click('#table tr[data-path="1"]')
+        assert "compile failed: RuntimeError: " + evil in page.locator("#details .compile-whatif").inner_text()
+        assert page.locator("#details .batch-table td.shape").inner_text() == evil
+        assert page.locator("#evil").count() == 0
+        assert log.errors == []
+        assert log.requests == [page_file.as_uri()]

@@ -54,6 +54,16 @@
     var f = [r.fwd_flops, r.bwd_flops].filter(isNum);
     return f.length ? f.reduce(function (a, b) { return a + b; }, 0) / 1e9 : NaN;
   }
+  /* Several batches (profile_components(batches=...)): the row is their median. */
+  var nBatches = isNum(meta.batches) ? meta.batches : 1;
+  function batchesOf(r) { return r.details && Array.isArray(r.details.batches) ? r.details.batches : null; }
+  function p90Of(r) { return r.details && isNum(r.details.p90_ms) ? r.details.p90_ms : NaN; }
+  /* The compile what-if (compile=True): details.compile, compiled_ms, compile_speedup. */
+  function compileOf(r) {
+    var c = r.details && r.details.compile;
+    return c && typeof c === "object" && !Array.isArray(c) ? c : null;
+  }
+  var anyCompiled = rows.some(function (r) { return isNum(r.compiled_ms); });
 
   /* --- metrics a node can be coloured by --------------------------------------- */
   var METRICS = {
@@ -70,6 +80,11 @@
       value: function (r) { return r.status; }
     }
   };
+  if (anyCompiled) {
+    METRICS.compile_speedup = {
+      label: "compile speed-up (eager \u00f7 compiled, \u00d7)", value: function (r) { return r.compile_speedup; }, scale: 1, unit: "\u00d7"
+    };
+  }
   var NAN_COLOR = "#d0d0d0";
   function diffOf(r) { return (r.details && r.details.diff) || null; }
   if (config.diff) {
@@ -153,6 +168,12 @@
       "peak " + fmt(r.peak_mem_mb, 1) + " MiB; activations " + fmt(r.activation_mb, 1) + " MiB; params " + fmt(r.params_mb, 1) + " MiB",
       "noise " + fmt(r.noise, 1, 100) + " %" + (flagsOf(r).length ? "; flags: " + esc(flagsOf(r).join(", ")) : "")
     ];
+    var b = batchesOf(r);
+    if (isNum(p90Of(r))) lines.push("p90 " + fmt(p90Of(r), 3) + " ms over " + esc(b ? b.length : nBatches) + " batches");
+    var c = compileOf(r);
+    if (isNum(r.compiled_ms)) lines.push("compiled " + fmt(r.compiled_ms, 3) + " ms (\u00d7" + fmt(r.compile_speedup, 2) + ")");
+    else if (c && c.error) lines.push("compile failed: " + esc(String(c.error).slice(0, 80)));
+    else if (c && c.skipped) lines.push("compile skipped: " + esc(String(c.skipped).slice(0, 80)));
     return lines.join("<br>");
   }
   /* Outline colours mark the selection, estimated and failed nodes. The width is
@@ -239,6 +260,23 @@
     { key: "bound", label: "bound", get: function (r) { return r.bound || "-"; } },
     { key: "flags", label: "flags", get: function (r) { return flagsOf(r).join(" "); } }
   ];
+  function colIndex(key) { for (var i = 0; i < COLS.length; i++) if (COLS[i].key === key) return i; return -1; }
+  if (nBatches > 1) {
+    var totalCol = COLS[colIndex("total_ms")];
+    totalCol.label = "median ms";
+    totalCol.title = "fwd + bwd per call: the median over the " + nBatches + " batches";
+    COLS.splice(colIndex("total_ms") + 1, 0, {
+      key: "p90_ms", label: "p90 ms", num: true, title: "90th percentile of fwd + bwd per call over the " + nBatches + " batches",
+      get: p90Of, show: function (v) { return fmt(v, 3); }
+    });
+  }
+  if (anyCompiled) {
+    COLS.splice(colIndex("noise") + 1, 0,
+      { key: "compiled_ms", label: "compiled ms", num: true, title: "fwd + bwd per call of the component compiled alone (torch.compile)",
+        get: function (r) { return r.compiled_ms; }, show: function (v) { return fmt(v, 3); } },
+      { key: "compile_speedup", label: "compile \u00d7", num: true, title: "speed-up: eager total ms \u00f7 compiled ms (above 1: compiling helps)",
+        get: function (r) { return r.compile_speedup; }, show: function (v) { return fmt(v, 2); } });
+  }
   if (config.diff) {
     var dcol = function (key, label, sign) {
       return {
@@ -285,7 +323,7 @@
   }
   function visibleRows() {
     var f = filters();
-    var col = COLS.filter(function (c) { return c.key === state.sortKey; })[0] || COLS[7];
+    var col = COLS.filter(function (c) { return c.key === state.sortKey; })[0] || COLS[colIndex("step")];
     return rows.filter(function (r) { return passes(r, f); }).sort(function (a, b) {
       var x = col.get(a), y = col.get(b);
       if (col.num) {
@@ -329,7 +367,7 @@
     var t = currentTable();
     var head = "<tr>" + t.cols.map(function (c) {
       var cls = (c.num ? "num " : "") + (c.key === state.sortKey ? (state.sortDir > 0 ? "sorted-asc" : "sorted-desc") : "");
-      return '<th data-key="' + c.key + '" class="' + cls + '">' + esc(c.label) + "</th>";
+      return '<th data-key="' + esc(c.key) + '" class="' + cls + '"' + (c.title ? ' title="' + esc(c.title) + '"' : "") + ">" + esc(c.label) + "</th>";
     }).join("") + "</tr>";
     var body = t.items.map(function (item) {
       var attrs = t.key ? ' data-path="' + esc(t.key(item)) + '"' + (t.key(item) === state.selected ? ' class="selected"' : "") : "";
@@ -356,6 +394,89 @@
   }
 
   /* --- details ------------------------------------------------------------------------ */
+  function yesNo(v) { return v === true ? "yes" : v === false ? "no" : "-"; }
+  function sci(v) { return isNum(v) ? (v === 0 ? "0" : v.toExponential(2)) : "-"; }
+  function kv(k, v) { return "<dt>" + esc(k) + "</dt><dd>" + v + "</dd>"; }  // v: already escaped
+  /* Each batch the component ran in (profile_components(batches=...)), with its compiled time if any. */
+  function batchesSection(r) {
+    var b = batchesOf(r), det = r.details || {};
+    if (!b) return "";
+    var c = compileOf(r) || {}, perCompile = new Map();
+    (Array.isArray(c.batches) ? c.batches : []).forEach(function (x) { if (x && x.batch !== undefined) perCompile.set(x.batch, x); });
+    var cols = [
+      ["batch", function (x) { return esc(x.batch); }, ""],
+      ["status", function (x) { return esc(x.status); }, ""],
+      ["calls", function (x) { return esc(x.calls); }, "num"],
+      ["fwd ms", function (x) { return fmt(x.fwd_ms, 3); }, "num"],
+      ["bwd ms", function (x) { return fmt(x.bwd_ms, 3); }, "num"],
+      ["total ms", function (x) { return fmt(x.total_ms, 3); }, "num"]
+    ];
+    if (perCompile.size) cols.push(["compiled ms", function (x) { var p = perCompile.get(x.batch); return p ? fmt(p.compiled_ms, 3) : "-"; }, "num"]);
+    var summary = [];
+    if (isNum(det.median_ms)) summary.push("median " + fmt(det.median_ms, 3) + " ms");
+    if (isNum(det.p90_ms)) summary.push("p90 " + fmt(det.p90_ms, 3) + " ms");
+    summary.push("over " + esc(b.length) + " of " + esc(nBatches) + " batches");
+    var shapes = Array.isArray(det.shapes) && det.shapes.length
+      ? '<p class="muted">shapes: ' + det.shapes.map(function (s) { return "<code>" + esc(s) + "</code>"; }).join(", ") + "</p>" : "";
+    return '<section class="batches"><h3>batches</h3><p>' + summary.join("; ") + "</p>" + shapes +
+      '<div class="scroll-x"><table class="mini-table batch-table"><thead><tr>' +
+      cols.map(function (k) { return '<th class="' + k[2] + '">' + esc(k[0]) + "</th>"; }).join("") + "</tr></thead><tbody>" +
+      b.map(function (x) {
+        x = x || {};
+        // the input shape (and any error) on a line of its own under the numbers: the panel is narrow
+        return '<tr data-batch="' + esc(x.batch) + '" class="batch-numbers">' + cols.map(function (k) {
+          return '<td class="' + k[2] + (k[0] === "status" ? " status-" + esc(x.status) : "") + '">' + k[1](x) + "</td>";
+        }).join("") + '</tr><tr class="batch-shape"><td class="shape" colspan="' + cols.length + '">' +
+          esc(x.shape === null || x.shape === undefined ? "-" : x.shape) +
+          (x.error ? '<div class="compile-error">' + esc(String(x.error)) + "</div>" : "") + "</td></tr>";
+      }).join("") + "</tbody></table></div></section>";
+  }
+  /* The component compiled alone (compile=True): what compiling it would buy. */
+  function compileSection(r) {
+    var c = compileOf(r);
+    if (!c) return "";
+    var out = [], known = {
+      options: 1, graphs: 1, graph_breaks: 1, break_reasons: 1, compile_s: 1, recompiles: 1, fwd_ms: 1, bwd_ms: 1,
+      noise: 1, repeats: 1, eager_ms_same_rounds: 1, outputs_close: 1, max_abs_error: 1, max_rel_error: 1, batches: 1,
+      children_separately_ms: 1, children_compiled: 1, error: 1, skipped: 1, explain_error: 1
+    };
+    if (c.skipped) out.push('<p class="muted">not compiled: ' + esc(c.skipped) + "</p>");
+    if (c.error) out.push('<p class="compile-error">compile failed: ' + esc(c.error) + "</p>");
+    if (isNum(r.compiled_ms)) {
+      out.push('<p class="compile-headline">eager ' + fmt(r.total_ms, 3) + " ms \u2192 compiled <b>" + fmt(r.compiled_ms, 3) + " ms</b> (\u00d7" + fmt(r.compile_speedup, 2) + ")</p>");
+    }
+    var dl = [];
+    if (isNum(c.fwd_ms) || isNum(c.bwd_ms)) dl.push(kv("compiled fwd + bwd", fmt(c.fwd_ms, 3) + " + " + fmt(c.bwd_ms, 3) + " ms"));
+    if (isNum(c.eager_ms_same_rounds)) dl.push(kv("eager, same rounds", fmt(c.eager_ms_same_rounds, 3) + " ms"));
+    if (isNum(c.noise)) dl.push(kv("noise", fmt(c.noise, 1, 100) + " %" + (isNum(c.repeats) ? " (" + esc(c.repeats) + " repeats)" : "")));
+    if (isNum(c.compile_s)) dl.push(kv("compile time", fmt(c.compile_s, 2) + " s"));
+    if (c.graphs !== undefined) dl.push(kv("graphs", esc(c.graphs)));
+    if (c.graph_breaks !== undefined) dl.push(kv("graph breaks", esc(c.graph_breaks)));
+    if (c.recompiles !== undefined) dl.push(kv("recompiles", esc(c.recompiles)));
+    if (c.outputs_close !== undefined) {
+      dl.push(kv("outputs close", '<span class="' + (c.outputs_close === false ? "compile-error" : "") + '">' + yesNo(c.outputs_close) + "</span>" +
+        "; max abs error " + sci(c.max_abs_error) + (c.max_rel_error !== undefined ? ", rel " + sci(c.max_rel_error) : "")));
+    }
+    if (c.options && typeof c.options === "object") dl.push(kv("options", "<code>" + esc(JSON.stringify(c.options)) + "</code>"));
+    if (c.explain_error) dl.push(kv("explain failed", esc(c.explain_error)));
+    Object.keys(c).forEach(function (k) {
+      if (!known[k]) dl.push(kv(k, esc(typeof c[k] === "object" ? JSON.stringify(c[k]) : c[k])));
+    });
+    if (dl.length) out.push("<dl>" + dl.join("") + "</dl>");
+    var reasons = Array.isArray(c.break_reasons) ? c.break_reasons : [];
+    if (reasons.length) {
+      out.push('<p>graph-break reasons:</p><ul class="break-reasons">' + reasons.map(function (x) {
+        x = x || {};
+        return "<li>" + esc(x.reason === undefined ? "?" : x.reason) + (isNum(x.count) && x.count > 1 ? " (\u00d7" + esc(x.count) + ")" : "") +
+          (x.where ? ' <span class="muted">at ' + esc(x.where) + "</span>" : "") + "</li>";
+      }).join("") + "</ul>");
+    }
+    if (isNum(c.children_separately_ms)) {
+      out.push('<p class="children-separately">its children compiled separately: ' + fmt(r.total_ms, 3) + " \u2192 " +
+        fmt(c.children_separately_ms, 3) + " ms" + (c.children_compiled ? " (" + esc(c.children_compiled) + " children compiled)" : "") + "</p>");
+    }
+    return '<section class="compile-whatif"><h3>compile what-if</h3>' + out.join("") + "</section>";
+  }
   function drawDetails() {
     var el = document.getElementById("details"), r = state.selected === null ? null : byPath.get(state.selected);
     if (!r) { el.innerHTML = '<p class="muted">Select a component in the icicle or the table.</p>'; return; }
@@ -378,11 +499,13 @@
       ops = '<h3>top operators</h3><table class="op-table"><tr>' + keys.map(function (k) { return "<th>" + esc(k) + "</th>"; }).join("") + "</tr>" +
         det.ops_top.map(function (o) { return "<tr>" + keys.map(function (k) { return "<td>" + esc(o[k]) + "</td>"; }).join("") + "</tr>"; }).join("") + "</table>";
     }
+    var shown = { artifacts: 1, ops_top: 1, batches: 1, median_ms: 1, p90_ms: 1, shapes: 1, compile: 1 };  // drawn above the dump
     var rest = {};
-    Object.keys(det).forEach(function (k) { if (k !== "artifacts" && k !== "ops_top") rest[k] = det[k]; });
+    Object.keys(det).forEach(function (k) { if (!shown[k]) rest[k] = det[k]; });
     el.innerHTML = "<h2>" + esc(r.path === "" ? ROOT_ID : r.path) + "</h2>" +
       (flagsOf(r).length ? "<p>" + flagsOf(r).map(function (x) { return '<span class="flag">' + esc(x) + "</span>"; }).join("") + "</p>" : "") +
       '<p class="artifacts">' + (links ? "artifacts: " + links : '<span class="muted">no artifacts (profile with artifacts=("trace", "ops", "memory"))</span>') + "</p>" +
+      compileSection(r) + batchesSection(r) +
       ops + "<dl>" + items + "</dl><h3>details</h3><pre>" + esc(JSON.stringify(rest, null, 1)) + "</pre>";
   }
   function select(path, fromTable) {
