@@ -51,26 +51,24 @@ class ComponentBenchmark(Callback):
     ``capture_step`` under ``component_benchmark/``. The options from ``max_depth`` to
     ``load_plugins`` are :class:`cb_callback.BenchmarkConfig`'s; below is what differs.
 
-    Example::
-
-        cb = ComponentBenchmark(capture_step=10)
-        L.Trainer(callbacks=[cb]).fit(model)
-        print(cb.report.summary())
+    Example: ``L.Trainer(callbacks=[cb := ComponentBenchmark(capture_step=10)]).fit(model)``,
+    then ``print(cb.report.summary())``.
 
     Args:
         capture_step: the ``trainer.global_step`` whose first micro-batch is captured.
+        capture_batches: capture steps ``capture_step … capture_step + k − 1`` (dynamic
+            shapes): each component is measured on each, its row the median (p90 in ``details``).
         mode: ``"pause"`` profiles in-process after the captured batch, in the Trainer's
             precision context; ``"fork"`` snapshots to ``output_dir/snapshot/`` and profiles
             it in a ``spawn``-ed child process while training goes on.
         max_total_time_s: ``None`` is no limit in one process; with several (DDP)
             half the strategy's collective timeout, so waiting ranks cannot time out.
-        device: where to replay; ``None`` is the module's device. Another device gets
-            a copy of the module (pause: the engine deep-copies it there, which needs
-            room for its weights; fork: the child loads the snapshot there).
+        device: where to replay; ``None`` is the module's. Another device gets a copy of the
+            module (pause: a deep copy, room for its weights; fork: the child loads it there).
         dtype: the MFU peak's dtype; ``None`` follows ``Trainer(precision=...)``
             (``bf16-*`` -> bf16, ``16-*`` -> fp16, ``64-*`` -> fp64) or infers it.
-        reporters: extra :class:`cb_callback.Reporter` plugins; in pause mode their
-            ``ctx.writer`` is the ``TensorBoardLogger``'s writer (rank zero).
+        reporters: extra :class:`cb_callback.Reporter` plugins; in pause mode ``ctx.writer`` is
+            the ``TensorBoardLogger``'s writer (rank zero).
         capture_batch_size: keep ``k`` samples per input, replicated back to the batch size.
         output_dir: default ``<trainer.log_dir or default_root_dir>/component_benchmark``;
             ``ranks="all"`` with several processes adds ``rank_<global_rank>/``.
@@ -90,11 +88,10 @@ class ComponentBenchmark(Callback):
         output_dir: the resolved output directory (after ``setup``).
 
     Notes:
-        Training is unchanged (bit-identical losses and weights): hooks only copy inputs,
-        the replay runs after the step's optimizer step (with gradient accumulation, after
-        its first micro-batch) and restores weights, buffers, grads, flags and RNG streams.
-        Isolation cannot see fusion across modules, cache state or overlap with
-        communication; ``"fork"`` timings include contention with training.
+        Training is unchanged (bit-identical losses and weights): hooks only copy inputs, the
+        replay runs after the (last captured) step's optimizer step and restores weights,
+        buffers, grads, flags and RNG streams. Isolation cannot see fusion across modules,
+        cache state or overlap with communication; ``"fork"`` timings include contention.
     """
 
     def __init__(
@@ -112,8 +109,9 @@ class ComponentBenchmark(Callback):
         peak_bandwidth: float | None = _DEFAULTS.peak_bandwidth, batch_size: int | None = _DEFAULTS.batch_size, preprocessors: Sequence[Any] = (), metrics: Sequence[Any] = (), reporters: Sequence[Any] = (),
         descend: Literal["all", "hotspots"] = _DEFAULTS.descend, descend_share: float = _DEFAULTS.descend_share,
         seed: int = _DEFAULTS.seed, load_plugins: bool = _DEFAULTS.load_plugins, artifacts: Sequence[str] = (), artifacts_top: int | None = None,
+        compile: bool = _DEFAULTS.compile, compile_options: dict[str, Any] | None = None, compile_top: int | None = None,
         # the callback's own
-        capture_batch_size: int | None = None, output_dir: str | None = None, log_to_tensorboard: bool = True,
+        capture_batches: int = 1, capture_batch_size: int | None = None, output_dir: str | None = None, log_to_tensorboard: bool = True,
         stop_after: bool = False, ranks: Literal["zero", "all"] = "zero", enabled: bool = True,
         fork_timeout_s: float | None = 300.0,
     ) -> None:  # fmt: skip
@@ -132,6 +130,7 @@ class ComponentBenchmark(Callback):
         self.output_dir: Path | None = None
         self._active = self._done = self._pending = False  # done: the capture step was handled
         self._capture: Capture | None = None
+        self._steps = _step.StepCaptures(capture_step, capture_batches)
         self._fork: Fork | None = None
         self._files_ok, self._warned_unreached = True, False
         self._time_bound_s: float | None = None
@@ -166,7 +165,7 @@ class ComponentBenchmark(Callback):
         place.check_pause_device(self.config.device if self.mode == "pause" else None)
         log_dir = lambda: trainer.log_dir or trainer.default_root_dir  # noqa: E731  (a broadcast: every rank asks)
         self.output_dir = place.output_dir(self._output_dir_arg, log_dir, self.ranks, trainer.world_size, trainer.global_rank)
-        if (message := _step.unreachable(self.capture_step, trainer.max_steps)) is not None:
+        if (message := _step.unreachable(self._steps.last_step, trainer.max_steps)) is not None:
             self._warned_unreached = True
             rank_zero_warn(message)
         timeout = getattr(trainer.strategy, "_timeout", None)  # a timedelta, on DDP-like strategies
@@ -180,7 +179,7 @@ class ComponentBenchmark(Callback):
             return
         step, seen = trainer.global_step, self._steps_seen
         self._steps_seen = (step, step) if seen is None else (seen[0], step)
-        if step == self.capture_step and not trainer.sanity_checking:
+        if self._steps.wants(step) and not trainer.sanity_checking:
             self._pending = True
             if place.profiles_on_rank(self.ranks, trainer.global_rank):
                 self._capture = _step.step_capture(pl_module, self.capture_batch_size).__enter__()
@@ -198,11 +197,11 @@ class ComponentBenchmark(Callback):
     ) -> None:
         if self._fork is not None and (result := self._fork.poll()) is not None:
             self._finish_fork(trainer, result)
-        if not self._pending:
+        if not self._pending or not self._steps.add(self._disarm()):
             return
         self._done = True
-        if (capture := self._disarm()) is not None:
-            self._profile(trainer, pl_module, capture, outputs)
+        if self._steps.captures:
+            self._profile(trainer, pl_module, outputs)
         if self.mode == "pause" and trainer.world_size > 1:
             trainer.strategy.barrier("cb_callback_profiled")
         if self.stop_after:
@@ -216,9 +215,9 @@ class ComponentBenchmark(Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._disarm()
 
-    def _profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, capture: Capture, outputs: Any) -> None:
-        """Profile (pause) or fork after the captured batch; never raises."""
-        step, out = self.capture_step, self.output_dir if self._files_ok else None
+    def _profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any) -> None:
+        """Profile (pause) or fork after the captured batch(es); never raises."""
+        step, out, capture, calls = self.capture_step, self.output_dir if self._files_ok else None, self._steps.captures[0], self._steps.calls()
         for message in _step.capture_warnings(step, pl_module, capture, outputs):
             rank_zero_warn(message)
         cfg, metadata = _step.plan(
@@ -228,10 +227,10 @@ class ComponentBenchmark(Callback):
         )  # fmt: skip
         try:
             if self.mode == "pause":
-                self._profile_here(trainer, pl_module, capture, cfg, metadata, out)
+                self._profile_here(trainer, pl_module, capture, calls, cfg, metadata, out)
                 return
             self._fork = Fork.start(
-                pl_module, capture.calls, config=cfg.replace(output_dir=None), captured_batch_size=capture.stored_batch_size,
+                pl_module, calls, config=cfg.replace(output_dir=None), captured_batch_size=capture.stored_batch_size,
                 precision=str(trainer.precision), metadata=metadata | {"capture_device": str(pl_module.device)},
                 output_dir=out, device=str(self.config.device or pl_module.device), step=step,
             )  # fmt: skip
@@ -240,7 +239,7 @@ class ComponentBenchmark(Callback):
             _publish.report_failure(step, out, e)
 
     def _profile_here(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, capture: Capture, cfg: BenchmarkConfig,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, capture: Capture, calls: Any, cfg: BenchmarkConfig,
         metadata: dict[str, Any], out: Path | None,
     ) -> None:  # fmt: skip
         # The engine runs the user's reporters with this context (the logger's writer on rank zero).
@@ -249,7 +248,7 @@ class ComponentBenchmark(Callback):
         show = trainer.is_global_zero and trainer.progress_bar_callback is not None
         with ProgressBar(self.capture_step, show) as progress:
             self.report = profile_captured(
-                pl_module, capture.calls, config=cfg.replace(progress=progress), metadata=metadata, report_context=ctx,
+                pl_module, calls, config=cfg.replace(progress=progress), metadata=metadata, report_context=ctx,
                 captured_batch_size=capture.stored_batch_size, forward_context=trainer.precision_plugin.forward_context,
             )  # fmt: skip
         self._publish(trainer, self.report, _publish.write_files(self.report, ctx))
@@ -277,6 +276,10 @@ class ComponentBenchmark(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._active and not self._done and (partial := self._steps.partial()) is not None and trainer.world_size == 1:
+            rank_zero_warn(partial)  # one process: no rank waits at a barrier for this
+            self._done = True
+            self._profile(trainer, pl_module, outputs=True)
         if self._fork is not None:
             self._finish_fork(trainer, self._fork.wait(self.fork_timeout_s))
         if self._active and self.mode == "fork" and self._done and trainer.world_size > 1:

@@ -49,6 +49,8 @@ def check_callback_args(args: Mapping[str, Any]) -> BenchmarkConfig:
     fork_timeout_s, output_dir = args["fork_timeout_s"], args["output_dir"]
     if not _is_int(capture_step) or capture_step < 0:
         raise ValueError(f"ComponentBenchmark(capture_step={capture_step!r}): expected an integer >= 0")
+    if not _is_int(args["capture_batches"]) or args["capture_batches"] < 1:
+        raise ValueError(f"ComponentBenchmark(capture_batches={args['capture_batches']!r}): expected an integer >= 1")
     for name, allowed in (("mode", MODES), ("ranks", RANKS)):
         if args[name] not in allowed:
             raise ValueError(f"ComponentBenchmark({name}={args[name]!r}): expected one of {allowed}")

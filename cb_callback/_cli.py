@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="where the report files go; default: SNAPSHOT_DIR/replay"
     )
     replay.add_argument("--top", type=int, default=10, help="hotspots to print (default 10)")
+    _add_compile(replay, top=True)
     replay.add_argument(
         "--script",
         type=Path,
@@ -91,10 +92,31 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: by dtype)")
     compare.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: by dtype)")
     compare.add_argument("--no-backward", action="store_true", help="compare and time the forward only")
+    _add_compile(compare, top=False)
     compare.add_argument(
         "--script", type=Path, default=None, help="the training script defining the model's class (as for cb replay)"
     )
     return parser
+
+
+def _add_compile(p: argparse.ArgumentParser, top: bool) -> None:
+    """``--compile``, ``--compile-backend``, ``--compile-mode`` (and ``--compile-top``): the compile what-if."""
+    p.add_argument("--compile", action="store_true", help="also time each component compiled alone (torch.compile)")
+    p.add_argument("--compile-backend", default=None, help="torch.compile backend (default: torch's, inductor)")
+    p.add_argument("--compile-mode", default=None, help="torch.compile mode (default, reduce-overhead, ...)")
+    if top:
+        p.add_argument("--compile-top", type=int, default=None, help="compile only the K most expensive components")
+
+
+def _compile_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`BenchmarkConfig` options of the ``--compile*`` flags (none without ``--compile``)."""
+    if not args.compile:
+        return {}
+    options = {k: v for k, v in (("backend", args.compile_backend), ("mode", args.compile_mode)) if v is not None}
+    out: dict[str, Any] = {"compile": True, "compile_options": options or None}
+    if getattr(args, "compile_top", None) is not None:
+        out["compile_top"] = args.compile_top
+    return out
 
 
 def _add_selection(p: argparse.ArgumentParser, sorts: Sequence[str], default_sort: str | None) -> None:
@@ -141,7 +163,7 @@ def _replay(args: argparse.Namespace) -> int:
     from cb_callback._files import FileReporter
     from cb_callback._plugins import ReportContext
 
-    report = snapshot.profile(device=device, output_dir=out, progress=_progress)
+    report = snapshot.profile(device=device, output_dir=out, progress=_progress, **_compile_options(args))
     print(file=sys.stderr)
     step = int(snapshot.metadata.get("capture_step", 0) or 0)
     written = FileReporter().write(report, ReportContext(output_dir=out, step=step))
@@ -298,7 +320,7 @@ def _compare_cmd(args: argparse.Namespace) -> int:
     if not isinstance(candidate, nn.Module):
         print(f"cb: error: {args.candidate} returned {type(candidate).__name__}, not an nn.Module", file=sys.stderr)
         return 2
-    cfg = snapshot.benchmark_config(device=device, output_dir=None, reporters=())
+    cfg = snapshot.benchmark_config(device=device, output_dir=None, reporters=(), **_compile_options(args))
     comparison = compare_components(
         reference, candidate, snapshot.calls[args.path], rtol=args.rtol, atol=args.atol,
         backward=cfg.backward and not args.no_backward, config=cfg,

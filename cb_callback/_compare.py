@@ -22,31 +22,15 @@ from cb_callback._isolate import Replay, ReplayInputs
 from cb_callback._report import ComponentRow, Report
 from cb_callback._state import StateGuard
 from cb_callback._storage import model_device
+from cb_callback._tolerances import DEFAULT_TOLERANCES, default_tolerances
 
 __all__ = ["DEFAULT_TOLERANCES", "Comparison", "TensorComparison", "compare_components", "default_tolerances"]
-
-#: ``dtype -> (rtol, atol)``: the defaults of :func:`torch.testing.assert_close`
-#: (its ``_DTYPE_PRECISIONS``); integer and bool tensors must be equal (0, 0).
-DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float16: (1e-3, 1e-5),
-    torch.bfloat16: (1.6e-2, 1e-5),
-    torch.float32: (1.3e-6, 1e-5),
-    torch.float64: (1e-7, 1e-7),
-    torch.complex32: (1e-3, 1e-5),
-    torch.complex64: (1.3e-6, 1e-5),
-    torch.complex128: (1e-7, 1e-7),
-}
 
 #: The metrics shown side by side (columns of :class:`ComponentRow`).
 _METRICS = (
     "status", "fwd_ms", "bwd_ms", "total_ms", "fwd_flops", "bwd_flops", "bytes", "tflops", "mfu",
-    "gbps", "bw_util", "intensity", "bound", "peak_mem_mb", "noise",
+    "gbps", "bw_util", "intensity", "bound", "peak_mem_mb", "noise", "compiled_ms", "compile_speedup",
 )  # fmt: skip
-
-
-def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
-    """``(rtol, atol)`` for comparing tensors of ``dtype`` (see :data:`DEFAULT_TOLERANCES`)."""
-    return DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
 
 
 @dataclass

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
-__all__ = ["BenchmarkConfig"]
+__all__ = ["COMPILE_OPTIONS", "BenchmarkConfig"]
+
+#: The ``torch.compile`` arguments ``compile_options`` may set.
+COMPILE_OPTIONS = ("backend", "mode", "dynamic", "fullgraph", "options")
 
 _DTYPES = {
     "float32": torch.float32,
@@ -103,6 +106,21 @@ class BenchmarkConfig:
             at any depth); ``"all"``: every component; ``0``: no scalars at all.
             The engine does not use it: it reaches the reporter through
             ``report.metadata["config"]``.
+        compile: the compile what-if: after every component's eager timing,
+            compile each chosen component alone with ``torch.compile`` and time
+            it as its eager run was timed (same captured inputs, warm-up and
+            repeat rules; forward + backward), interleaved with its eager runs.
+            Fills ``compiled_ms`` and ``compile_speedup``; ``details["compile"]``
+            holds the compile seconds, graphs, graph breaks and their reasons
+            (``torch._dynamo.explain``), recompilations and any compile error (the
+            eager row stays ``ok``). Dynamo's caches are reset before each
+            component and after the last: the process's own compiled functions
+            recompile on their next call. ``False``: nothing is compiled.
+        compile_options: keyword arguments of ``torch.compile`` (``backend``,
+            ``mode``, ``dynamic``, ``fullgraph``, ``options``); ``None``: its defaults.
+        compile_top: compile only the ``K`` most expensive measured components
+            (``total_ms × calls``; the root is one of them); ``None``: every
+            measured one, most expensive first, while ``max_total_time_s`` lasts.
     """
 
     max_depth: int | None = None
@@ -132,9 +150,13 @@ class BenchmarkConfig:
     artifacts_top: int | None = None
     load_plugins: bool = True
     log_scalars: int | Literal["all"] = 10
+    compile: bool = False
+    compile_options: Mapping[str, Any] | None = None
+    compile_top: int | None = None
 
     def __post_init__(self) -> None:
         self._check_artifacts()
+        self._check_compile()
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"BenchmarkConfig.{name}={getattr(self, name)!r} is invalid: {why}")
 
@@ -218,6 +240,21 @@ class BenchmarkConfig:
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
             raise ValueError(f"BenchmarkConfig.artifacts_top={top!r} is invalid: expected an integer >= 1 or None")
 
+    def _check_compile(self) -> None:
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"BenchmarkConfig.compile={self.compile!r} is invalid: expected True or False")
+        opts = self.compile_options
+        if opts is not None:
+            if not isinstance(opts, Mapping) or set(opts) - set(COMPILE_OPTIONS):
+                raise ValueError(
+                    f"BenchmarkConfig.compile_options={opts!r} is invalid: expected None or a dict with keys "
+                    f"from {list(COMPILE_OPTIONS)} (torch.compile's arguments)"
+                )
+            self.compile_options = dict(opts)
+        top = self.compile_top
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+            raise ValueError(f"BenchmarkConfig.compile_top={top!r} is invalid: expected an integer >= 1 or None")
+
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         """The names accepted as ``**options``."""
@@ -241,6 +278,8 @@ class BenchmarkConfig:
                 v = [type(p).__name__ for p in v]
             elif f.name == "progress":
                 continue
+            elif f.name == "compile_options" and v is not None:
+                v = {k: x if isinstance(x, (str, int, float, bool, dict)) or x is None else repr(x) for k, x in v.items()}
             elif isinstance(v, (torch.device, torch.dtype)):
                 v = str(v)
             elif isinstance(v, tuple):

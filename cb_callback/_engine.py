@@ -22,8 +22,15 @@ from urllib.parse import quote
 import torch
 from torch import nn
 
+from cb_callback._batches import input_signature, merge_batches, merged_calls
 from cb_callback._capture import Capture
 from cb_callback._collectives import CollectiveInReplay, refuse_collectives
+from cb_callback._compile import (
+    WhatIfInput,
+    compile_speedup,
+    compile_what_if,
+    fill_children_separately,
+)
 from cb_callback._config import BenchmarkConfig, resolve_dtype
 from cb_callback._estimate import derive, estimate_from_children
 from cb_callback._hardware import Peaks, calibration_spread, recalibrate_cpu_flops, resolve_peaks
@@ -231,6 +238,12 @@ class _Pending:
     #: What its timed runs will cost at least, for ``max_total_time_s``: the timing
     #: budget, or ``min_repeats`` runs at the instrumented pass's speed when slower.
     committed_s: float = 0.0
+    #: Which captured batch it replays (0 with one batch).
+    batch: int = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.row.path, self.batch)
 
 
 class _Run:
@@ -277,29 +290,34 @@ class _Run:
         self.forward_context = forward_context
         self.warned: set[str] = set()
 
-    def inputs_for(self, path: str, module: nn.Module) -> ComponentInputs:
-        inputs = self.calls[path]
+    def inputs_for(self, path: str, module: nn.Module, calls: Mapping[str, ComponentInputs] | None = None) -> ComponentInputs:
+        inputs = (self.calls if calls is None else calls)[path]
         ctx = dataclasses.replace(self.prepare_ctx, path=path, module=module)
         for p in self.preprocessors:
             inputs = p.process_inputs(inputs, ctx)
         return inputs
 
-    def start(self, row: ComponentRow, module: nn.Module) -> _Pending | None:
+    def start(
+        self, row: ComponentRow, module: nn.Module, calls: Mapping[str, ComponentInputs] | None = None, batch: int = 0
+    ) -> _Pending | None:
         """Replay one component once, observed; ``None`` when it failed (``row`` says why).
+
+        ``calls`` is the batch's captured calls (default: the run's first batch).
 
         One instrumented forward + backward is observed by every
         :class:`InstrumentingMetric` (FLOPs, bytes, memory) and serves as the
         first warm-up. The timed runs come later, interleaved with the other
         components' (:meth:`finish` takes their samples).
         """
-        captured = self.calls[row.path]
+        calls = self.calls if calls is None else calls
+        captured = calls[row.path]
         if captured.capture_error is not None:  # the capture hook could not copy the call
             row.status, row.error = "failed", captured.capture_error
             if captured.unknown_leaves:
                 row.details["unknown_leaves"] = list(captured.unknown_leaves)
             return None
         try:
-            inputs = self.inputs_for(row.path, module)
+            inputs = self.inputs_for(row.path, module, calls)
         except Exception as e:
             row.status, row.error = "failed", f"preprocessing inputs raised {_error_text(e)}"
             return None
@@ -359,7 +377,7 @@ class _Run:
         budget = self.latency.budget_s(ctx)
         # The instrumented pass runs under counting modes (slower than a plain run): an upper estimate.
         committed = max(budget, max(self.cfg.min_repeats, 1) * pass_s)
-        return _Pending(row, ctx, values, sampler, budget, committed)
+        return _Pending(row, ctx, values, sampler, budget, committed, batch)
 
     def _communicates(self, row: ComponentRow, module: nn.Module, e: CollectiveInReplay) -> None:
         """Not replayed (and never probed): a container is estimated from its other children."""
@@ -419,6 +437,21 @@ class _Run:
             except Exception as e:
                 self._plugin_error(row, plugin, e, fatal=False)
 
+    def compile(self, row: ComponentRow, pending: Sequence[_Pending], canary: Callable[[], float] | None) -> None:
+        """The compile what-if of one measured component (``pending``: its measured batches).
+
+        Fills ``row.compiled_ms`` and ``row.details["compile"]``. A compile error
+        leaves the row ``ok`` (its eager numbers stand) with the error in
+        ``details["compile"]["error"]``.
+        """
+        ctx = pending[0].ctx
+        items = [WhatIfInput(p.ctx.replay, p.sampler, p.budget_s, p.batch) for p in pending]
+        compiled_ms, info = compile_what_if(
+            items, lambda r: self.latency.sampler(dataclasses.replace(ctx, replay=r)), config=self.cfg, canary=canary
+        )
+        row.compiled_ms = compiled_ms
+        row.details["compile"] = info
+
     def _plugin_error(self, row: ComponentRow, plugin: Any, e: BaseException, fatal: bool | None = None) -> bool:
         """Record a plugin's error; return whether the component has failed.
 
@@ -448,7 +481,7 @@ class _Run:
 
 def profile_captured(
     model: nn.Module,
-    calls: Mapping[str, ComponentInputs],
+    calls: Mapping[str, ComponentInputs] | Sequence[Mapping[str, ComponentInputs]],
     *,
     config: BenchmarkConfig | None = None,
     captured_batch_size: int | None = None,
@@ -462,7 +495,9 @@ def profile_captured(
     Args:
         model: the root of the tree. If it is not on ``config.device``, a deep
             copy is moved there (the model itself is left where it is).
-        calls: captured first calls by path.
+        calls: captured first calls by path; or one such mapping per captured
+            batch (then every component is measured on each batch it ran in and
+            its row is the median over them: :func:`cb_callback._batches.merge_batches`).
         config: options.
         captured_batch_size: the batch size the captured inputs hold (for
             ``config.batch_size`` replication).
@@ -491,6 +526,14 @@ def profile_captured(
     timed0 = timed_seconds()
     device = torch.device(cfg.device) if cfg.device is not None else model_device(model)
     meta: dict[str, Any] = dict(metadata or {})
+    batches = [calls] if isinstance(calls, Mapping) else list(calls)
+    if not batches or not all(isinstance(c, Mapping) for c in batches):
+        raise ValueError("calls: expected {path: ComponentInputs}, or a non-empty list of them (one per batch)")
+    multi = len(batches) > 1
+    calls = batches[0] if not multi else merged_calls(batches)
+    per_batch: dict[str, dict[int, ComponentRow]] = {}
+    if multi:
+        meta["batches"] = len(batches)
     pre_user, met_user, reporters = _plugins(cfg)
     builtins: list[Preprocessor] = [_ToDevice()]
     if cfg.batch_size is not None:
@@ -557,10 +600,18 @@ def profile_captured(
                         f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed or committed "
                         "to the timed runs of the components before it)"
                     )
-                elif node.path in calls:
+                elif node.path in calls and not multi:
                     begun = run.start(row, modules[node.path])
                     if begun is not None:
                         started.append(begun)
+                elif node.path in calls:  # every batch it ran in, each with a row of its own
+                    for b, batch_calls in enumerate(batches):
+                        if node.path in batch_calls:
+                            row_b = dataclasses.replace(row, calls=batch_calls[node.path].calls, details={})
+                            per_batch.setdefault(node.path, {})[b] = row_b
+                            begun = run.start(row_b, modules[node.path], batch_calls, b)
+                            if begun is not None:
+                                started.append(begun)
                 elif descendants_called[node.path]:
                     row.status, row.note = "estimated", "never called itself (a container)"
                 else:
@@ -570,14 +621,24 @@ def profile_captured(
             level_samples = _time_interleaved(started, rows, cfg, done, total_steps, device, canary_s)
             done += cfg.rounds
             for p in started:
-                run.finish(p, level_samples[p.row.path])
-            samples.update(level_samples)
+                run.finish(p, level_samples[p.key])
+                samples.setdefault(p.row.path, level_samples[p.key])  # the quality checks: the first batch's
+            for node in level:
+                if node.path in per_batch:
+                    shapes = {b: input_signature(batches[b][node.path]) for b in per_batch[node.path]}
+                    merge_batches(rows[node.path], per_batch[node.path], shapes)
             pending += started
             if cfg.descend == "hotspots":
                 not_descended.update(_below_cold(level, by_path, rows, cfg.descend_share, not_descended))
+        if cfg.compile:
+            _compile_phase(run, pending, rows, cfg, budget0, device)
         load.stop()
         for p in _artifact_targets(pending, cfg):  # after every timed run: their overhead is never timed
             run.record_artifacts(p)
+            if p.row is not rows[p.row.path]:  # one batch of several: the artifacts are the first batch's
+                for key in ("artifacts", "metric_errors"):
+                    if key in p.row.details:
+                        rows[p.row.path].details[key] = p.row.details[key]
     _estimate_parents(nodes, rows)
     for row in rows.values():
         derive(row, peaks.flops, peaks.bandwidth)
@@ -587,6 +648,10 @@ def profile_captured(
         for row in rows.values():
             derive(row, peaks.flops, peaks.bandwidth)
     _fill_share(rows)
+    for row in rows.values():
+        row.compile_speedup = compile_speedup(row)
+    if cfg.compile:
+        fill_children_separately(rows, {n.path: n.children for n in nodes})
     spread = calibration_spread(dtype) if device.type == "cpu" and peaks.flops_source == "measured" else None
     best = canary_best()
     slowdown = statistics.median(canary_s) / best if canary_s and best else None
@@ -631,8 +696,11 @@ def _time_interleaved(
     total_steps: int,
     device: torch.device,
     canary_s: list[float],
-) -> dict[str, SampleSet]:
+) -> dict[tuple[str, int], SampleSet]:
     """The timed runs of the started components, interleaved in ``cfg.rounds`` rounds.
+
+    Keyed by ``(path, batch)`` (:attr:`_Pending.key`); with several batches a
+    child slower than its parent is looked for batch by batch.
 
     With ``descend="all"`` these are every component; with ``"hotspots"`` one
     depth level's, so a child and its parent are never in the same call and a
@@ -662,17 +730,32 @@ def _time_interleaved(
         )
 
     sets = run(pending)
-    by_path = {p.row.path: s for p, s in zip(pending, sets, strict=True)}
-    medians = {path: s.median() for path, s in by_path.items() if s.samples and s.error is None}
-    again = {path for path, s in by_path.items() if s.error is None and is_noisy(s)}
-    for child, parent in inconsistent_pairs(rows, medians):
-        again.update((child, parent))
-    redo = [i for i, p in enumerate(pending) if p.row.path in again]
+    by_key = {p.key: s for p, s in zip(pending, sets, strict=True)}
+    again = {key for key, s in by_key.items() if s.error is None and is_noisy(s)}
+    for b in sorted({p.batch for p in pending}):
+        mine = {p.row.path: p.row for p in pending if p.batch == b}
+        batch_rows = {**rows, **mine}  # a parent timed in another level keeps its merged row
+        medians = {
+            path: by_key[(path, b)].median() for path in mine
+            if by_key[(path, b)].samples and by_key[(path, b)].error is None
+        }  # fmt: skip
+        for child, parent in inconsistent_pairs(batch_rows, medians):
+            again.update(((child, b), (parent, b)))
+    redo = [i for i, p in enumerate(pending) if p.key in again]
     if redo:
         run([pending[i] for i in redo], [sets[i] for i in redo])
         for i in redo:
             sets[i].remeasured = True
-    return by_path
+    return by_key
+
+
+def _row_cost(row: ComponentRow) -> float:
+    """``(fwd_ms + bwd_ms) × calls``: what a measured component costs over the step."""
+    return (_nan0(row.fwd_ms) + _nan0(row.bwd_ms)) * max(row.calls, 1)
+
+
+def _cost(p: _Pending) -> float:
+    return _row_cost(p.row)
 
 
 def _artifact_targets(pending: Sequence[_Pending], cfg: BenchmarkConfig) -> list[_Pending]:
@@ -680,16 +763,49 @@ def _artifact_targets(pending: Sequence[_Pending], cfg: BenchmarkConfig) -> list
 
     Cost is ``(fwd_ms + bwd_ms) × calls`` of the measured (``ok``) rows.
     """
-    ok = [p for p in pending if p.row.status == "ok"]
+    first: dict[str, _Pending] = {}
+    for p in pending:
+        if p.row.status == "ok":
+            first.setdefault(p.row.path, p)  # with several batches: the first measured one
+    ok = list(first.values())
     if cfg.artifacts_top is None:
         return ok
-
-    def cost(p: _Pending) -> float:
-        t = _nan0(p.row.fwd_ms) + _nan0(p.row.bwd_ms)
-        return t * max(p.row.calls, 1)
-
-    top = {id(p) for p in sorted(ok, key=cost, reverse=True)[: cfg.artifacts_top]}
+    top = {id(p) for p in sorted(ok, key=_cost, reverse=True)[: cfg.artifacts_top]}
     return [p for p in ok if id(p) in top]
+
+
+def _compile_phase(
+    run: _Run,
+    pending: Sequence[_Pending],
+    rows: Mapping[str, ComponentRow],
+    cfg: BenchmarkConfig,
+    budget0: float,
+    device: torch.device,
+) -> None:
+    """The compile what-if of the measured components, most expensive first.
+
+    ``compile_top`` limits it to the first ``K``; with ``max_total_time_s`` a
+    component reached after the budget is spent is not compiled (its
+    ``details["compile"]["skipped"]`` says so). Dynamo is reset after each.
+    """
+    batches: dict[str, list[_Pending]] = {}
+    for p in pending:
+        if p.row.status == "ok":
+            batches.setdefault(p.row.path, []).append(p)
+    ok = sorted((rows[path] for path in batches if rows[path].status == "ok"), key=_row_cost, reverse=True)
+    chosen = ok if cfg.compile_top is None else ok[: cfg.compile_top]
+    canary = cpu_canary() if device.type == "cpu" and chosen else None
+    for i, row in enumerate(chosen):
+        elapsed = time.perf_counter() - budget0
+        if cfg.max_total_time_s is not None and elapsed >= cfg.max_total_time_s:
+            for r in chosen[i:]:
+                r.details["compile"] = {
+                    "skipped": f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed)"
+                }
+            return
+        run.compile(row, batches[row.path], canary)
+        if cfg.progress is not None:
+            cfg.progress(i + 1, len(chosen), f"compile what-if {row.path or 'root'}")
 
 
 def _floor_measured_peaks(peaks: Peaks, rows: Iterable[ComponentRow]) -> Peaks:
@@ -847,6 +963,7 @@ def profile_components(
     args: Any = (),
     kwargs: Mapping[str, Any] | None = None,
     *,
+    batches: Sequence[Any] | None = None,
     config: BenchmarkConfig | None = None,
     **options: Any,
 ) -> Report:
@@ -861,6 +978,13 @@ def profile_components(
         model: any ``nn.Module``; its state is the same afterwards.
         args: positional inputs of ``model`` (a tensor is taken as ``(tensor,)``).
         kwargs: keyword inputs.
+        batches: instead of ``args``/``kwargs``, several inputs ``[(args, kwargs),
+            …]`` (a tensor alone is ``((tensor,), {})``), e.g. sequences of
+            different lengths: one capture forward each, every component measured
+            on each batch it ran in; the row is the median over the batches and
+            ``details`` holds ``batches`` (per batch), ``median_ms``, ``p90_ms``
+            and ``shapes`` (the distinct input shapes; a KeyedJaggedTensor's
+            values per feature).
         config: a :class:`BenchmarkConfig`; ``options`` override its fields.
         **options: :class:`BenchmarkConfig` fields.
 
@@ -868,7 +992,9 @@ def profile_components(
         A :class:`Report`, one row per component.
 
     Raises:
-        ValueError: an unknown option or an invalid value (naming it).
+        ValueError: an unknown option or an invalid value (naming it), or
+            ``batches`` together with ``args``/``kwargs``, or a batch that is
+            not ``(args, kwargs)``.
 
     Notes:
         Isolation cannot see cross-module fusion, cache warmth left by the
@@ -886,38 +1012,69 @@ def profile_components(
     if grad_note is not None and cfg.backward:
         warnings.warn(f"cb_callback: {grad_note}", RuntimeWarning, stacklevel=2)
         cfg = cfg.replace(backward=False)
-    if isinstance(args, (torch.Tensor, dict)) or not isinstance(args, (tuple, list)):
-        args = (args,)
-    kwargs = dict(kwargs or {})
+    inputs = _batch_inputs(args, kwargs, batches)
     device = torch.device(cfg.device) if cfg.device is not None else model_device(model)
     pre_user, _, _ = _plugins(cfg)
     meta: dict[str, Any] = {} if grad_note is None else {"grad_mode": grad_note}
-    batch = leading_batch_size((args, kwargs))
+    batch = leading_batch_size(inputs[0])
     prepare_ctx = PrepareContext(cfg, device, meta, batch)
     for p in pre_user:
         model = p.prepare_model(model, prepare_ctx)
     if model_device(model) != device:
         model = copy.deepcopy(model).to(device)
-    args, kwargs = to_device((tuple(args), kwargs), device)
-    capture = Capture(model)
-    with StateGuard(model):
-        try:
-            with capture:
-                model(*args, **kwargs)
-        except Exception as e:
-            meta["capture_error"] = _error_text(e)
-            warnings.warn(
-                f"cb_callback: the capture forward raised {_error_text(e)}; profiling what was captured",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+    captures = []
+    for i, (b_args, b_kwargs) in enumerate(inputs):
+        b_args, b_kwargs = to_device((tuple(b_args), b_kwargs), device)
+        capture = Capture(model)
+        captures.append(capture)
+        with StateGuard(model):
+            try:
+                with capture:
+                    model(*b_args, **b_kwargs)
+            except Exception as e:
+                which = "" if len(inputs) == 1 else f" of batch {i}"
+                meta.setdefault("capture_error", _error_text(e) + which)
+                warnings.warn(
+                    f"cb_callback: the capture forward{which} raised {_error_text(e)}; profiling what was captured",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+    calls = captures[0].calls if len(captures) == 1 else [c.calls for c in captures]
     with contextlib.ExitStack() as mode:
         if inference:  # the captured copies are normal tensors: replay them outside it, without grad
             mode.enter_context(torch.inference_mode(False))
             mode.enter_context(torch.no_grad())
         return profile_captured(
-            model, capture.calls, config=cfg, captured_batch_size=capture.batch_size, metadata=meta, prepare=False
+            model, calls, config=cfg, captured_batch_size=captures[0].batch_size, metadata=meta, prepare=False
         )
+
+
+def _batch_inputs(
+    args: Any, kwargs: Mapping[str, Any] | None, batches: Sequence[Any] | None
+) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """``[(args, kwargs), …]``: the one call given, or each of ``batches``."""
+
+    def as_args(a: Any) -> tuple[Any, ...]:
+        return (a,) if isinstance(a, (torch.Tensor, dict)) or not isinstance(a, (tuple, list)) else tuple(a)
+
+    if batches is None:
+        return [(as_args(args), dict(kwargs or {}))]
+    given = not (isinstance(args, (tuple, list)) and len(args) == 0) or bool(kwargs)
+    if given:
+        raise ValueError("profile_components: pass either args/kwargs or batches=[(args, kwargs), ...], not both")
+    if isinstance(batches, (torch.Tensor, str)) or not isinstance(batches, Sequence) or not batches:
+        raise ValueError(f"batches={type(batches).__name__}: expected a non-empty list of (args, kwargs)")
+    out: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    for i, item in enumerate(batches):
+        if isinstance(item, torch.Tensor):
+            out.append(((item,), {}))
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[1], Mapping):
+            out.append((as_args(item[0]), dict(item[1])))
+        else:
+            raise ValueError(
+                f"batches[{i}] is a {type(item).__name__}: expected (args, kwargs) with kwargs a dict, or a tensor"
+            )
+    return out
 
 
 def _grad_mode_note(inference: bool) -> str | None:

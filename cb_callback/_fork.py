@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +49,7 @@ class Fork:
     def start(
         cls,
         model: nn.Module,
-        calls: Mapping[str, ComponentInputs],
+        calls: Mapping[str, ComponentInputs] | Sequence[Mapping[str, ComponentInputs]],
         *,
         config: BenchmarkConfig,
         captured_batch_size: int | None,
@@ -63,7 +63,7 @@ class Fork:
 
         Args:
             model: the model the step ran (saved as it is now).
-            calls: its captured calls, by path.
+            calls: its captured calls, by path (one mapping per batch with several).
             config: the options the child profiles with.
             captured_batch_size: the batch size the captured inputs hold.
             precision: the Lightning precision of the step (the child rebuilds its context).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import enum
 import inspect
@@ -141,6 +142,7 @@ class Replay:
         self._cached: ReplayInputs | None = None
         self._grad_outputs: tuple[tuple[Any, ...], list[torch.Tensor]] | None = None
         self._flags = self._subtree_flags()
+        self._call: Callable[..., Any] | None = None
         #: Why :meth:`backward` found no backward (set when it returns ``None``).
         self.no_backward: str | None = None
 
@@ -172,6 +174,17 @@ class Replay:
             flags[rel] = flag
             out.append((m, flag))
         return out
+
+    def with_call(self, fn: Callable[..., Any]) -> Replay:
+        """This replay with its forwards calling ``fn(*args, **kwargs)`` instead of the module.
+
+        The module's flags, the inputs (and whether one copy serves every run) and
+        the backward's targets stay the module's: ``fn`` is the module wrapped
+        (``torch.compile(module)``, ``torch._dynamo.explain(module)``).
+        """
+        other = copy.copy(self)
+        other._call = fn
+        return other
 
     def fresh_inputs(self) -> ReplayInputs:
         """A new deep copy of the inputs: nothing one run changes leaks to the next.
@@ -208,7 +221,8 @@ class Replay:
             for m, flag in self._flags:
                 m.training = flag
         with torch.set_grad_enabled(self.grad_enabled), self._context():
-            return self.module(*inp.args, **inp.kwargs)
+            call = self.module if self._call is None else self._call
+            return call(*inp.args, **inp.kwargs)
 
     def grad_targets(self, inputs: ReplayInputs) -> list[torch.Tensor]:
         """Inputs that required grad (their leaves), the component's parameters that do,

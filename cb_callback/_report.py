@@ -27,7 +27,10 @@ class ComponentRow:
     ``bw_util`` are fractions (0.25 = 25 % of the device's peak). ``share`` is
     this component's time over the whole step as a fraction of the root's
     (``total_ms * calls / (root total_ms * root calls)``); ``noise`` the relative spread of
-    its timed runs (IQR ÷ median of fwd + bwd). ``details["flags"]`` lists the
+    its timed runs (IQR ÷ median of fwd + bwd). ``compiled_ms`` is fwd + bwd of
+    the component compiled alone with ``torch.compile`` (``BenchmarkConfig.compile``;
+    NaN when not compiled) and ``compile_speedup`` is ``total_ms / compiled_ms``.
+    ``details["flags"]`` lists the
     row's measurement-quality flags (see :mod:`cb_callback._quality`).
 
     Notes:
@@ -64,6 +67,8 @@ class ComponentRow:
     bound: str | None = None
     share: float = _NAN
     noise: float = _NAN
+    compiled_ms: float = _NAN
+    compile_speedup: float = _NAN
     details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -33,7 +33,7 @@ import pickle
 import runpy
 import sys
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,12 +89,14 @@ class Snapshot:
 
     Attributes:
         model: the root module (on the ``map_location`` it was loaded to).
-        calls: the captured first call of every component, by path.
+        calls: the captured first call of every component, by path (the first batch's).
         config: :class:`BenchmarkConfig` options as saved (picklable ones only).
         captured_batch_size: the batch size the stored inputs hold.
         precision: the Lightning precision the step ran with (``"bf16-mixed"`` …),
             or ``None``.
         metadata: what the capturing run recorded (capture step, rank, device …).
+        more_calls: the calls of the batches after the first
+            (``ComponentBenchmark(capture_batches=k)``), empty with one batch.
     """
 
     model: nn.Module
@@ -103,6 +105,12 @@ class Snapshot:
     captured_batch_size: int | None = None
     precision: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    more_calls: list[dict[str, ComponentInputs]] = field(default_factory=list)
+
+    @property
+    def batches(self) -> list[dict[str, ComponentInputs]]:
+        """The captured calls of every batch, the first one first."""
+        return [self.calls, *self.more_calls]
 
     def benchmark_config(self, **overrides: Any) -> BenchmarkConfig:
         """The saved options as a :class:`BenchmarkConfig`, with ``overrides`` applied.
@@ -154,7 +162,7 @@ class Snapshot:
         meta["snapshot_precision"] = self.precision
         return profile_captured(
             model,
-            self.calls,
+            self.calls if not self.more_calls else self.batches,
             config=cfg,
             captured_batch_size=self.captured_batch_size,
             forward_context=precision_context(self.precision, target.type),
@@ -259,7 +267,7 @@ def _main_script() -> dict[str, str | None]:
 def save_snapshot(
     directory: str | Path,
     model: nn.Module,
-    calls: Mapping[str, ComponentInputs],
+    calls: Mapping[str, ComponentInputs] | Sequence[Mapping[str, ComponentInputs]],
     *,
     config: BenchmarkConfig | None = None,
     captured_batch_size: int | None = None,
@@ -272,7 +280,8 @@ def save_snapshot(
         directory: created if missing; ``snapshot.pt`` and ``snapshot.json`` are
             (over)written in it.
         model: the root module, pickled whole (its class by reference).
-        calls: the captured calls (a :class:`cb_callback.Capture`'s ``calls``).
+        calls: the captured calls (a :class:`cb_callback.Capture`'s ``calls``), or
+            one such mapping per captured batch.
         config: the options; ``progress`` and ``output_dir`` are not saved, nor
             plugins that cannot be pickled (listed in the metadata under
             ``snapshot_dropped_plugins``).
@@ -295,6 +304,8 @@ def save_snapshot(
     """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
+    batches = [calls] if isinstance(calls, Mapping) else list(calls)
+    calls = batches[0]
     cfg = config or BenchmarkConfig()
     options, dropped = _config_fields(cfg)
     meta = dict(metadata or {})
@@ -304,6 +315,7 @@ def save_snapshot(
         "format": FORMAT,
         "model": model,
         "calls": _calls_to_plain(calls),
+        "more_calls": [_calls_to_plain(c) for c in batches[1:]],
         "config": options,
         "captured_batch_size": captured_batch_size,
         "precision": precision,
@@ -325,6 +337,7 @@ def save_snapshot(
         "format": FORMAT,
         "model_class": _class_path(model),
         "components_captured": len(calls),
+        "batches": len(batches),
         "captured_batch_size": captured_batch_size,
         "precision": precision,
         "torch": torch.__version__,
@@ -499,4 +512,5 @@ def load_snapshot(
         captured_batch_size=payload.get("captured_batch_size"),
         precision=payload.get("precision"),
         metadata=dict(payload.get("metadata", {})),
+        more_calls=[_calls_from_plain(c) for c in payload.get("more_calls", [])],
     )

@@ -13,9 +13,11 @@ from torch import nn
 
 from cb_callback._capture import Capture
 from cb_callback._config import BenchmarkConfig
+from cb_callback._inputs import ComponentInputs
 from cb_callback._precision import peak_dtype
 
 __all__ = [
+    "StepCaptures",
     "capture_warnings",
     "is_redirected",
     "never_reached",
@@ -44,6 +46,51 @@ def step_capture(root: nn.Module, keep_samples: int | None) -> Capture:
     ``training_step`` calls ``self(...)``) is what gets captured.
     """
     return Capture(root, keep_samples=keep_samples, skip=lambda module, args, kwargs: is_redirected(module))
+
+
+class StepCaptures:
+    """The captures of ``count`` consecutive training steps from ``first_step`` (``capture_batches``).
+
+    Each step's first micro-batch is captured; a step is *taken* on every rank
+    (one that does not profile adds ``None``), so all ranks agree on when the
+    last one is done.
+    """
+
+    def __init__(self, first_step: int, count: int) -> None:
+        self.first_step, self.count = first_step, count
+        self.taken = 0
+        self.captures: list[Capture] = []
+
+    def wants(self, step: int) -> bool:
+        """Whether ``step`` is the next one to capture."""
+        return self.taken < self.count and step == self.first_step + self.taken
+
+    def add(self, capture: Capture | None) -> bool:
+        """Take the step (its capture on a rank that profiles); return whether all ``count`` are taken."""
+        self.taken += 1
+        if capture is not None:
+            self.captures.append(capture)
+        return self.taken >= self.count
+
+    @property
+    def last_step(self) -> int:
+        """The last step to capture."""
+        return self.first_step + self.count - 1
+
+    def calls(self) -> dict[str, ComponentInputs] | list[dict[str, ComponentInputs]]:
+        """The first capture's calls, or one mapping per captured step when there are several."""
+        if len(self.captures) == 1:
+            return self.captures[0].calls
+        return [c.calls for c in self.captures]
+
+    def partial(self) -> str | None:
+        """The warning for a run that ended with only some of the steps captured, else ``None``."""
+        if not 0 < self.taken < self.count:
+            return None
+        return (
+            f"cb_callback: training ended after {self.taken} of capture_batches={self.count} steps from "
+            f"capture_step={self.first_step}; profiling the {self.taken} captured"
+        )
 
 
 def plan(

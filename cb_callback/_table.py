@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cb_callback._schema import STATUSES
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MARKDOWN_HEADERS",
+    "P90_HEADER",
     "SUMMARY_HEADERS",
     "format_rows",
     "format_summary",
@@ -24,6 +25,8 @@ __all__ = [
     "markdown_table",
     "quality_lines",
 ]
+
+_P90 = 7  # where P90_HEADER goes: after "total ms" in both tables
 
 #: Columns of :func:`format_table`, in order (a contract: TensorBoard shows them).
 MARKDOWN_HEADERS: tuple[str, ...] = (
@@ -36,6 +39,10 @@ SUMMARY_HEADERS: tuple[str, ...] = (
     "path", "type", "status", "calls", "fwd ms", "bwd ms", "total ms",
     "GFLOP", "TFLOP/s", "MFU %", "peak MB", "GB/s", "bound",
 )  # fmt: skip
+
+#: With several captured batches a column after ``total ms``: the 90th percentile of the
+#: row's per-batch ``fwd_ms + bwd_ms`` (``details["p90_ms"]``); ``total ms`` is then a median.
+P90_HEADER = "p90 ms"
 
 _MISSING = "-"
 _ROOT_LABEL = "(root)"
@@ -67,6 +74,24 @@ def _roots(report: Report) -> list[ComponentRow]:
     """Rows with no parent in the report (normally the single root, path ``""``)."""
     paths = {r.path for r in report.rows}
     return [r for r in report.rows if r.parent is None or r.parent not in paths]
+
+
+def _multi(report: Report) -> bool:
+    """Whether the report measured several batches (``metadata["batches"] > 1``)."""
+    n = report.metadata.get("batches")
+    return isinstance(n, int) and n > 1
+
+
+def _p90(row: ComponentRow) -> str:
+    value = row.details.get("p90_ms")
+    return _num(value, 3) if isinstance(value, (int, float)) else _MISSING
+
+
+def _with_p90(cells: list[str], row: ComponentRow | None, multi: bool) -> list[str]:
+    """``cells`` with the p90 cell (or :data:`P90_HEADER`, for ``row=None``) inserted when ``multi``."""
+    if not multi:
+        return cells
+    return [*cells[:_P90], P90_HEADER if row is None else _p90(row), *cells[_P90:]]
 
 
 def _summary_cells(row: ComponentRow) -> list[str]:
@@ -144,7 +169,9 @@ def format_summary(report: Report, top: int = 10) -> str:
         failed or estimated rows that hold an ``error`` (a real failure), one
         line each; and, when any row is flagged or
         the verdict is not clean, the quality section (:func:`quality_lines`).
-        Missing values show as ``"-"``.
+        Missing values show as ``"-"``. With several captured batches a
+        ``batches:`` line says so and the component tables gain
+        :data:`P90_HEADER` after ``total ms``.
 
     Notes:
         Times, FLOPs, memory and bandwidth are per call; ``calls`` says how many
@@ -152,6 +179,8 @@ def format_summary(report: Report, top: int = 10) -> str:
         ``GFLOP`` is forward plus backward; ``MFU %`` is percent of the peak.
         A row's ``note`` (how an estimate was built, "a container") is not an
         error: a container estimated from its children is not listed.
+        With ``compile=True`` a compile what-if section follows
+        (:func:`compile_lines`).
     """
     lines = ["cb_callback component benchmark", *_metadata_lines(report.metadata)]
     counts = Counter(r.status for r in report.rows)
@@ -161,19 +190,26 @@ def format_summary(report: Report, top: int = 10) -> str:
         + (" (" + ", ".join(f"{counts[s]} {s}" for s in order) + ")" if order else "")
     )
 
+    multi = _multi(report)
+    if multi:
+        lines.append(
+            f"batches: {report.metadata['batches']} (each row is the median over the batches it ran in; "
+            f"{P90_HEADER}: the 90th percentile of its per-batch fwd + bwd)"
+        )
+    header = _with_p90(list(SUMMARY_HEADERS), None, multi)
     roots = _roots(report)
     if roots:
         lines += [
             "",
             "whole model:",
-            *_aligned(SUMMARY_HEADERS, [_summary_cells(r) for r in roots]),
+            *_aligned(header, [_with_p90(_summary_cells(r), r, multi) for r in roots]),
         ]
     hot = report.hotspots(top)
     if hot:
         lines += [
             "",
             f"top {len(hot)} hotspots (by total ms x calls):",
-            *_aligned(SUMMARY_HEADERS, [_summary_cells(r) for r in hot]),
+            *_aligned(header, [_with_p90(_summary_cells(r), r, multi) for r in hot]),
         ]
 
     # Only ``error`` counts: a row that has just a note is a normal container, not a failure.
@@ -185,8 +221,47 @@ def format_summary(report: Report, top: int = 10) -> str:
             if len(error) > _ERROR_CHARS:
                 error = error[: _ERROR_CHARS - 3] + "..."
             lines.append(f"  {_path_label(r)} [{r.status}]: {error}")
+    what_if = compile_lines(report)
+    if what_if:
+        lines += ["", *what_if]
     lines += quality_lines(report)
     return "\n".join(lines)
+
+
+def compile_lines(report: Report, top: int = 5) -> list[str]:
+    """The summary's compile what-if: the ``top`` components by time saved over the step.
+
+    Saved time over the step is ``(total_ms − compiled_ms) × calls``.
+
+    One line each: ``compiling <path> whole: A → B ms (×s)`` and, for a parent,
+    ``; its children separately: A → C ms``; then how many could not compile.
+    Empty when nothing was compiled.
+    """
+    tried = [r for r in report.rows if isinstance(r.details.get("compile"), Mapping)]
+    if not tried:
+        return []
+    done = [r for r in tried if math.isfinite(r.compiled_ms) and math.isfinite(r.total_ms)]
+    done.sort(key=lambda r: -(r.total_ms - r.compiled_ms) * max(r.calls, 1))
+    out = [f"compile what-if (torch.compile per component, alone; top {min(top, len(done))} by time saved):"]
+    for r in done[:top]:
+        info = r.details["compile"]
+        line = (
+            f"  compiling {r.path or 'root'} whole: {r.total_ms:.3g} -> {r.compiled_ms:.3g} ms "
+            f"(x{r.total_ms / r.compiled_ms:.2f})"
+        )
+        if "children_separately_ms" in info:
+            line += (
+                f"; its children separately: {r.total_ms:.3g} -> {info['children_separately_ms']:.3g} ms "
+                f"({info['children_compiled']} compiled)"
+            )
+        if info.get("graph_breaks"):
+            line += f"; {info['graph_breaks']} graph break(s)"
+        out.append(line)
+    failed = [r for r in tried if "error" in r.details["compile"]]
+    if failed:
+        names = ", ".join(r.path or "root" for r in failed[:5]) + (" ..." if len(failed) > 5 else "")
+        out.append(f"  {len(failed)} could not compile ({names}): details['compile']['error']")
+    return out
 
 
 def format_rows(rows: Sequence[ComponentRow]) -> str:
@@ -266,7 +341,8 @@ def format_table(report: Report) -> str:
         ``share`` in percent (1 decimal), ``tflops`` (3 decimals), ``mfu`` in
         percent (1 decimal: ``12.5`` under ``MFU %``), ``peak_mem_mb``
         (1 decimal) and ``bound``. Missing values show as ``"-"``; ``|`` in a
-        cell is escaped as ``\\|``.
+        cell is escaped as ``\\|``. With several captured batches
+        (``metadata["batches"] > 1``) :data:`P90_HEADER` follows ``total ms``.
 
     Notes:
         Times, FLOP/s and memory are per call; ``calls`` is how often the real
@@ -275,12 +351,15 @@ def format_table(report: Report) -> str:
         and ``share`` as fractions; only this text shows percents, as
         :func:`format_summary` does.
     """
+    multi = _multi(report)
+    header = _with_p90(list(MARKDOWN_HEADERS), None, multi)
     lines = [
-        "| " + " | ".join(MARKDOWN_HEADERS) + " |",
-        "|" + "|".join(":---" if i < 3 else "---:" for i in range(len(MARKDOWN_HEADERS))) + "|",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(":---" if i < 3 else "---:" for i in range(len(header))) + "|",
     ]
     for row in report.rows:
-        lines.append("| " + " | ".join(_md_cell(cell(row)) for cell in _MARKDOWN_CELLS) + " |")
+        cells = _with_p90([cell(row) for cell in _MARKDOWN_CELLS], row, multi)
+        lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
 

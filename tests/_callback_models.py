@@ -166,6 +166,32 @@ class TransformerModule(pl.LightningModule):
         return DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True)
 
 
+#: Sequence length of training batch ``i`` of :class:`VarLenModule`: ``VAR_LENGTHS[i % 3]``.
+VAR_LENGTHS = (4, 8, 16)
+
+
+def _var_len_collate(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Any:
+    """Stack a batch and cut its sequences to the length its batch number gives (dynamic shapes)."""
+    index = int(items[0][0]) // BATCH
+    length = VAR_LENGTHS[index % len(VAR_LENGTHS)]
+    x = torch.stack([it[1][:length] for it in items])
+    return x, torch.stack([it[2] for it in items])
+
+
+class VarLenModule(TransformerModule):
+    """:class:`TransformerModule` on batches whose sequence length varies (4, 8, 16, 4, …)."""
+
+    def __init__(self) -> None:
+        super().__init__(seq=max(VAR_LENGTHS))
+
+    def train_dataloader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(SAMPLES, self.seq, FEATURES, generator=g)
+        y = torch.randint(0, CLASSES, (SAMPLES,), generator=g)
+        data = TensorDataset(torch.arange(SAMPLES), x, y)
+        return DataLoader(data, batch_size=BATCH, shuffle=False, collate_fn=_var_len_collate)
+
+
 class LossRecorder(Callback):
     """Records every training batch's loss (``outputs["loss"]``), exactly."""
 

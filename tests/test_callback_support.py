@@ -92,7 +92,7 @@ def test_precision_table_feeds_both_maps_and_the_peak_key() -> None:
 
 def _args(**over: Any) -> dict[str, Any]:
     base = dict(
-        capture_step=1, mode="pause", ranks="zero", capture_batch_size=None, log_to_tensorboard=True,
+        capture_step=1, capture_batches=1, mode="pause", ranks="zero", capture_batch_size=None, log_to_tensorboard=True,
         stop_after=False, enabled=True, fork_timeout_s=None, output_dir=None, warmup=2, self=object(),
     )  # fmt: skip
     return base | over

@@ -114,3 +114,15 @@ def test_diff_prints_per_path_ratios(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert out[2:] == format_diff(compare_reports(a, b))
     with pytest.raises(SystemExit):
         main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--metric", "nonsense"])
+
+
+def test_replay_with_compile_flags_runs_the_what_if(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snap = _snapshot(tmp_path / "snap")
+    out = tmp_path / "out"
+    argv = ["replay", str(snap), "--device", "cpu", "--out", str(out), "--compile", "--compile-backend", "eager"]
+    assert main([*argv, "--compile-top", "2"]) == 0
+    report = Report.load(out)
+    compiled = [r.path for r in report if "compile" in r.details]
+    assert len(compiled) == 2 and "" in compiled
+    assert report.metadata["config"]["compile_options"] == {"backend": "eager"}
+    assert "compile what-if" in capsys.readouterr().out

@@ -310,6 +310,10 @@ def test_cli_compare_exit_codes(
     out = capsys.readouterr().out
     assert "equivalent: all 3 compared tensors are allclose" in out
     assert "head (Linear) vs cand_factories:good (Gemv)" in out
+    assert "compiled_ms      -          -" in out  # not compiled without --compile
+    assert main([*argv, "cand_factories:good", "--compile", "--compile-backend", "eager"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("compiled_ms"))
+    assert line.split()[1] != "-" and line.split()[2] != "-"  # both sides compiled and timed
     assert main([*argv, "cand_factories:from_reference"]) == 0  # factory(reference)
     capsys.readouterr()
     assert main([*argv, "cand_factories:no_bias"]) == 1

@@ -32,6 +32,7 @@ def test_columns_are_the_contract() -> None:
         "total_ms", "cpu_ms", "device_ms", "fwd_flops", "bwd_flops", "tflops", "mfu", "params_mb",
         "activation_mb", "peak_mem_mb", "bytes", "gbps", "bw_util", "intensity", "bound",
         "share", "noise",  # issue 7: appended after bound
+        "compiled_ms", "compile_speedup",  # issue 10: the compile what-if, after noise
     ]
     assert list(COLUMNS) == list(report.to_dataframe().columns)
 

@@ -1,0 +1,298 @@
+"""The compile what-if: one component compiled alone with ``torch.compile``, timed like its eager run.
+
+What the paper did by hand before integrating PT2 (a component isolated at
+83 ms compiled to 50 ms): the component's captured inputs, its flags and its
+backward are the eager replay's (:meth:`Replay.with_call`); only the call is
+``torch.compile(module, **compile_options)``. The compiled runs are sampled in
+the same interleaved rounds as a new set of the component's eager runs, so the
+two are compared under the same load.
+
+What isolation cannot see here either: a component compiled alone cannot fuse
+with its neighbours; a parent compiled whole can fuse across its children's
+boundaries (the parent's ``compiled_ms`` against :func:`children_separately_ms`
+sizes exactly that).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from cb_callback._config import BenchmarkConfig
+from cb_callback._isolate import Replay
+from cb_callback._report import ComponentRow
+from cb_callback._timing import Sample, SampleSet, interleave
+from cb_callback._tolerances import default_tolerances
+
+__all__ = [
+    "WhatIfInput",
+    "children_separately", "compile_speedup", "compile_what_if", "explain_breaks", "fill_children_separately", "outputs_agree"]
+
+#: Break reasons kept per component (the first line of each distinct one).
+MAX_REASONS = 10
+
+
+def _error_text(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip()
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _reason(text: str) -> str:
+    """The first line of a dynamo break reason, at most 200 characters."""
+    first = str(text).strip().splitlines()[0] if str(text).strip() else "(no reason given)"
+    return first if len(first) <= 200 else first[:197] + "..."
+
+
+def _unique_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def explain_breaks(replay: Replay) -> dict[str, Any]:
+    """Graphs, graph breaks and their reasons of one forward (``torch._dynamo.explain``).
+
+    Returns:
+        ``{"graphs", "graph_breaks", "break_reasons"}``; ``break_reasons`` holds
+        each distinct reason once (its first line), with how often it broke and
+        where (``file:line`` of the user frame), at most :data:`MAX_REASONS`.
+    """
+    import torch._dynamo as dynamo
+
+    explained = replay.with_call(dynamo.explain(replay.module)).forward()
+    reasons: dict[str, dict[str, Any]] = {}
+    for r in explained.break_reasons:
+        text = _reason(getattr(r, "reason", r))
+        stack = getattr(r, "user_stack", None) or []
+        where = f"{stack[-1].filename}:{stack[-1].lineno}" if stack else None
+        entry = reasons.setdefault(text, {"reason": text, "count": 0, "where": where})
+        entry["count"] += 1
+    return {
+        "graphs": int(explained.graph_count),
+        "graph_breaks": int(explained.graph_break_count),
+        "break_reasons": list(reasons.values())[:MAX_REASONS],
+    }
+
+
+@dataclass
+class WhatIfInput:
+    """One batch of a component for :func:`compile_what_if`.
+
+    Attributes:
+        replay: the component's eager replay on that batch (inputs, flags, backward targets).
+        eager: the sampler of its eager runs.
+        budget_s: timed seconds to aim for per set (the eager timing's).
+        batch: the batch's index (for ``details["batches"]``).
+    """
+
+    replay: Replay
+    eager: Callable[[], Sample]
+    budget_s: float
+    batch: int = 0
+
+
+def compile_what_if(
+    items: Sequence[WhatIfInput],
+    sampler: Callable[[Replay], Callable[[], Sample]],
+    *,
+    config: BenchmarkConfig,
+    canary: Callable[[], float] | None = None,
+) -> tuple[float, dict[str, Any]]:
+    """Compile one component alone and time it against its eager runs, on each of its batches.
+
+    Dynamo is reset first (a component compiled before must not count towards
+    this one's recompile limit or be reused across instances) and after.
+    The component is compiled once; on each batch the first compiled forward +
+    backward compiles for that batch's shapes (``compile_s`` is its wall time,
+    compilation included) and ``max(warmup, 2)`` more untimed runs follow
+    (``mode="reduce-overhead"`` records its CUDA graphs in them). Then the
+    compiled runs and a fresh set of eager runs of every batch are sampled in
+    ``config.rounds`` interleaved rounds with the eager timing's budget and
+    repeat rules.
+
+    Args:
+        items: the component on each batch it ran in (one item with one batch).
+        sampler: makes the sampler of a replay (the latency metric's).
+        config: the options (``compile_options``, warm-up, repeats, rounds).
+        canary: the reference GEMM timed before each round (CPU), if any.
+
+    Returns:
+        ``(compiled_ms, details)``: ``compiled_ms`` is the median compiled
+        forward + median compiled backward (with several batches, the median over
+        the batches of that); NaN when the compile failed. ``details`` has
+        ``compile_s``, ``graphs`` (dynamo graphs compiled during the first batch's
+        warm-up: one more than the breaks of a plain forward), ``graph_breaks``
+        and ``break_reasons`` (from ``torch._dynamo.explain`` on the first batch),
+        ``recompiles`` (graphs compiled after the first batch's warm-up: for the
+        other batches' shapes, and during the timed runs), ``fwd_ms``/``bwd_ms``/
+        ``noise`` of the compiled runs, ``eager_ms_same_rounds`` (the eager median
+        of the same rounds), ``outputs_close``/``max_abs_error``/``max_rel_error``
+        (:func:`outputs_agree`, over every batch), ``options``, and with several
+        batches ``batches`` (per batch: ``compiled_ms``, ``eager_ms_same_rounds``,
+        ``graphs``, ``compile_s``); or ``error`` when compiling or a compiled run
+        raised.
+    """
+    import torch._dynamo as dynamo
+
+    options = dict(config.compile_options or {})
+    info: dict[str, Any] = {"options": {k: v if isinstance(v, (str, int, float, bool)) else repr(v) for k, v in options.items()}}
+    try:
+        if not items:
+            raise ValueError("nothing to compile: no measured batch")
+        first = items[0].replay
+        dynamo.reset()
+        try:
+            info.update(explain_breaks(first))
+        except Exception as e:  # explain is a diagnostic: the what-if goes on without it
+            info["explain_error"] = _error_text(e)
+        dynamo.reset()
+        compiled_fn = torch.compile(first.module, **options)
+        runs: list[Callable[[], Sample]] = []
+        per: list[dict[str, Any]] = []
+        agree: list[dict[str, Any]] = []
+        start = _unique_graphs()
+        for item in items:
+            compiled = item.replay.with_call(compiled_fn)
+            run = sampler(compiled)
+            g0, t0 = _unique_graphs(), time.perf_counter()
+            run()
+            compile_s = time.perf_counter() - t0
+            for _ in range(max(config.warmup, 2)):
+                run()
+            agree.append(outputs_agree(item.replay, compiled, config.seed))
+            per.append({"batch": item.batch, "graphs": _unique_graphs() - g0, "compile_s": compile_s})
+            runs.append(run)
+        if _unique_graphs() == start:
+            raise RuntimeError("dynamo compiled no graph: the component would run eagerly")
+        warm = _unique_graphs()
+        info["compile_s"], info["graphs"] = per[0]["compile_s"], per[0]["graphs"]
+        sets = interleave(
+            [*(i.eager for i in items), *runs],
+            budgets_s=[i.budget_s for i in items] * 2,
+            rounds=config.rounds,
+            min_repeats=config.min_repeats,
+            max_repeats=config.max_repeats,
+            canary=canary,
+        )
+        for s in sets:
+            if s.error is not None:
+                raise s.error
+        eager_sets, compiled_sets = sets[: len(items)], sets[len(items) :]
+        info["recompiles"] = sum(p["graphs"] for p in per[1:]) + _unique_graphs() - warm
+        totals = [_total(c, config.backward) for c in compiled_sets]
+        eager = [_total(es, config.backward) for es in eager_sets]
+        for p, c, et in zip(per, totals, eager, strict=True):
+            p.update(compiled_ms=c, eager_ms_same_rounds=et)
+        mid = compiled_sets[sorted(range(len(totals)), key=totals.__getitem__)[(len(totals) - 1) // 2]]
+        info.update(
+            fwd_ms=mid.median("fwd_ms"),
+            bwd_ms=mid.median("bwd_ms") if config.backward else math.nan,
+            noise=mid.noise,
+            repeats=len(mid.samples),
+            eager_ms_same_rounds=statistics.median(eager),
+            outputs_close=all(a["outputs_close"] for a in agree),
+            max_abs_error=max(a["max_abs_error"] for a in agree),
+            max_rel_error=max(a["max_rel_error"] for a in agree),
+        )
+        if len(items) > 1:
+            info["batches"] = per
+        return statistics.median(totals), info
+    except Exception as e:
+        if isinstance(e, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        info["error"] = _error_text(e)
+        return math.nan, info
+    finally:
+        dynamo.reset()
+
+
+def outputs_agree(eager: Replay, compiled: Replay, seed: int) -> dict[str, Any]:
+    """Whether the compiled forward returns what the eager one does on the same inputs.
+
+    Both run on one fresh copy of the inputs each, ``torch.manual_seed(seed)``
+    before each (the engine's guard restores the RNG afterwards). Output leaves
+    are compared pairwise in float64.
+
+    Returns:
+        ``outputs_close`` (every tensor leaf within :func:`default_tolerances` of
+        its dtype, non-tensor leaves equal, same structure), ``max_abs_error`` and
+        ``max_rel_error`` over the tensor leaves. Randomness (dropout in train
+        mode) is drawn differently by inductor: such a component is not close.
+    """
+    leaves = []
+    for r in (eager, compiled):
+        torch.manual_seed(seed)
+        out = r.forward(r.fresh_inputs())
+        leaves.append(pytree.tree_flatten(out))
+        del out
+    (a, spec_a), (b, spec_b) = leaves
+    close = spec_a == spec_b and len(a) == len(b)
+    max_abs = max_rel = 0.0
+    for x, y in zip(a, b, strict=False):
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+            close = close and not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and x == y
+            continue
+        if x.shape != y.shape or x.dtype != y.dtype:
+            close = False
+            continue
+        rtol, atol = default_tolerances(x.dtype)
+        wide = torch.complex128 if x.is_complex() else torch.float64
+        xr, yr = x.detach().to("cpu", wide), y.detach().to("cpu", wide)
+        diff, scale = (yr - xr).abs(), xr.abs()
+        if diff.numel():
+            max_abs = max(max_abs, float(diff.max()))
+            rel = torch.where(diff == 0, torch.zeros_like(diff), diff / scale)
+            max_rel = max(max_rel, float(rel.max()))
+        close = close and bool(torch.all(diff <= atol + rtol * scale))
+    return {"outputs_close": bool(close), "max_abs_error": max_abs, "max_rel_error": max_rel}
+
+
+def _total(s: SampleSet, backward: bool) -> float:
+    bwd = s.median("bwd_ms") if backward else 0.0
+    return s.median("fwd_ms") + (bwd if math.isfinite(bwd) else 0.0)
+
+
+def children_separately(row: ComponentRow, children: Sequence[ComponentRow]) -> dict[str, Any] | None:
+    """The parent's time if each of its children were compiled on its own, the rest eager.
+
+    ``children_separately_ms = total_ms − Σ (child total_ms − child compiled_ms) ×
+    child calls ÷ parent calls`` over the children compiled: the parent's own work
+    and the children not compiled stay eager. Against the parent's
+    ``compiled_ms`` this is the fusion opportunity that only appears across its
+    children's boundaries.
+
+    Returns:
+        ``{"children_separately_ms", "children_compiled"}`` (``"2/3"``: of the
+        children with a time), or ``None`` when ``row`` has no time or no child
+        was compiled.
+    """
+    timed = [c for c in children if c.status == "ok" and math.isfinite(c.total_ms)]
+    done = [c for c in timed if math.isfinite(c.compiled_ms)]
+    if not done or not math.isfinite(row.total_ms):
+        return None
+    saved = sum((c.total_ms - c.compiled_ms) * max(c.calls, 1) for c in done) / max(row.calls, 1)
+    return {"children_separately_ms": row.total_ms - saved, "children_compiled": f"{len(done)}/{len(timed)}"}
+
+
+def compile_speedup(row: ComponentRow) -> float:
+    """``total_ms / compiled_ms`` where both are known, else NaN."""
+    ok = math.isfinite(row.total_ms) and math.isfinite(row.compiled_ms) and row.compiled_ms > 0
+    return row.total_ms / row.compiled_ms if ok else math.nan
+
+
+def fill_children_separately(rows: Mapping[str, ComponentRow], children: Mapping[str, Sequence[str]]) -> None:
+    """Add :func:`children_separately` to every compiled parent's ``details["compile"]``."""
+    for path, kids in children.items():
+        row = rows.get(path)
+        if row is None or not isinstance(row.details.get("compile"), dict) or not kids:
+            continue
+        found = children_separately(row, [rows[k] for k in kids if k in rows])
+        if found is not None:
+            row.details["compile"].update(found)

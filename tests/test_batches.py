@@ -1,0 +1,143 @@
+"""Many batches (issue 10 §3): each component measured on each batch, the row their median."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from cb_callback import profile_components
+from cb_callback._batches import input_signature, merge_batches, p90
+from cb_callback._inputs import ComponentInputs
+from cb_callback._report import ComponentRow
+from cb_callback.reporters import format_table
+from tests.conftest import FAST
+
+
+def _totals(row: ComponentRow) -> list[float]:
+    return [b["total_ms"] for b in row.details["batches"]]
+
+
+def test_variable_sequence_lengths_give_per_batch_rows_and_their_median() -> None:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    lengths = (4, 8, 16)
+    batches = [((torch.randn(2, n, 16),), {}) for n in lengths]
+    report = profile_components(model, batches=batches, **FAST)
+    assert report.metadata["batches"] == 3
+    lin = report.row("layers.0.linear1")  # Linear(16, 32) on (2, n, 16): 2·(2n)·16·32 FLOPs forward
+    assert [b["shape"] for b in lin.details["batches"]] == [f"float32[2,{n},16]" for n in lengths]
+    assert lin.details["shapes"] == [f"float32[2,{n},16]" for n in lengths]
+    assert lin.fwd_flops == 2 * (2 * 8) * 16 * 32  # the median batch's (n = 8): FLOPs grow with n
+    # backward: grad of the input and of the weight, 2 GEMMs of the forward's size each
+    assert [b["flops"] for b in lin.details["batches"]] == [3 * 2 * (2 * n) * 16 * 32 for n in lengths]
+    for row in report:
+        if row.status != "ok":
+            continue
+        totals = _totals(row)
+        assert len(totals) == 3 and row.details["median_ms"] == statistics.median(totals)
+        low, mid, high = sorted(totals)
+        assert row.details["p90_ms"] == pytest.approx(mid + (high - mid) * 0.8)  # 0.9 · (3 − 1) = 1.8
+        assert row.fwd_ms == statistics.median(b["fwd_ms"] for b in row.details["batches"])
+        assert row.total_ms == pytest.approx(row.fwd_ms + row.bwd_ms)
+    assert "p90 ms" in report.summary() and "batches: 3" in report.summary()
+    assert "| total ms | p90 ms |" in format_table(report)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+
+
+class _Router(nn.Module):
+    """Routes the whole batch to the expert its ``which`` argument names (MoE-style)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+
+    def forward(self, x: torch.Tensor, which: int) -> torch.Tensor:
+        return self.experts[which](x)
+
+
+def test_a_component_measured_only_on_the_batches_it_ran_in() -> None:
+    x = torch.randn(3, 4)
+    report = profile_components(_Router(), batches=[((x,), {"which": 0}), ((x,), {"which": 1})], **FAST)
+    e0, e1 = report.row("experts.0"), report.row("experts.1")
+    assert e0.status == e1.status == "ok"
+    assert [b["batch"] for b in e0.details["batches"]] == [0]
+    assert [b["batch"] for b in e1.details["batches"]] == [1]
+    assert e1.fwd_flops == 2 * 3 * 4 * 4 and e1.details["p90_ms"] == e1.details["median_ms"]
+    assert [b["batch"] for b in report.row("").details["batches"]] == [0, 1]
+    assert report.row("").details["shapes"] == ["float32[3,4]"]  # `which` is not a tensor
+
+
+def test_kjts_of_different_lengths_are_told_apart() -> None:
+    pytest.importorskip("torchrec")
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    ebc = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name=f"t_{k}", embedding_dim=8, num_embeddings=50, feature_names=[k])
+                for k in ("a", "b")],
+        device=torch.device("cpu"),
+    )  # fmt: skip
+
+    def kjt(lengths: list[int]) -> KeyedJaggedTensor:
+        n = sum(lengths)
+        return KeyedJaggedTensor.from_lengths_sync(
+            keys=["a", "b"], values=torch.arange(n) % 50, lengths=torch.tensor(lengths)
+        )
+
+    # two samples per batch; per key a, then b
+    short, long = kjt([1, 2, 1, 1]), kjt([5, 7, 6, 9])
+    report = profile_components(ebc, batches=[((short,), {}), ((long,), {})], **FAST)
+    root = report.row("")
+    assert root.status == "ok"
+    assert root.details["shapes"] == ["KJT(a:3,b:2)", "KJT(a:12,b:15)"]
+    # bytes grow with the rows looked up: the long batch reads more
+    assert len(root.details["batches"]) == 2
+
+
+def test_merge_names_the_batch_that_failed_and_keeps_the_others() -> None:
+    def row(status: str, fwd: float, error: str | None = None) -> ComponentRow:
+        return ComponentRow("m", "M", 1, "", status=status, calls=1, fwd_ms=fwd, bwd_ms=1.0, error=error)
+
+    merged = ComponentRow("m", "M", 1, "")
+    merge_batches(merged, {0: row("ok", 2.0), 1: row("failed", math.nan, "RuntimeError: boom"), 2: row("ok", 4.0)}, {})
+    assert merged.status == "ok" and merged.error is None
+    assert merged.fwd_ms == 3.0 and merged.bwd_ms == 1.0  # medians of (2, 4) and (1, 1)
+    assert merged.note == "not measured on batch 1: RuntimeError: boom"
+    assert merged.details["median_ms"] == 4.0 and merged.details["p90_ms"] == pytest.approx(3.0 + 2.0 * 0.9)
+    none = ComponentRow("m", "M", 1, "")
+    merge_batches(none, {0: row("failed", math.nan, "E: a"), 1: row("failed", math.nan, "E: b")}, {})
+    assert none.status == "failed" and none.error == "E: a"
+
+
+def test_p90_interpolates_between_order_statistics() -> None:
+    assert p90([1.0]) == 1.0
+    assert p90([1.0, 2.0]) == pytest.approx(1.9)  # position 0.9
+    assert p90([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]) == pytest.approx(10.0)  # position 9
+    assert math.isnan(p90([]))
+
+
+def test_input_signature_names_kwargs_and_skips_objects() -> None:
+    sig = input_signature(ComponentInputs(args=(torch.zeros(2, 3), 7), kwargs={"mask": torch.ones(2, dtype=torch.bool)}))
+    assert sig == "float32[2,3], mask=bool[2]"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"args": (torch.randn(2, 4),), "batches": [torch.randn(2, 4)]}, "not both"),
+        ({"batches": []}, "non-empty"),
+        ({"batches": [(torch.randn(2, 4), torch.randn(2, 4))]}, r"batches\[0\]"),
+    ],
+)
+def test_bad_batches_are_refused_by_name(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        profile_components(nn.Linear(4, 4), **kwargs, **FAST)

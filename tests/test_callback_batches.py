@@ -1,0 +1,82 @@
+"""ComponentBenchmark(capture_batches=k) and the compile what-if through the callback (issue 10)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cb_callback import ComponentBenchmark
+from cb_callback._snapshot import load_snapshot
+from tests._callback_models import BATCH, FEATURES, VAR_LENGTHS, VarLenModule, run_fit
+from tests.conftest import FAST
+from tests.test_callback import _assert_same_training
+
+OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10}
+
+
+@pytest.mark.parametrize("mode", ["pause", "fork"])
+def test_capture_batches_measures_each_step_and_training_is_unchanged(tmp_path: Path, mode: str) -> None:
+    baseline = run_fit(tmp_path / "base", model_cls=VarLenModule, max_steps=6)
+    cb = ComponentBenchmark(capture_step=1, capture_batches=3, mode=mode, **OPTS)
+    run = run_fit(tmp_path / mode, [cb], model_cls=VarLenModule, max_steps=6)
+    _assert_same_training(baseline, run)
+    report = cb.report
+    assert report is not None and report.metadata["batches"] == 3
+    # steps 1, 2, 3 are batches 1, 2, 3: lengths 8, 16, 4
+    lengths = [VAR_LENGTHS[i % 3] for i in (1, 2, 3)]
+    embed = report.row("embed")
+    assert embed.details["shapes"] == [f"float32[{BATCH},{n},{FEATURES}]" for n in lengths]
+    # Linear(8 -> 16) on (B, n, 8): 2·B·n·8·16 forward; the median batch has n = 8
+    assert embed.fwd_flops == 2 * BATCH * 8 * FEATURES * 16
+    assert [b["batch"] for b in report.row("").details["batches"]] == [0, 1, 2]
+    assert "p90 ms" in report.summary()
+    if mode == "fork":
+        snap = load_snapshot(cb.output_dir / "snapshot")
+        assert len(snap.batches) == 3
+
+
+def test_a_run_that_ends_inside_the_capture_window_profiles_what_it_captured(tmp_path: Path) -> None:
+    cb = ComponentBenchmark(capture_step=1, capture_batches=3, **OPTS)
+    with pytest.warns(UserWarning, match="capture_step=1 is never reached|2 of capture_batches=3"):
+        run_fit(tmp_path, [cb], model_cls=VarLenModule, max_steps=3)
+    assert cb.report is not None and cb.report.metadata["batches"] == 2
+
+
+def test_compile_what_if_runs_from_the_callback(tmp_path: Path) -> None:
+    cb = ComponentBenchmark(
+        capture_step=1, compile=True, compile_options={"backend": "eager"}, compile_top=2, **OPTS
+    )
+    run_fit(tmp_path, [cb], model_cls=VarLenModule, max_steps=2)
+    assert cb.report is not None
+    compiled = [r for r in cb.report if "compile" in r.details]
+    assert len(compiled) == 2 and all("error" not in r.details["compile"] for r in compiled)
+    # the two most expensive by measured cost (the root, unless noise put a child above it)
+    summary = cb.report.summary()
+    assert all(f"compiling {r.path or 'root'} whole:" in summary for r in compiled), summary
+
+
+def test_cli_flags_reach_the_engine(tmp_path: Path) -> None:
+    from lightning.pytorch.cli import LightningCLI
+
+    args = [
+        "--trainer.callbacks+=cb_callback.ComponentBenchmark",
+        "--trainer.callbacks.capture_batches=2",
+        "--trainer.callbacks.compile=true",
+        "--trainer.callbacks.compile_top=3",
+        "--trainer.callbacks.compile_options={backend: eager, dynamic: false}",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.logger=false",
+        "--trainer.accelerator=cpu",
+    ]
+    cli = LightningCLI(VarLenModule, args=args, run=False, save_config_callback=None)
+    (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, ComponentBenchmark)]
+    assert cb.config.compile is True and cb.config.compile_top == 3
+    assert cb.config.compile_options == {"backend": "eager", "dynamic": False}
+    assert cb._steps.count == 2
+
+
+def test_capture_batches_is_validated() -> None:
+    with pytest.raises(ValueError, match=r"capture_batches=0"):
+        ComponentBenchmark(capture_batches=0)

@@ -1,0 +1,251 @@
+"""The compile what-if (issue 10 §1): each component compiled alone, timed like its eager run.
+
+Most tests compile with the ``eager``/``aot_eager`` backends (dynamo and
+AOTAutograd without inductor's code generation: fractions of a second); the
+fusion test uses inductor's C++ backend, as a user on CPU would.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+from torch._dynamo.utils import counters
+
+from cb_callback import BenchmarkConfig, compare_components, profile_components
+from cb_callback._compile import children_separately
+from cb_callback._report import ComponentRow, Report
+from tests.conftest import FAST
+
+EAGER = {"backend": "eager"}
+
+
+class Chain(nn.Module):
+    """Ten elementwise ops: eager reads and writes the tensor ten times, fused once."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(5):
+            x = torch.sin(x) * 1.01 + 0.1
+        return x
+
+
+class Break(nn.Module):
+    """A Linear, a forced graph break, the Linear again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.lin(x).relu()
+        torch._dynamo.graph_break()
+        return self.lin(x)
+
+
+def _info(report: Report, path: str) -> dict[str, Any]:
+    info = report.row(path).details["compile"]
+    assert isinstance(info, dict)
+    return info
+
+
+@pytest.mark.slow
+def test_fused_elementwise_chain_is_faster_compiled_with_the_same_outputs() -> None:
+    # 256 x 4096 fp32 = 4 MiB, beyond the L2 of this class of machine: eager makes 15 passes
+    # over it in the forward (sin, mul, add per step) and more in the backward; inductor fuses
+    # the forward into one loop and the backward into a few. Against its eager runs sampled in
+    # the same rounds, a 1.5x margin leaves room for a busy machine (measured here: 3-5x).
+    model = Chain()
+    x = torch.randn(256, 4096, requires_grad=True)
+    before = model(x)
+    report = profile_components(
+        model, (x,), compile=True, warmup=1, min_run_time_s=0.05, min_repeats=5, load_plugins=False
+    )
+    row, info = report.row(""), _info(report, "")
+    assert row.status == "ok" and "error" not in info, info
+    assert info["graphs"] >= 1 and info["graph_breaks"] == 0 and info["recompiles"] == 0
+    assert info["outputs_close"] is True and info["max_abs_error"] <= 1e-5
+    assert info["eager_ms_same_rounds"] > 1.5 * row.compiled_ms, info
+    assert row.compile_speedup == pytest.approx(row.total_ms / row.compiled_ms)
+    assert math.isfinite(info["bwd_ms"]) and info["compile_s"] > 0
+    assert "compiling root whole:" in report.summary()
+    torch.testing.assert_close(model(x), before, rtol=0, atol=0)
+
+
+def test_a_forced_graph_break_is_counted_with_its_reason_and_place() -> None:
+    report = profile_components(Break(), (torch.randn(4, 8),), compile=True, compile_options=EAGER, **FAST)
+    info = _info(report, "")
+    assert report.row("").status == "ok" and "error" not in info, info
+    # explain: one break, so two graphs (before and after it); the warm-up compiles the same two
+    assert info["graph_breaks"] == 1 and info["graphs"] == 2
+    (reason,) = info["break_reasons"]
+    assert "graph_break()" in reason["reason"] and reason["count"] == 1
+    assert reason["where"].endswith(f"{__file__.rsplit('/', 1)[-1]}:{Break.forward.__code__.co_firstlineno + 2}")
+    assert math.isfinite(report.row("").compiled_ms)
+    # the Linear alone has no break
+    assert _info(report, "lin")["graph_breaks"] == 0
+
+
+def test_a_component_that_cannot_compile_keeps_its_eager_row() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), Break())
+    report = profile_components(
+        model, (torch.randn(4, 8),), compile=True, compile_options={**EAGER, "fullgraph": True}, **FAST
+    )
+    # fullgraph=True turns the break into an error for the two components that contain it
+    for path in ("", "1"):
+        row, info = report.row(path), _info(report, path)
+        assert row.status == "ok" and row.error is None and math.isfinite(row.total_ms)
+        assert math.isnan(row.compiled_ms) and math.isnan(row.compile_speedup)
+        assert "graph_break" in info["error"] or "Unsupported" in info["error"], info["error"]
+    for path in ("0", "1.lin"):
+        assert "error" not in _info(report, path) and math.isfinite(report.row(path).compiled_ms)
+    assert "2 could not compile (root, 1)" in report.summary()
+
+
+def test_nothing_is_compiled_when_compile_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*a: Any, **k: Any) -> Any:
+        raise AssertionError("torch.compile called with compile=False")
+
+    monkeypatch.setattr(torch, "compile", refuse)
+    report = profile_components(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),), **FAST)
+    assert all("compile" not in r.details and math.isnan(r.compiled_ms) for r in report)
+    assert "compile what-if" not in report.summary()
+
+
+def test_compile_top_takes_the_most_expensive_first() -> None:
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU())
+    report = profile_components(
+        model, (torch.randn(32, 64),), compile=True, compile_top=2, compile_options=EAGER, **FAST
+    )
+    compiled = [r.path for r in report if "compile" in r.details]
+    by_cost = sorted(report, key=lambda r: -r.total_ms * r.calls)
+    assert compiled and sorted(compiled) == sorted(r.path for r in by_cost[:2])
+    assert "" in compiled  # the root costs at least as much as any one child
+
+
+def test_compile_respects_max_total_time_s() -> None:
+    # A budget of 1 ns: the root is always measured, nothing else is, and no compile starts.
+    report = profile_components(
+        nn.Sequential(nn.Linear(4, 4)), (torch.randn(2, 4),), compile=True, compile_options=EAGER,
+        max_total_time_s=1e-9, **FAST,
+    )  # fmt: skip
+    assert report.row("").status == "ok"
+    assert _info(report, "")["skipped"].startswith("max_total_time_s=1e-09 spent")
+    assert math.isnan(report.row("").compiled_ms)
+
+
+def test_the_users_torch_compile_starts_clean_afterwards() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    x = torch.randn(2, 4)
+    profile_components(model, (x,), compile=True, compile_options=EAGER, **FAST)
+    # Without the reset, the user's compile of the same module would hit the what-if's cache
+    # entries (same code object, same guards) and compile no new graph.
+    graphs = counters["stats"]["unique_graphs"]
+    torch.compile(model, backend="eager")(x)
+    assert counters["stats"]["unique_graphs"] == graphs + 1
+    torch._dynamo.reset()
+
+
+def test_state_and_rng_are_restored_after_compiled_replays() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 2)).train()
+    x = torch.randn(16, 8)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    report = profile_components(model, (x,), compile=True, compile_options={"backend": "aot_eager"}, **FAST)
+    assert all(r.status == "ok" and "error" not in r.details["compile"] for r in report)
+    for k, v in model.state_dict().items():  # BatchNorm statistics, num_batches_tracked
+        assert torch.equal(v, state[k]), k
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(p.grad is None for p in model.parameters())
+    # aot_eager draws dropout's mask from the same RNG: seeded alike, the outputs match
+    assert _info(report, "2")["outputs_close"] is True
+
+
+def test_an_encoder_layer_with_kwargs_compiles_per_component() -> None:
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    x = torch.randn(2, 5, 16)
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[1, 3:] = True
+    report = profile_components(
+        model, (x,), {"src_key_padding_mask": mask}, compile=True, compile_options={"backend": "aot_eager"},
+        max_depth=2, **FAST,
+    )  # fmt: skip
+    ok = [r for r in report if r.status == "ok"]
+    assert ok and all("compile" in r.details for r in ok)
+    failed = {r.path: r.details["compile"]["error"] for r in ok if "error" in r.details["compile"]}
+    assert not failed, failed
+    assert all(r.details["compile"]["outputs_close"] for r in ok)
+
+
+def test_children_separately_keeps_the_parents_own_time_eager() -> None:
+    parent = ComponentRow("p", "P", 0, None, status="ok", calls=1, total_ms=10.0, compiled_ms=4.0)
+    a = ComponentRow("p.a", "A", 1, "p", status="ok", calls=2, total_ms=3.0, compiled_ms=2.0)
+    b = ComponentRow("p.b", "B", 1, "p", status="ok", calls=1, total_ms=2.0)  # not compiled
+    # 10 − (3 − 2) × 2 calls ÷ 1 parent call = 8; b stays eager
+    assert children_separately(parent, [a, b]) == {"children_separately_ms": 8.0, "children_compiled": "1/2"}
+    assert children_separately(parent, [b]) is None
+
+
+def test_the_summary_sets_whole_against_children_separately() -> None:
+    model = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 32))
+    report = profile_components(model, (torch.randn(8, 32),), compile=True, compile_options=EAGER, **FAST)
+    root = report.row("")
+    sep = root.details["compile"]["children_separately_ms"]
+    kids = report.children("")
+    assert root.details["compile"]["children_compiled"] == "3/3"
+    assert sep == pytest.approx(root.total_ms - sum(k.total_ms - k.compiled_ms for k in kids))
+    line = next(x for x in report.summary().splitlines() if "compiling root whole" in x)
+    assert f"{root.total_ms:.3g} -> {root.compiled_ms:.3g} ms" in line
+    assert f"its children separately: {root.total_ms:.3g} -> {sep:.3g} ms (3/3 compiled)" in line
+
+
+def test_compare_components_compiles_both_sides() -> None:
+    ref = nn.Linear(16, 1)
+
+    class Gemv(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(1, 16))
+            self.bias = nn.Parameter(torch.randn(1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * self.weight).sum(-1, keepdim=True) + self.bias
+
+    x = torch.randn(32, 16, requires_grad=True)
+    cmp = compare_components(ref, Gemv(), ((x,), {}), compile=True, compile_options=EAGER, **FAST)
+    assert cmp.equivalent
+    assert all(math.isfinite(r.compiled_ms) for r in cmp.rows)
+    assert "compiled_ms" in cmp.summary()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"compile_options": {"backnd": "eager"}}, "compile_options"),
+        ({"compile_top": 0}, "compile_top"),
+        ({"compile": "yes"}, "compile="),
+    ],
+)
+def test_compile_options_are_validated(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BenchmarkConfig(**options)
+
+
+@pytest.mark.parametrize(("dynamic", "recompiles"), [(None, 1), (False, 2)])
+def test_new_shapes_in_later_batches_count_as_recompiles(dynamic: bool | None, recompiles: int) -> None:
+    # Three batch sizes. By default the second shape makes dynamo recompile once with a dynamic
+    # batch dimension, which the third reuses; dynamic=False specialises every shape: two more.
+    batches = [torch.randn(n, 8) for n in (2, 4, 8)]
+    options: dict[str, Any] = {**EAGER, **({} if dynamic is None else {"dynamic": dynamic})}
+    report = profile_components(nn.Linear(8, 8), batches=batches, compile=True, compile_options=options, **FAST)
+    info = _info(report, "")
+    assert "error" not in info, info
+    assert info["recompiles"] == recompiles
+    assert [b["batch"] for b in info["batches"]] == [0, 1, 2]
+    assert report.row("").compiled_ms == statistics.median(b["compiled_ms"] for b in info["batches"])
