@@ -2,8 +2,8 @@
 
 With several captured batches (``profile_components(model, batches=[...])``,
 ``ComponentBenchmark(capture_batches=k)``) every component is replayed and timed
-on each batch it ran in; its row holds the median over those batches, and
-``details`` the per-batch numbers, the p90 and the distinct input shapes.
+on each batch it ran in; its row is its median batch, and ``details`` holds the
+per-batch numbers, the p90 and the distinct input shapes.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import torch
 from cb_callback._inputs import ComponentInputs
 from cb_callback._report import ComponentRow
 
-__all__ = ["MEDIAN_COLUMNS", "input_signature", "merge_batches", "merged_calls", "p90"]
+__all__ = ["MEASURED_COLUMNS", "input_signature", "median_batch", "merge_batches", "merged_calls", "p90"]
 
-#: The measured columns a multi-batch row takes the median of (over the batches it ran ok in).
-MEDIAN_COLUMNS = (
+#: The measured columns a multi-batch row takes from its median batch.
+MEASURED_COLUMNS = (
     "fwd_ms", "bwd_ms", "cpu_ms", "device_ms", "fwd_flops", "bwd_flops", "activation_mb",
     "peak_mem_mb", "bytes", "noise",
 )  # fmt: skip
@@ -94,63 +94,72 @@ def merged_calls(batches: Sequence[Mapping[str, ComponentInputs]]) -> dict[str, 
     return out
 
 
-def _median(values: Sequence[float]) -> float:
-    xs = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    return statistics.median(xs) if xs else math.nan
-
-
 def _total(r: ComponentRow) -> float:
     if not math.isfinite(r.fwd_ms):
         return math.nan
     return r.fwd_ms + (r.bwd_ms if math.isfinite(r.bwd_ms) else 0.0)
 
 
-def merge_batches(row: ComponentRow, per_batch: Mapping[int, ComponentRow], shapes: Mapping[int, str]) -> None:
+def median_batch(per_batch: Mapping[int, ComponentRow]) -> int | None:
+    """The ``ok`` batch whose ``fwd_ms + bwd_ms`` is the median (the lower middle one
+    for an even count; ties by batch order); ``None`` when none is ``ok``."""
+    ok = sorted((b for b, r in per_batch.items() if r.status == "ok"), key=lambda b: (_total(per_batch[b]), b))
+    return ok[(len(ok) - 1) // 2] if ok else None
+
+
+def merge_batches(row: ComponentRow, per_batch: Mapping[int, ComponentRow], shapes: Mapping[int, str]) -> int | None:
     """Fill ``row`` from the component's rows of each batch it ran in (``{batch: row}``).
 
-    The row is ``ok`` when at least one batch measured it: each column of
-    :data:`MEDIAN_COLUMNS` is the median over the ``ok`` batches, ``calls`` the
-    low median over all; the details are those of the ``ok`` batch whose
-    ``fwd_ms + bwd_ms`` is the median one (the lower of the two middle ones),
-    plus ``batches`` (per batch: ``status``, ``calls``, ``fwd_ms``,
-    ``bwd_ms``, ``total_ms``, ``flops``, ``shape`` and any ``error``),
-    ``median_ms`` and ``p90_ms`` of the per-batch ``fwd_ms + bwd_ms``, and
-    ``shapes`` (the distinct input signatures, :func:`input_signature`). A batch
-    that failed is named in ``note``. With no ``ok`` batch the row takes the
-    first batch's status, error and note.
+    The row is ``ok`` when at least one batch measured it, and is then its
+    *median batch* (:func:`median_batch`): every column of
+    :data:`MEASURED_COLUMNS` and the details are that batch's, so time, FLOPs,
+    bytes and the rates derived from them describe one run (``total_ms`` is the
+    median of the per-batch ``fwd_ms + bwd_ms``). ``calls`` is the low median
+    over the batches it ran in. ``details`` adds ``batches`` (per batch:
+    ``status``, ``calls``, ``fwd_ms``, ``bwd_ms``, ``total_ms``, ``flops``,
+    ``shape`` and any ``error``), ``median_batch``, ``median_ms`` and ``p90_ms``
+    of the per-batch ``fwd_ms + bwd_ms`` and ``shapes`` (the distinct input
+    signatures, :func:`input_signature`). A batch it failed on is named in
+    ``error`` (the row stays ``ok``: the other batches measured it). With no
+    ``ok`` batch the row takes the first batch's status, error and note.
+
+    Returns:
+        The median batch, or ``None`` when no batch measured the component.
     """
     order = sorted(per_batch)
-    ok = [b for b in order if per_batch[b].status == "ok"]
     row.calls = statistics.median_low([per_batch[b].calls for b in order]) if order else row.calls
     table = []
     for b in order:
         r = per_batch[b]
+        flops = [v for v in (r.fwd_flops, r.bwd_flops) if math.isfinite(v)]
         entry: dict[str, Any] = {
             "batch": b, "status": r.status, "calls": r.calls, "fwd_ms": r.fwd_ms, "bwd_ms": r.bwd_ms,
-            "total_ms": _total(r), "flops": (r.fwd_flops if math.isfinite(r.fwd_flops) else math.nan)
-            + (r.bwd_flops if math.isfinite(r.bwd_flops) else 0.0), "shape": shapes.get(b),
+            "total_ms": _total(r), "flops": math.fsum(flops) if flops else math.nan, "shape": shapes.get(b),
         }  # fmt: skip
         if r.error:
             entry["error"] = r.error
         table.append(entry)
-    if not ok:
+    mid = median_batch(per_batch)
+    if mid is None:
         first = per_batch[order[0]] if order else None
         if first is not None:
             row.status, row.error, row.note = first.status, first.error, first.note
             row.details = {**first.details, "batches": table}
-        return
-    totals = sorted(ok, key=lambda b: _total(per_batch[b]))
-    rep = per_batch[totals[(len(totals) - 1) // 2]]
-    for name in MEDIAN_COLUMNS:
-        setattr(row, name, _median([getattr(per_batch[b], name) for b in ok]))
-    row.status, row.error = "ok", None
-    bad = [f"batch {b}: {per_batch[b].error or per_batch[b].status}" for b in order if b not in ok]
-    row.note = "; ".join(x for x in (rep.note, "not measured on " + "; ".join(bad) if bad else None) if x) or None
+        return None
+    rep = per_batch[mid]
+    for name in MEASURED_COLUMNS:
+        setattr(row, name, getattr(rep, name))
+    ok = [b for b in order if per_batch[b].status == "ok"]
+    bad = [f"batch {b}: {per_batch[b].error or per_batch[b].note or per_batch[b].status}" for b in order if b not in ok]
+    row.status, row.note = "ok", rep.note
+    row.error = f"not measured on {len(bad)} of {len(order)} batches ({'; '.join(bad)})" if bad else None
     distinct = list(dict.fromkeys(s for s in (shapes.get(b) for b in order) if s is not None))
     row.details = {
         **rep.details,
         "batches": table,
-        "median_ms": _median([_total(per_batch[b]) for b in ok]),
+        "median_batch": mid,
+        "median_ms": _total(rep),
         "p90_ms": p90([_total(per_batch[b]) for b in ok]),
         "shapes": distinct,
     }
+    return mid

@@ -55,7 +55,8 @@ class ComponentBenchmark(Callback):
     then ``print(cb.report.summary())``.
 
     Args:
-        capture_step: the ``trainer.global_step`` whose first micro-batch is captured.
+        capture_step: the ``trainer.global_step`` whose first micro-batch is captured (a run
+            resumed past it: its first step).
         capture_batches: capture steps ``capture_step … capture_step + k − 1`` (dynamic
             shapes): each component is measured on each, its row the median (p90 in ``details``).
         mode: ``"pause"`` profiles in-process after the captured batch, in the Trainer's
@@ -89,8 +90,8 @@ class ComponentBenchmark(Callback):
 
     Notes:
         Training is unchanged (bit-identical losses and weights): hooks only copy inputs, the
-        replay runs after the (last captured) step's optimizer step and restores weights,
-        buffers, grads, flags and RNG streams. Isolation cannot see fusion across modules,
+        replay runs after the (last) captured batch (with gradient accumulation, its step's first
+        micro-batch) and restores weights, buffers, grads, flags and RNG streams. Isolation cannot see fusion across modules,
         cache state or overlap with communication; ``"fork"`` timings include contention.
     """
 
@@ -165,7 +166,7 @@ class ComponentBenchmark(Callback):
         place.check_pause_device(self.config.device if self.mode == "pause" else None)
         log_dir = lambda: trainer.log_dir or trainer.default_root_dir  # noqa: E731  (a broadcast: every rank asks)
         self.output_dir = place.output_dir(self._output_dir_arg, log_dir, self.ranks, trainer.world_size, trainer.global_rank)
-        if (message := _step.unreachable(self._steps.last_step, trainer.max_steps)) is not None:
+        if (message := _step.unreachable(self.capture_step, trainer.max_steps, self._steps.count)) is not None:
             self._warned_unreached = True
             rank_zero_warn(message)
         timeout = getattr(trainer.strategy, "_timeout", None)  # a timedelta, on DDP-like strategies
@@ -179,7 +180,7 @@ class ComponentBenchmark(Callback):
             return
         step, seen = trainer.global_step, self._steps_seen
         self._steps_seen = (step, step) if seen is None else (seen[0], step)
-        if self._steps.wants(step) and not trainer.sanity_checking:
+        if not trainer.sanity_checking and self._steps.take(step):
             self._pending = True
             if place.profiles_on_rank(self.ranks, trainer.global_rank):
                 self._capture = _step.step_capture(pl_module, self.capture_batch_size).__enter__()
@@ -276,10 +277,11 @@ class ComponentBenchmark(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._active and not self._done and (partial := self._steps.partial()) is not None and trainer.world_size == 1:
-            rank_zero_warn(partial)  # one process: no rank waits at a barrier for this
-            self._done = True
-            self._profile(trainer, pl_module, outputs=True)
+        if self._active and not self._done and (partial := self._steps.partial(trainer.world_size)) is not None:
+            rank_zero_warn(partial)
+            self._done = self._warned_unreached = True
+            if trainer.world_size == 1:  # one process: no rank waits at a barrier for this
+                self._profile(trainer, pl_module, outputs=True)
         if self._fork is not None:
             self._finish_fork(trainer, self._fork.wait(self.fork_timeout_s))
         if self._active and self.mode == "fork" and self._done and trainer.world_size > 1:

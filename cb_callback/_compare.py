@@ -20,7 +20,7 @@ from cb_callback._engine import profile_captured
 from cb_callback._inputs import ComponentInputs, to_device
 from cb_callback._isolate import Replay, ReplayInputs
 from cb_callback._report import ComponentRow, Report
-from cb_callback._state import StateGuard
+from cb_callback._state import StateGuard, seeded
 from cb_callback._storage import model_device
 from cb_callback._tolerances import DEFAULT_TOLERANCES, default_tolerances
 
@@ -308,9 +308,7 @@ def _run(
     replay = Replay(module, inputs, device=device, seed=seed, forward_context=forward_context, grad_enabled=grad)
     fresh: ReplayInputs = replay.fresh_inputs()
     named = dict(module.named_parameters())
-    devices = [device] if device.type == "cuda" else []
-    with StateGuard(module), torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
+    with StateGuard(module), seeded(seed, device):
         out = replay.forward(fresh)
         leaves, spec = pytree.tree_flatten(out)
         if grad_outputs is None:

@@ -15,12 +15,13 @@ sizes exactly that).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils import _pytree as pytree
@@ -28,6 +29,7 @@ from torch.utils import _pytree as pytree
 from cb_callback._config import BenchmarkConfig
 from cb_callback._isolate import Replay
 from cb_callback._report import ComponentRow
+from cb_callback._state import seeded
 from cb_callback._timing import Sample, SampleSet, interleave
 from cb_callback._tolerances import default_tolerances
 
@@ -104,6 +106,7 @@ def compile_what_if(
     *,
     config: BenchmarkConfig,
     canary: Callable[[], float] | None = None,
+    report_batch: int | None = None,
 ) -> tuple[float, dict[str, Any]]:
     """Compile one component alone and time it against its eager runs, on each of its batches.
 
@@ -122,11 +125,14 @@ def compile_what_if(
         sampler: makes the sampler of a replay (the latency metric's).
         config: the options (``compile_options``, warm-up, repeats, rounds).
         canary: the reference GEMM timed before each round (CPU), if any.
+        report_batch: with several batches, the one whose compiled time is
+            returned (the row's median batch); ``None``: the median over batches.
 
     Returns:
         ``(compiled_ms, details)``: ``compiled_ms`` is the median compiled
-        forward + median compiled backward (with several batches, the median over
-        the batches of that); NaN when the compile failed. ``details`` has
+        forward + median compiled backward (with several batches, that of
+        ``report_batch``, else the median over the batches); NaN when the compile
+        failed. ``details`` has
         ``compile_s``, ``graphs`` (dynamo graphs compiled during the first batch's
         warm-up: one more than the breaks of a plain forward), ``graph_breaks``
         and ``break_reasons`` (from ``torch._dynamo.explain`` on the first batch),
@@ -143,6 +149,7 @@ def compile_what_if(
 
     options = dict(config.compile_options or {})
     info: dict[str, Any] = {"options": {k: v if isinstance(v, (str, int, float, bool)) else repr(v) for k, v in options.items()}}
+    limit = contextlib.ExitStack()
     try:
         if not items:
             raise ValueError("nothing to compile: no measured batch")
@@ -153,6 +160,7 @@ def compile_what_if(
         except Exception as e:  # explain is a diagnostic: the what-if goes on without it
             info["explain_error"] = _error_text(e)
         dynamo.reset()
+        limit.enter_context(_recompile_limit(len(items)))
         compiled_fn = torch.compile(first.module, **options)
         runs: list[Callable[[], Sample]] = []
         per: list[dict[str, Any]] = []
@@ -203,33 +211,51 @@ def compile_what_if(
         )
         if len(items) > 1:
             info["batches"] = per
-        return statistics.median(totals), info
+        chosen = [p["compiled_ms"] for p in per if p["batch"] == report_batch]
+        return (chosen[0] if chosen else statistics.median(totals)), info
     except Exception as e:
         if isinstance(e, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
             torch.cuda.empty_cache()
         info["error"] = _error_text(e)
         return math.nan, info
     finally:
+        limit.close()
         dynamo.reset()
+
+
+def _recompile_limit(batches: int) -> contextlib.AbstractContextManager[Any]:
+    """Dynamo's recompile limit raised to leave room for one graph per batch (and its breaks).
+
+    Past the limit dynamo runs the frame eagerly without an error: with
+    ``dynamic=False`` and more distinct shapes than the limit (8), the later
+    batches' "compiled" times would be eager times.
+    """
+    import torch._dynamo.config as dc
+
+    name = "recompile_limit" if hasattr(dc, "recompile_limit") else "cache_size_limit"
+    current = int(getattr(dc, name))
+    return cast(contextlib.AbstractContextManager[Any], dc.patch({name: max(current, 2 * batches + 8)}))
 
 
 def outputs_agree(eager: Replay, compiled: Replay, seed: int) -> dict[str, Any]:
     """Whether the compiled forward returns what the eager one does on the same inputs.
 
-    Both run on one fresh copy of the inputs each, ``torch.manual_seed(seed)``
-    before each (the engine's guard restores the RNG afterwards). Output leaves
-    are compared pairwise in float64.
+    Both run on one fresh copy of the inputs each, the CPU generator and the
+    device's seeded with ``seed`` before each (:func:`cb_callback._state.seeded`:
+    restored afterwards). Output leaves are compared pairwise in float64; equal
+    values (infinities of the same sign, NaN against NaN) count as equal.
 
     Returns:
         ``outputs_close`` (every tensor leaf within :func:`default_tolerances` of
         its dtype, non-tensor leaves equal, same structure), ``max_abs_error`` and
-        ``max_rel_error`` over the tensor leaves. Randomness (dropout in train
-        mode) is drawn differently by inductor: such a component is not close.
+        ``max_rel_error`` over the tensor leaves (``inf`` where one side is not
+        finite and the other differs). Randomness (dropout in train mode) is drawn
+        differently by inductor: such a component is not close.
     """
     leaves = []
     for r in (eager, compiled):
-        torch.manual_seed(seed)
-        out = r.forward(r.fresh_inputs())
+        with seeded(seed, r.device):
+            out = r.forward(r.fresh_inputs())
         leaves.append(pytree.tree_flatten(out))
         del out
     (a, spec_a), (b, spec_b) = leaves
@@ -245,7 +271,10 @@ def outputs_agree(eager: Replay, compiled: Replay, seed: int) -> dict[str, Any]:
         rtol, atol = default_tolerances(x.dtype)
         wide = torch.complex128 if x.is_complex() else torch.float64
         xr, yr = x.detach().to("cpu", wide), y.detach().to("cpu", wide)
-        diff, scale = (yr - xr).abs(), xr.abs()
+        same = (xr == yr) | (torch.isnan(xr) & torch.isnan(yr))
+        diff = torch.where(same, torch.zeros_like(xr.real if xr.is_complex() else xr).abs(), (yr - xr).abs())
+        diff = torch.nan_to_num(diff, nan=math.inf)  # inf − inf, or a NaN on one side only
+        scale = torch.nan_to_num(xr.abs(), nan=0.0)
         if diff.numel():
             max_abs = max(max_abs, float(diff.max()))
             rel = torch.where(diff == 0, torch.zeros_like(diff), diff / scale)
@@ -259,12 +288,18 @@ def _total(s: SampleSet, backward: bool) -> float:
     return s.median("fwd_ms") + (bwd if math.isfinite(bwd) else 0.0)
 
 
-def children_separately(row: ComponentRow, children: Sequence[ComponentRow]) -> dict[str, Any] | None:
+def children_separately(
+    row: ComponentRow,
+    children: Sequence[ComponentRow],
+    below: Callable[[ComponentRow], Sequence[ComponentRow]] | None = None,
+) -> dict[str, Any] | None:
     """The parent's time if each of its children were compiled on its own, the rest eager.
 
     ``children_separately_ms = total_ms − Σ (child total_ms − child compiled_ms) ×
     child calls ÷ parent calls`` over the children compiled: the parent's own work
-    and the children not compiled stay eager. Against the parent's
+    and the children not compiled stay eager. A child without a time of its own
+    (an ``estimated`` container such as a ``ModuleList``) stands for its
+    children (``below(child)``), recursively. Against the parent's
     ``compiled_ms`` this is the fusion opportunity that only appears across its
     children's boundaries.
 
@@ -273,7 +308,14 @@ def children_separately(row: ComponentRow, children: Sequence[ComponentRow]) -> 
         children with a time), or ``None`` when ``row`` has no time or no child
         was compiled.
     """
-    timed = [c for c in children if c.status == "ok" and math.isfinite(c.total_ms)]
+    timed: list[ComponentRow] = []
+    todo = list(children)
+    while todo:
+        c = todo.pop(0)
+        if c.status == "ok" and math.isfinite(c.total_ms):
+            timed.append(c)
+        elif c.status == "estimated" and below is not None:
+            todo = [*below(c), *todo]
     done = [c for c in timed if math.isfinite(c.compiled_ms)]
     if not done or not math.isfinite(row.total_ms):
         return None
@@ -289,10 +331,14 @@ def compile_speedup(row: ComponentRow) -> float:
 
 def fill_children_separately(rows: Mapping[str, ComponentRow], children: Mapping[str, Sequence[str]]) -> None:
     """Add :func:`children_separately` to every compiled parent's ``details["compile"]``."""
+
+    def below(r: ComponentRow) -> list[ComponentRow]:
+        return [rows[k] for k in children.get(r.path, ()) if k in rows]
+
     for path, kids in children.items():
         row = rows.get(path)
         if row is None or not isinstance(row.details.get("compile"), dict) or not kids:
             continue
-        found = children_separately(row, [rows[k] for k in kids if k in rows])
+        found = children_separately(row, [rows[k] for k in kids if k in rows], below)
         if found is not None:
             row.details["compile"].update(found)

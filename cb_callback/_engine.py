@@ -259,8 +259,11 @@ class _Run:
         preprocessors: Sequence[Preprocessor],
         metrics: Sequence[Any],
         forward_context: Callable[[], AbstractContextManager[Any]] | None,
+        batch_sizes: Sequence[int | None] = (),
     ) -> None:
         self.model = model
+        #: Each captured batch's batch size (for ``ReplicateBatch``); empty: the run's one.
+        self.batch_sizes = list(batch_sizes)
         self.calls = calls
         self.cfg = cfg
         self.device = device
@@ -290,9 +293,13 @@ class _Run:
         self.forward_context = forward_context
         self.warned: set[str] = set()
 
-    def inputs_for(self, path: str, module: nn.Module, calls: Mapping[str, ComponentInputs] | None = None) -> ComponentInputs:
+    def inputs_for(
+        self, path: str, module: nn.Module, calls: Mapping[str, ComponentInputs] | None = None, batch: int = 0
+    ) -> ComponentInputs:
         inputs = (self.calls if calls is None else calls)[path]
         ctx = dataclasses.replace(self.prepare_ctx, path=path, module=module)
+        if batch < len(self.batch_sizes):
+            ctx = dataclasses.replace(ctx, batch_size=self.batch_sizes[batch])
         for p in self.preprocessors:
             inputs = p.process_inputs(inputs, ctx)
         return inputs
@@ -317,7 +324,7 @@ class _Run:
                 row.details["unknown_leaves"] = list(captured.unknown_leaves)
             return None
         try:
-            inputs = self.inputs_for(row.path, module, calls)
+            inputs = self.inputs_for(row.path, module, calls, batch)
         except Exception as e:
             row.status, row.error = "failed", f"preprocessing inputs raised {_error_text(e)}"
             return None
@@ -447,8 +454,9 @@ class _Run:
         ctx = pending[0].ctx
         items = [WhatIfInput(p.ctx.replay, p.sampler, p.budget_s, p.batch) for p in pending]
         compiled_ms, info = compile_what_if(
-            items, lambda r: self.latency.sampler(dataclasses.replace(ctx, replay=r)), config=self.cfg, canary=canary
-        )
+            items, lambda r: self.latency.sampler(dataclasses.replace(ctx, replay=r)), config=self.cfg,
+            canary=canary, report_batch=row.details.get("median_batch"),
+        )  # fmt: skip
         row.compiled_ms = compiled_ms
         row.details["compile"] = info
 
@@ -545,7 +553,8 @@ def profile_captured(
     if model_device(model) != device:
         model = copy.deepcopy(model).to(device)
     dtype = _infer_dtype(model, device, cfg)
-    run = _Run(model, calls, cfg, device, prepare_ctx, [*builtins, *pre_user], met_user, forward_context)
+    sizes = [captured_batch_size, *(_batch_size_of(c) for c in batches[1:])] if multi else []
+    run = _Run(model, calls, cfg, device, prepare_ctx, [*builtins, *pre_user], met_user, forward_context, sizes)
     nodes, modules = build_tree(model, calls, cfg.max_depth)
     rows: dict[str, ComponentRow] = {}
     by_path = {n.path: n for n in nodes}
@@ -622,11 +631,18 @@ def profile_captured(
             done += cfg.rounds
             for p in started:
                 run.finish(p, level_samples[p.key])
-                samples.setdefault(p.row.path, level_samples[p.key])  # the quality checks: the first batch's
+                if not multi:
+                    samples[p.row.path] = level_samples[p.key]
+            replayed = {p.key: p.ctx.replay.inputs for p in started}  # after preprocessing (batch_size)
             for node in level:
                 if node.path in per_batch:
-                    shapes = {b: input_signature(batches[b][node.path]) for b in per_batch[node.path]}
-                    merge_batches(rows[node.path], per_batch[node.path], shapes)
+                    shapes = {
+                        b: input_signature(replayed.get((node.path, b), batches[b][node.path]))
+                        for b in per_batch[node.path]
+                    }  # fmt: skip
+                    mid = merge_batches(rows[node.path], per_batch[node.path], shapes)
+                    if mid is not None and (node.path, mid) in level_samples:  # the quality checks: its batch's
+                        samples[node.path] = level_samples[(node.path, mid)]
             pending += started
             if cfg.descend == "hotspots":
                 not_descended.update(_below_cold(level, by_path, rows, cfg.descend_share, not_descended))
@@ -647,7 +663,7 @@ def profile_captured(
         peaks = floored
         for row in rows.values():
             derive(row, peaks.flops, peaks.bandwidth)
-    _fill_share(rows)
+    _fill_share(rows, per_batch)
     for row in rows.values():
         row.compile_speedup = compile_speedup(row)
     if cfg.compile:
@@ -659,6 +675,7 @@ def profile_captured(
         list(rows.values()), samples, load=load, threads=torch.get_num_threads(), config=cfg,
         calibration_spread=spread,
         slowdown=slowdown,
+        pairs=_pairs_by_batch(per_batch, len(batches)) if multi else None,
     )
     for path, flags in assessment.flags.items():
         rows[path].details["flags"] = flags
@@ -785,8 +802,9 @@ def _compile_phase(
     """The compile what-if of the measured components, most expensive first.
 
     ``compile_top`` limits it to the first ``K``; with ``max_total_time_s`` a
-    component reached after the budget is spent is not compiled (its
-    ``details["compile"]["skipped"]`` says so). Dynamo is reset after each.
+    component is compiled only while the budget left covers the longest what-if
+    so far (the first is not bounded: a compile cannot be interrupted); the others'
+    ``details["compile"]["skipped"]`` says so. Dynamo is reset after each.
     """
     batches: dict[str, list[_Pending]] = {}
     for p in pending:
@@ -795,15 +813,19 @@ def _compile_phase(
     ok = sorted((rows[path] for path in batches if rows[path].status == "ok"), key=_row_cost, reverse=True)
     chosen = ok if cfg.compile_top is None else ok[: cfg.compile_top]
     canary = cpu_canary() if device.type == "cpu" and chosen else None
+    longest = 0.0  # the longest what-if so far: what the next one is expected to take at most
     for i, row in enumerate(chosen):
         elapsed = time.perf_counter() - budget0
-        if cfg.max_total_time_s is not None and elapsed >= cfg.max_total_time_s:
+        if cfg.max_total_time_s is not None and elapsed + longest >= cfg.max_total_time_s:
             for r in chosen[i:]:
                 r.details["compile"] = {
-                    "skipped": f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed)"
+                    "skipped": f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed, "
+                    f"{longest:.2f} s for the longest compile what-if so far)"
                 }
             return
+        t0 = time.perf_counter()
         run.compile(row, batches[row.path], canary)
+        longest = max(longest, time.perf_counter() - t0)
         if cfg.progress is not None:
             cfg.progress(i + 1, len(chosen), f"compile what-if {row.path or 'root'}")
 
@@ -842,21 +864,72 @@ def _nan0(x: float) -> float:
     return x if math.isfinite(x) else 0.0
 
 
-def _fill_share(rows: Mapping[str, ComponentRow]) -> None:
+def _fill_share(rows: Mapping[str, ComponentRow], per_batch: Mapping[str, Mapping[int, ComponentRow]] | None = None) -> None:
     """``share`` = ``total_ms × calls ÷ (root total_ms × root calls)`` where both are known.
 
     Time over the step as a fraction of the root's time over the step: for a
     root called once (the usual step) that is ``total_ms × calls ÷ root
     total_ms``; a step that calls the model twice (a siamese step) does not
     double every share.
+
+    With several batches (``per_batch``: each component's row per batch) a
+    measured row's share is ``Σ_b total_ms_b × calls_b ÷ Σ_b root's``, over the
+    batches the root was measured in and the component was not failed in (a
+    batch it did not run in counts 0): a component that ran in one batch of four
+    is not credited with that batch's time in all four. An estimated row's share
+    is then its children's sum (what it is in one batch, too).
     """
     root = rows.get("")
     if root is None or not math.isfinite(root.total_ms) or root.total_ms <= 0:
+        return
+    if per_batch and "" in per_batch:
+        _fill_share_by_batch(rows, per_batch)
         return
     whole = root.total_ms * max(root.calls, 1)
     for row in rows.values():
         if row.status in ("ok", "estimated") and math.isfinite(row.total_ms):
             row.share = row.total_ms * max(row.calls, 1) / whole
+
+
+def _fill_share_by_batch(rows: Mapping[str, ComponentRow], per_batch: Mapping[str, Mapping[int, ComponentRow]]) -> None:
+    def cost(r: ComponentRow) -> float:
+        return (r.fwd_ms + _nan0(r.bwd_ms)) * max(r.calls, 1) if r.status == "ok" and math.isfinite(r.fwd_ms) else math.nan
+
+    root = {b: cost(r) for b, r in per_batch[""].items()}
+    root = {b: c for b, c in root.items() if math.isfinite(c) and c > 0}
+    for path, row in rows.items():
+        if row.status != "ok" or path not in per_batch:
+            continue
+        mine = per_batch[path]
+        counted = [b for b in root if b not in mine or mine[b].status == "ok"]
+        whole = sum(root[b] for b in counted)
+        if whole > 0:
+            row.share = sum(_nan0(cost(mine[b])) for b in counted if b in mine) / whole
+    by_parent: dict[str, list[ComponentRow]] = {}
+    for row in rows.values():
+        if row.parent is not None:
+            by_parent.setdefault(row.parent, []).append(row)
+    for row in sorted(rows.values(), key=lambda r: -r.depth):  # children first
+        if row.status == "estimated":
+            kids = [c.share for c in by_parent.get(row.path, []) if c.status in ("ok", "estimated")]
+            if kids and all(math.isfinite(k) for k in kids):
+                row.share = math.fsum(kids)
+
+
+def _pairs_by_batch(per_batch: Mapping[str, Mapping[int, ComponentRow]], n: int) -> list[tuple[str, str]]:
+    """``(child, parent)`` pairs measured slower than the parent on the same batch, over all batches."""
+    out: list[tuple[str, str]] = []
+    for b in range(n):
+        mine = {path: rows[b] for path, rows in per_batch.items() if b in rows}
+        medians = {p: _nan0(r.fwd_ms) + _nan0(r.bwd_ms) for p, r in mine.items() if r.status == "ok" and math.isfinite(r.fwd_ms)}
+        out += [pair for pair in inconsistent_pairs(mine, medians) if pair not in out]
+    return out
+
+
+def _batch_size_of(calls: Mapping[str, ComponentInputs]) -> int | None:
+    """The leading batch size of a batch's first captured call (its capture's ``batch_size``)."""
+    first = min(calls.values(), key=lambda c: c.order, default=None)
+    return None if first is None else leading_batch_size((first.args, first.kwargs))
 
 
 def _levels(nodes: Sequence[Node]) -> list[list[Node]]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,6 +250,7 @@ def assess(
     config: Any = None,
     calibration_spread: float | None = None,
     slowdown: float | None = None,
+    pairs: Iterable[tuple[str, str]] | None = None,
 ) -> Assessment:
     """Flag the rows and judge the run.
 
@@ -265,6 +266,9 @@ def assess(
             before every round) over the fastest this process has seen: above
             :data:`SLOWDOWN_THRESHOLD` the whole machine was slower than it can
             be, although the components' own runs may agree with each other.
+        pairs: the ``(child, parent)`` pairs to flag ``slower_than_parent``;
+            ``None``: :func:`inconsistent_pairs` of the rows' ``total_ms`` (with
+            several batches the engine compares child and parent batch by batch).
 
     Returns:
         The flags of each flagged row and the ``quality`` metadata: ``flags``
@@ -287,7 +291,7 @@ def assess(
         if is_noisy(s):
             add(path, "noisy")
     medians = {p: by_path[p].total_ms for p in timed if math.isfinite(by_path[p].total_ms)}
-    for child, parent in inconsistent_pairs(by_path, medians):
+    for child, parent in inconsistent_pairs(by_path, medians) if pairs is None else pairs:
         add(child, "slower_than_parent")
         add(parent, "slower_than_parent")
     for r in rows:

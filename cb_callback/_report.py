@@ -183,8 +183,10 @@ class Report:
     def hotspots(self, top: int = 10) -> list[ComponentRow]:
         """The leaf-most measured rows that cost the most time over the step.
 
-        A row's cost is ``total_ms * calls``. A row with a measured (or estimated)
-        child is left out, so a hotspot is a place to act on.
+        A row's cost is ``total_ms * calls`` (with several batches, its
+        ``share``: time over all the batches, a component that ran in one batch of
+        four counted once). A row with a measured (or estimated) child is left
+        out, so a hotspot is a place to act on.
         """
         measured = ("ok", "estimated")
         parents = {r.parent for r in self.rows if r.parent is not None and r.status in measured}
@@ -192,6 +194,9 @@ class Report:
             r for r in self.rows
             if r.path not in parents and r.status in measured and math.isfinite(r.total_ms)
         ]
+        batches = self.metadata.get("batches")
+        if isinstance(batches, int) and batches > 1 and all(math.isfinite(r.share) for r in leaves):
+            return sorted(leaves, key=lambda r: -r.share)[:top]
         return sorted(leaves, key=lambda r: -r.total_ms * max(r.calls, 1))[:top]
 
     def summary(self, top: int = 10) -> str:

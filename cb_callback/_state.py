@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["RngState", "StateGuard", "register_state_saver"]
+__all__ = ["RngState", "StateGuard", "register_state_saver", "seeded"]
 
 # Extra savers: callables ``saver(module) -> restore()`` for state that is not a
 # parameter or buffer (e.g. an optimizer step counter kept as a python attribute).
@@ -229,3 +230,28 @@ class StateGuard:
         tb: TracebackType | None,
     ) -> None:
         self.restore()
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """The block runs with the CPU generator, and ``device``'s own when it is CUDA, seeded.
+
+    Both generators are restored afterwards. Unlike :func:`torch.manual_seed`,
+    nothing else is touched: no seed is queued for CUDA devices that are not
+    initialised, MPS/XPU generators are left alone.
+    """
+    cpu = torch.default_generator
+    saved_cpu = cpu.get_state()
+    gen: torch.Generator | None = None
+    if device.type == "cuda":
+        gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    saved_dev = gen.get_state() if gen is not None else None
+    try:
+        cpu.manual_seed(seed)
+        if gen is not None:
+            gen.manual_seed(seed)
+        yield
+    finally:
+        cpu.set_state(saved_cpu)
+        if gen is not None and saved_dev is not None:
+            gen.set_state(saved_dev)

@@ -49,25 +49,33 @@ def step_capture(root: nn.Module, keep_samples: int | None) -> Capture:
 
 
 class StepCaptures:
-    """The captures of ``count`` consecutive training steps from ``first_step`` (``capture_batches``).
+    """The captures of the first ``count`` training steps at or after ``first_step`` (``capture_batches``).
 
-    Each step's first micro-batch is captured; a step is *taken* on every rank
-    (one that does not profile adds ``None``), so all ranks agree on when the
-    last one is done.
+    Each step's first micro-batch is captured (the next steps the run reaches:
+    ``first_step``, ``first_step + 1`` … normally; a run resumed past
+    ``first_step``, or one whose ``global_step`` advances by two per batch, takes
+    the steps it has). A step is *taken* on every rank (one that does not profile
+    adds ``None``), so all ranks agree on when the last one is done.
     """
 
     def __init__(self, first_step: int, count: int) -> None:
         self.first_step, self.count = first_step, count
         self.taken = 0
         self.captures: list[Capture] = []
+        self._last: int | None = None  # the last step taken
+        self._next: int | None = None  # the step being captured
 
-    def wants(self, step: int) -> bool:
-        """Whether ``step`` is the next one to capture."""
-        return self.taken < self.count and step == self.first_step + self.taken
+    def take(self, step: int) -> bool:
+        """Whether to capture this batch of ``step`` (the first micro-batch of a step not taken yet)."""
+        if self.taken >= self.count or step < self.first_step or (self._last is not None and step <= self._last):
+            return False
+        self._next = step
+        return True
 
     def add(self, capture: Capture | None) -> bool:
-        """Take the step (its capture on a rank that profiles); return whether all ``count`` are taken."""
+        """Take the step :meth:`take` began (its capture on a rank that profiles); return whether all are taken."""
         self.taken += 1
+        self._last = self._next
         if capture is not None:
             self.captures.append(capture)
         return self.taken >= self.count
@@ -83,13 +91,21 @@ class StepCaptures:
             return self.captures[0].calls
         return [c.calls for c in self.captures]
 
-    def partial(self) -> str | None:
-        """The warning for a run that ended with only some of the steps captured, else ``None``."""
+    def partial(self, world_size: int = 1) -> str | None:
+        """The warning for a run that ended with only some of the steps captured, else ``None``.
+
+        One process profiles what it captured; with several, nothing is profiled
+        (the ranks that do not profile would have to wait for it at a barrier).
+        """
         if not 0 < self.taken < self.count:
             return None
+        what = (
+            f"profiling the {self.taken} captured" if world_size == 1
+            else f"with {world_size} processes nothing is profiled; lower capture_step or capture_batches"
+        )  # fmt: skip
         return (
             f"cb_callback: training ended after {self.taken} of capture_batches={self.count} steps from "
-            f"capture_step={self.first_step}; profiling the {self.taken} captured"
+            f"capture_step={self.first_step}; {what}"
         )
 
 
@@ -173,10 +189,18 @@ def capture_warnings(step: int, module: Any, capture: Capture, outputs: Any) -> 
     return out
 
 
-def unreachable(step: int, max_steps: int | None) -> str | None:
-    """The warning for a ``capture_step`` that ``Trainer(max_steps=...)`` never reaches, else ``None``."""
-    if max_steps is None or not 0 <= max_steps <= step:
+def unreachable(step: int, max_steps: int | None, batches: int = 1) -> str | None:
+    """The warning for a ``capture_step`` (and ``capture_batches``) that ``Trainer(max_steps=...)``
+    never reaches, else ``None``."""
+    last = step + batches - 1
+    if max_steps is None or not 0 <= max_steps <= last:
         return None
+    if batches > 1:
+        return (
+            f"cb_callback: capture_step={step} with capture_batches={batches} needs global_step {last}, but "
+            f"Trainer(max_steps={max_steps}) stops after global_step {max_steps - 1}. Lower capture_step or "
+            "capture_batches."
+        )
     return (
         f"cb_callback: capture_step={step} is never reached: Trainer(max_steps={max_steps}) stops after "
         f"global_step {max_steps - 1}. Lower capture_step to profile."

@@ -166,8 +166,8 @@ def format_summary(report: Report, top: int = 10) -> str:
         Lines of text: device, dtype and peaks (with their sources) when the
         metadata has them; the row counts by status; the root row; the ``top``
         hotspots, most expensive over the step first; under ``errors:`` the
-        failed or estimated rows that hold an ``error`` (a real failure), one
-        line each; and, when any row is flagged or
+        rows that hold an ``error`` (a real failure; an ``ok`` row with one
+        failed on some of several batches), one line each; and, when any row is flagged or
         the verdict is not clean, the quality section (:func:`quality_lines`).
         Missing values show as ``"-"``. With several captured batches a
         ``batches:`` line says so and the component tables gain
@@ -213,7 +213,8 @@ def format_summary(report: Report, top: int = 10) -> str:
         ]
 
     # Only ``error`` counts: a row that has just a note is a normal container, not a failure.
-    troubled = [r for r in report.rows if r.status in ("failed", "estimated") and r.error]
+    # An ``ok`` row with an error was measured on some batches and failed on others.
+    troubled = [r for r in report.rows if r.status in ("failed", "estimated", "ok") and r.error]
     if troubled:
         lines += ["", "errors:"]
         for r in troubled:
@@ -242,7 +243,10 @@ def compile_lines(report: Report, top: int = 5) -> list[str]:
         return []
     done = [r for r in tried if math.isfinite(r.compiled_ms) and math.isfinite(r.total_ms)]
     done.sort(key=lambda r: -(r.total_ms - r.compiled_ms) * max(r.calls, 1))
-    out = [f"compile what-if (torch.compile per component, alone; top {min(top, len(done))} by time saved):"]
+    out = [
+        f"compile what-if (torch.compile per component, alone; top {min(top, len(done))} by time saved over "
+        "the step; x below 1: slower compiled):"
+    ]
     for r in done[:top]:
         info = r.details["compile"]
         line = (

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from cb_callback import profile_components
+from cb_callback import Capture, profile_components
 from cb_callback._batches import input_signature, merge_batches, p90
 from cb_callback._inputs import ComponentInputs
 from cb_callback._report import ComponentRow
@@ -34,18 +34,20 @@ def test_variable_sequence_lengths_give_per_batch_rows_and_their_median() -> Non
     lin = report.row("layers.0.linear1")  # Linear(16, 32) on (2, n, 16): 2·(2n)·16·32 FLOPs forward
     assert [b["shape"] for b in lin.details["batches"]] == [f"float32[2,{n},16]" for n in lengths]
     assert lin.details["shapes"] == [f"float32[2,{n},16]" for n in lengths]
-    assert lin.fwd_flops == 2 * (2 * 8) * 16 * 32  # the median batch's (n = 8): FLOPs grow with n
     # backward: grad of the input and of the weight, 2 GEMMs of the forward's size each
     assert [b["flops"] for b in lin.details["batches"]] == [3 * 2 * (2 * n) * 16 * 32 for n in lengths]
+    # the row is its median batch (by fwd + bwd): that batch's FLOPs, not another's
+    assert lin.fwd_flops == 2 * (2 * lengths[lin.details["median_batch"]]) * 16 * 32
     for row in report:
         if row.status != "ok":
             continue
         totals = _totals(row)
-        assert len(totals) == 3 and row.details["median_ms"] == statistics.median(totals)
-        low, mid, high = sorted(totals)
+        mid_batch = row.details["median_batch"]
+        assert len(totals) == 3 and row.details["median_ms"] == statistics.median(totals) == totals[mid_batch]
+        _low, mid, high = sorted(totals)
         assert row.details["p90_ms"] == pytest.approx(mid + (high - mid) * 0.8)  # 0.9 · (3 − 1) = 1.8
-        assert row.fwd_ms == statistics.median(b["fwd_ms"] for b in row.details["batches"])
-        assert row.total_ms == pytest.approx(row.fwd_ms + row.bwd_ms)
+        assert row.fwd_ms == row.details["batches"][mid_batch]["fwd_ms"]
+        assert row.total_ms == pytest.approx(row.details["median_ms"])
     assert "p90 ms" in report.summary() and "batches: 3" in report.summary()
     assert "| total ms | p90 ms |" in format_table(report)
     for k, v in model.state_dict().items():
@@ -108,14 +110,80 @@ def test_merge_names_the_batch_that_failed_and_keeps_the_others() -> None:
         return ComponentRow("m", "M", 1, "", status=status, calls=1, fwd_ms=fwd, bwd_ms=1.0, error=error)
 
     merged = ComponentRow("m", "M", 1, "")
-    merge_batches(merged, {0: row("ok", 2.0), 1: row("failed", math.nan, "RuntimeError: boom"), 2: row("ok", 4.0)}, {})
-    assert merged.status == "ok" and merged.error is None
-    assert merged.fwd_ms == 3.0 and merged.bwd_ms == 1.0  # medians of (2, 4) and (1, 1)
-    assert merged.note == "not measured on batch 1: RuntimeError: boom"
-    assert merged.details["median_ms"] == 4.0 and merged.details["p90_ms"] == pytest.approx(3.0 + 2.0 * 0.9)
+    batches = {0: row("ok", 2.0), 1: row("failed", math.nan, "RuntimeError: boom"), 2: row("ok", 4.0)}
+    assert merge_batches(merged, batches, {}) == 0  # of totals 3 and 5 the lower middle: batch 0
+    assert merged.status == "ok" and merged.fwd_ms == 2.0 and merged.bwd_ms == 1.0
+    assert merged.error == "not measured on 1 of 3 batches (batch 1: RuntimeError: boom)"
+    assert merged.details["median_ms"] == 3.0 and merged.details["p90_ms"] == pytest.approx(3.0 + 2.0 * 0.9)
     none = ComponentRow("m", "M", 1, "")
     merge_batches(none, {0: row("failed", math.nan, "E: a"), 1: row("failed", math.nan, "E: b")}, {})
     assert none.status == "failed" and none.error == "E: a"
+
+
+class _FailsOnLong(nn.Module):
+    """Raises in a replay of a batch longer than 8 (not in the capture forward, under the hooks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.replaying = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.replaying and x.shape[0] > 8:
+            raise RuntimeError("too long")
+        return self.lin(x)
+
+
+def test_a_failure_on_one_batch_is_an_error_in_the_row_and_the_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = nn.Sequential(_FailsOnLong())
+    real = Capture.__exit__
+
+    def exit_and_arm(self: Capture, *a: Any) -> Any:
+        model[0].replaying = True  # every forward after the capture is a replay
+        return real(self, *a)
+
+    monkeypatch.setattr(Capture, "__exit__", exit_and_arm)
+    report = profile_components(model, batches=[torch.randn(n, 4) for n in (4, 16, 8)], **FAST)
+    row = report.row("0")
+    assert row.status == "ok" and row.error is not None
+    assert row.error.startswith("not measured on 1 of 3 batches (batch 1: ") and "too long" in row.error
+    assert [b["batch"] for b in row.details["batches"] if b["status"] == "ok"] == [0, 2]
+    assert "0 [ok]: not measured on 1 of 3 batches" in report.summary()
+
+
+class _Sometimes(nn.Module):
+    """A cheap Linear always; six more Linears only for a batch of more than 100 rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.small = nn.Linear(32, 32)
+        self.big = nn.Sequential(*[nn.Linear(32, 32) for _ in range(6)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.small(x)
+        return self.big(x) if x.shape[0] > 100 else x
+
+
+def test_share_counts_a_component_only_in_the_batches_it_ran_in() -> None:
+    report = profile_components(_Sometimes(), batches=[torch.randn(n, 32) for n in (8, 16, 512, 32)], **FAST)
+
+    def cost(row: ComponentRow, b: int) -> float:
+        found = [x for x in row.details["batches"] if x["batch"] == b]
+        return found[0]["total_ms"] * found[0]["calls"] if found else 0.0  # not run in b: 0
+
+    root, big = report.row(""), report.row("big")
+    assert [x["batch"] for x in big.details["batches"]] == [2]
+    # Σ_b big's time ÷ Σ_b the root's: batch 2 counted once, not as if in every batch
+    assert big.share == pytest.approx(cost(big, 2) / sum(cost(root, b) for b in range(4)))
+    assert root.share == 1.0
+    assert "slower_than_parent" not in (big.details.get("flags") or [])
+
+
+def test_batch_size_replicates_each_batch_from_its_own_size() -> None:
+    # batch_size=16 from captured batches of 8, 4 and 2 rows: each is tiled to 16 rows
+    report = profile_components(nn.Linear(4, 4), batches=[torch.randn(n, 4) for n in (8, 4, 2)], batch_size=16, **FAST)
+    assert [b["flops"] for b in report.row("").details["batches"]] == [2 * 16 * 4 * 4 * 2] * 3  # fwd + weight grad
+    assert report.row("").details["shapes"] == ["float32[16,4]"]
 
 
 def test_p90_interpolates_between_order_statistics() -> None:

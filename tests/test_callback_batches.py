@@ -28,8 +28,8 @@ def test_capture_batches_measures_each_step_and_training_is_unchanged(tmp_path: 
     lengths = [VAR_LENGTHS[i % 3] for i in (1, 2, 3)]
     embed = report.row("embed")
     assert embed.details["shapes"] == [f"float32[{BATCH},{n},{FEATURES}]" for n in lengths]
-    # Linear(8 -> 16) on (B, n, 8): 2·B·n·8·16 forward; the median batch has n = 8
-    assert embed.fwd_flops == 2 * BATCH * 8 * FEATURES * 16
+    # Linear(8 -> 16) on (B, n, 8): 2·B·n·8·16 forward, n the length of the row's median batch
+    assert embed.fwd_flops == 2 * BATCH * lengths[embed.details["median_batch"]] * FEATURES * 16
     assert [b["batch"] for b in report.row("").details["batches"]] == [0, 1, 2]
     assert "p90 ms" in report.summary()
     if mode == "fork":
@@ -39,8 +39,12 @@ def test_capture_batches_measures_each_step_and_training_is_unchanged(tmp_path: 
 
 def test_a_run_that_ends_inside_the_capture_window_profiles_what_it_captured(tmp_path: Path) -> None:
     cb = ComponentBenchmark(capture_step=1, capture_batches=3, **OPTS)
-    with pytest.warns(UserWarning, match="capture_step=1 is never reached|2 of capture_batches=3"):
+    with pytest.warns(UserWarning) as seen:
         run_fit(tmp_path, [cb], model_cls=VarLenModule, max_steps=3)
+    messages = [str(w.message) for w in seen if "cb_callback" in str(w.message)]
+    assert any("capture_batches=3 needs global_step 3, but Trainer(max_steps=3)" in m for m in messages), messages
+    assert any("training ended after 2 of capture_batches=3 steps" in m for m in messages), messages
+    assert not any("never reached (" in m for m in messages), messages  # not also "never reached"
     assert cb.report is not None and cb.report.metadata["batches"] == 2
 
 
@@ -80,3 +84,18 @@ def test_cli_flags_reach_the_engine(tmp_path: Path) -> None:
 def test_capture_batches_is_validated() -> None:
     with pytest.raises(ValueError, match=r"capture_batches=0"):
         ComponentBenchmark(capture_batches=0)
+
+
+def test_step_captures_takes_consecutive_steps_on_every_rank() -> None:
+    from cb_callback._step import StepCaptures
+
+    steps = StepCaptures(3, 2)
+    assert not steps.take(2) and steps.take(3) and steps.last_step == 4
+    assert steps.partial() is None  # nothing taken yet: the never-reached warning applies
+    assert steps.add(None) is False  # a rank that does not profile takes the step too
+    assert not steps.take(3)  # a second micro-batch of step 3 is not taken
+    assert steps.partial() is not None and "profiling the 1 captured" in steps.partial()
+    message = steps.partial(world_size=2)
+    assert message is not None and "with 2 processes nothing is profiled" in message
+    assert steps.take(5)  # global_step jumped (two optimizer steps per batch): the next step it reaches
+    assert steps.add(None) is True and not steps.take(6) and steps.partial() is None
