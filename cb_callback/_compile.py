@@ -295,9 +295,11 @@ def children_separately(
 ) -> dict[str, Any] | None:
     """The parent's time if each of its children were compiled on its own, the rest eager.
 
-    ``children_separately_ms = total_ms − Σ (child total_ms − child compiled_ms) ×
-    child calls ÷ parent calls`` over the children compiled: the parent's own work
-    and the children not compiled stay eager. A child without a time of its own
+    ``children_separately_ms = total_ms − Σ (child eager − child compiled_ms) ×
+    child calls ÷ parent calls`` over the children compiled, where a child's
+    eager time is ``eager_ms_same_rounds`` (its eager runs sampled in the same
+    rounds as its compiled ones: the saving under one load) when known, else its
+    ``total_ms``. The parent's own work and the children not compiled stay eager. A child without a time of its own
     (an ``estimated`` container such as a ``ModuleList``) stands for its
     children (``below(child)``), recursively. Against the parent's
     ``compiled_ms`` this is the fusion opportunity that only appears across its
@@ -319,8 +321,15 @@ def children_separately(
     done = [c for c in timed if math.isfinite(c.compiled_ms)]
     if not done or not math.isfinite(row.total_ms):
         return None
-    saved = sum((c.total_ms - c.compiled_ms) * max(c.calls, 1) for c in done) / max(row.calls, 1)
+    saved = sum((_paired_eager(c) - c.compiled_ms) * max(c.calls, 1) for c in done) / max(row.calls, 1)
     return {"children_separately_ms": row.total_ms - saved, "children_compiled": f"{len(done)}/{len(timed)}"}
+
+
+def _paired_eager(row: ComponentRow) -> float:
+    """A compiled row's eager time from its what-if's rounds, else its ``total_ms``."""
+    info = row.details.get("compile")
+    same = info.get("eager_ms_same_rounds") if isinstance(info, Mapping) else None
+    return float(same) if isinstance(same, (int, float)) and math.isfinite(same) else row.total_ms
 
 
 def compile_speedup(row: ComponentRow) -> float:

@@ -76,6 +76,10 @@ def _roots(report: Report) -> list[ComponentRow]:
     return [r for r in report.rows if r.parent is None or r.parent not in paths]
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
 def _multi(report: Report) -> bool:
     """Whether the report measured several batches (``metadata["batches"] > 1``)."""
     n = report.metadata.get("batches")
@@ -193,7 +197,7 @@ def format_summary(report: Report, top: int = 10) -> str:
     multi = _multi(report)
     if multi:
         lines.append(
-            f"batches: {report.metadata['batches']} (each row is the median over the batches it ran in; "
+            f"batches: {report.metadata['batches']} (each row is its median batch by fwd + bwd; "
             f"{P90_HEADER}: the 90th percentile of its per-batch fwd + bwd)"
         )
     header = _with_p90(list(SUMMARY_HEADERS), None, multi)
@@ -249,9 +253,11 @@ def compile_lines(report: Report, top: int = 5) -> list[str]:
     ]
     for r in done[:top]:
         info = r.details["compile"]
+        same = info.get("eager_ms_same_rounds")
+        paired = f"; x{same / r.compiled_ms:.2f} against eager in the same rounds" if _finite(same) else ""
         line = (
             f"  compiling {r.path or 'root'} whole: {r.total_ms:.3g} -> {r.compiled_ms:.3g} ms "
-            f"(x{r.total_ms / r.compiled_ms:.2f})"
+            f"(x{r.total_ms / r.compiled_ms:.2f}{paired})"
         )
         if "children_separately_ms" in info:
             line += (

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU check: the CUDA tests, the engine benchmark and the demo on CUDA.
+# One prepared GPU check: the CUDA tests, the engine and compile what-if benchmarks and the demo on CUDA.
 # Usage: scripts/gpu_check.sh [OUT_DIR]       (default: $OUT, else gpu_out)
 #
 # Everything runs with the venv's .venv/bin/python. Without a .venv it makes one:
@@ -9,7 +9,8 @@
 #   - else `make install TORCH_INDEX=`: PyPI's torch (the CUDA build on Linux x86-64)
 #     and the torchrec-cuda extra. Export TORCH_INDEX=https://download.pytorch.org/whl/cu128
 #     (say) for another CUDA build.
-# Writes into OUT_DIR: device.txt, gpu_tests.log, engine_cuda.{json,log}, demo_cuda.log
+# Writes into OUT_DIR: device.txt, gpu_tests.log, engine_cuda.{json,log},
+# compile_whatif_cuda.{json,log}, demo_cuda.log
 # and the demo's report under demo/. Exits non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +44,8 @@ status=0
 "$py" -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 "$py" benchmarks/engine.py --device cuda --runs 3 --json "$out/engine_cuda.json" 2>&1 \
     | tee "$out/engine_cuda.log" || status=1
+"$py" benchmarks/compile_whatif.py --device cuda --json "$out/compile_whatif_cuda.json" 2>&1 \
+    | tee "$out/compile_whatif_cuda.log" || status=1
 if "$py" -c "import torchrec" 2>/dev/null; then
     "$py" examples/dlrm.py --device cuda --out "$out/demo" 2>&1 | tee "$out/demo_cuda.log" || status=1
 else

@@ -186,8 +186,11 @@ def test_children_separately_keeps_the_parents_own_time_eager() -> None:
     parent = ComponentRow("p", "P", 0, None, status="ok", calls=1, total_ms=10.0, compiled_ms=4.0)
     a = ComponentRow("p.a", "A", 1, "p", status="ok", calls=2, total_ms=3.0, compiled_ms=2.0)
     b = ComponentRow("p.b", "B", 1, "p", status="ok", calls=1, total_ms=2.0)  # not compiled
-    # 10 − (3 − 2) × 2 calls ÷ 1 parent call = 8; b stays eager
+    # 10 − (3 − 2) × 2 calls ÷ 1 parent call = 8; b stays eager (a has no what-if rounds: its total_ms)
     assert children_separately(parent, [a, b]) == {"children_separately_ms": 8.0, "children_compiled": "1/2"}
+    a.details["compile"] = {"eager_ms_same_rounds": 3.5}  # eager measured in the compiled runs' rounds
+    # 10 − (3.5 − 2) × 2 = 7
+    assert children_separately(parent, [a, b]) == {"children_separately_ms": 7.0, "children_compiled": "1/2"}
     assert children_separately(parent, [b]) is None
 
 
@@ -198,7 +201,10 @@ def test_the_summary_sets_whole_against_children_separately() -> None:
     sep = root.details["compile"]["children_separately_ms"]
     kids = report.children("")
     assert root.details["compile"]["children_compiled"] == "3/3"
-    assert sep == pytest.approx(root.total_ms - sum(k.total_ms - k.compiled_ms for k in kids))
+    # each child's saving against its eager runs of the same rounds as its compiled ones
+    assert sep == pytest.approx(
+        root.total_ms - sum(k.details["compile"]["eager_ms_same_rounds"] - k.compiled_ms for k in kids)
+    )
     line = next(x for x in report.summary().splitlines() if "compiling root whole" in x)
     assert f"{root.total_ms:.3g} -> {root.compiled_ms:.3g} ms" in line
     assert f"its children separately: {root.total_ms:.3g} -> {sep:.3g} ms (3/3 compiled)" in line
@@ -285,7 +291,7 @@ def test_children_separately_looks_through_a_module_list() -> None:
     leaves = [report.row(p) for p in ("blocks.0", "blocks.1", "head")]
     root = report.row("")
     assert info["children_separately_ms"] == pytest.approx(
-        root.total_ms - sum(r.total_ms - r.compiled_ms for r in leaves)
+        root.total_ms - sum(r.details["compile"]["eager_ms_same_rounds"] - r.compiled_ms for r in leaves)
     )
 
 

@@ -37,3 +37,20 @@ def test_cuda_bf16_dtype_peak() -> None:
     x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
     report = profile_components(model, (x,), **FAST)
     assert report.metadata["dtype"] == "bf16"
+
+
+def test_cuda_compile_what_if_fuses_an_elementwise_chain() -> None:
+    class Chain(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(8):
+                x = torch.sin(x) * 1.01 + 0.1
+            return x
+
+    x = torch.randn(4096, 4096, device="cuda", requires_grad=True)  # 64 MiB: 24 eager passes forward
+    report = profile_components(
+        Chain(), (x,), compile=True, warmup=1, min_run_time_s=0.05, min_repeats=5, load_plugins=False
+    )
+    row, info = report.row(""), report.row("").details["compile"]
+    assert "error" not in info, info
+    assert info["outputs_close"] is True
+    assert info["eager_ms_same_rounds"] > 2 * row.compiled_ms  # one fused kernel per pass instead of 24
