@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -126,13 +125,14 @@ def compile_what_if(
         config: the options (``compile_options``, warm-up, repeats, rounds).
         canary: the reference GEMM timed before each round (CPU), if any.
         report_batch: with several batches, the one whose compiled time is
-            returned (the row's median batch); ``None``: the median over batches.
+            returned (the row's median batch); ``None``: the median one.
 
     Returns:
         ``(compiled_ms, details)``: ``compiled_ms`` is the median compiled
         forward + median compiled backward (with several batches, that of
-        ``report_batch``, else the median over the batches); NaN when the compile
-        failed. ``details`` has
+        ``report_batch``, else of the batch with the median compiled time — the
+        lower middle one); NaN when the compile failed. The per-run figures
+        below (``fwd_ms`` … ``eager_ms_same_rounds``) are that batch's. ``details`` has
         ``compile_s``, ``graphs`` (dynamo graphs compiled during the first batch's
         warm-up: one more than the breaks of a plain forward), ``graph_breaks``
         and ``break_reasons`` (from ``torch._dynamo.explain`` on the first batch),
@@ -198,21 +198,23 @@ def compile_what_if(
         eager = [_total(es, config.backward) for es in eager_sets]
         for p, c, et in zip(per, totals, eager, strict=True):
             p.update(compiled_ms=c, eager_ms_same_rounds=et)
-        mid = compiled_sets[sorted(range(len(totals)), key=totals.__getitem__)[(len(totals) - 1) // 2]]
+        # The batch reported: the row's median batch, else the median of the compiled times.
+        at = [i for i, p in enumerate(per) if p["batch"] == report_batch]
+        k = at[0] if at else sorted(range(len(totals)), key=totals.__getitem__)[(len(totals) - 1) // 2]
+        mid = compiled_sets[k]
         info.update(
             fwd_ms=mid.median("fwd_ms"),
             bwd_ms=mid.median("bwd_ms") if config.backward else math.nan,
             noise=mid.noise,
             repeats=len(mid.samples),
-            eager_ms_same_rounds=statistics.median(eager),
+            eager_ms_same_rounds=eager[k],
             outputs_close=all(a["outputs_close"] for a in agree),
             max_abs_error=max(a["max_abs_error"] for a in agree),
             max_rel_error=max(a["max_rel_error"] for a in agree),
         )
         if len(items) > 1:
             info["batches"] = per
-        chosen = [p["compiled_ms"] for p in per if p["batch"] == report_batch]
-        return (chosen[0] if chosen else statistics.median(totals)), info
+        return totals[k], info
     except Exception as e:
         if isinstance(e, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
             torch.cuda.empty_cache()
