@@ -649,9 +649,9 @@ def profile_captured(
         if cfg.compile:
             _compile_phase(run, pending, rows, cfg, budget0, device)
         load.stop()
-        for p in _artifact_targets(pending, cfg):  # after every timed run: their overhead is never timed
+        for p in _artifact_targets(pending, cfg, rows):  # after every timed run: their overhead is never timed
             run.record_artifacts(p)
-            if p.row is not rows[p.row.path]:  # one batch of several: the artifacts are the first batch's
+            if p.row is not rows[p.row.path]:  # one batch of several: the artifacts are the median batch's
                 for key in ("artifacts", "metric_errors"):
                     if key in p.row.details:
                         rows[p.row.path].details[key] = p.row.details[key]
@@ -775,16 +775,23 @@ def _cost(p: _Pending) -> float:
     return _row_cost(p.row)
 
 
-def _artifact_targets(pending: Sequence[_Pending], cfg: BenchmarkConfig) -> list[_Pending]:
+def _artifact_targets(
+    pending: Sequence[_Pending], cfg: BenchmarkConfig, rows: Mapping[str, ComponentRow]
+) -> list[_Pending]:
     """The components artifacts are written for: all, or the ``artifacts_top`` most expensive.
 
-    Cost is ``(fwd_ms + bwd_ms) × calls`` of the measured (``ok``) rows.
+    Cost is ``(fwd_ms + bwd_ms) × calls`` of the measured (``ok``) rows. With
+    several batches a component's artifacts come from the batch its row is (its
+    median batch).
     """
-    first: dict[str, _Pending] = {}
+    chosen: dict[str, _Pending] = {}
     for p in pending:
-        if p.row.status == "ok":
-            first.setdefault(p.row.path, p)  # with several batches: the first measured one
-    ok = list(first.values())
+        if p.row.status != "ok":
+            continue
+        mid = rows[p.row.path].details.get("median_batch")
+        if p.row.path not in chosen or p.batch == mid:
+            chosen[p.row.path] = p
+    ok = list(chosen.values())
     if cfg.artifacts_top is None:
         return ok
     top = {id(p) for p in sorted(ok, key=_cost, reverse=True)[: cfg.artifacts_top]}

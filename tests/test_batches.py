@@ -209,3 +209,15 @@ def test_input_signature_names_kwargs_and_skips_objects() -> None:
 def test_bad_batches_are_refused_by_name(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         profile_components(nn.Linear(4, 4), **kwargs, **FAST)
+
+
+def test_artifacts_come_from_the_rows_median_batch(tmp_path: Any) -> None:
+    report = profile_components(
+        nn.Linear(8, 8), batches=[torch.randn(n, 8) for n in (2, 64, 16)], artifacts=("ops",),
+        output_dir=str(tmp_path), **FAST,
+    )  # fmt: skip
+    row = report.row("")
+    assert row.details["artifacts"] == {"ops": "artifacts/root/ops.csv"}
+    ops = (tmp_path / "artifacts/root/ops.csv").read_text()
+    n = [2, 64, 16][row.details["median_batch"]]
+    assert f"[[{n}, 8]" in ops  # the addmm of that batch's shape
