@@ -13,12 +13,11 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from cb_callback._config import BenchmarkConfig
 from cb_callback._engine import profile_captured
 from cb_callback._inputs import ComponentInputs, to_device
-from cb_callback._isolate import Replay, ReplayInputs
+from cb_callback._isolate import Replay, ReplayInputs, flatten_output
 from cb_callback._report import ComponentRow, Report
 from cb_callback._state import StateGuard, seeded
 from cb_callback._storage import model_device
@@ -310,7 +309,7 @@ def _run(
     named = dict(module.named_parameters())
     with StateGuard(module), seeded(seed, device):
         out = replay.forward(fresh)
-        leaves, spec = pytree.tree_flatten(out)
+        leaves, spec = flatten_output(out)
         if grad_outputs is None:
             grad_outputs = _grad_outputs(leaves, seed)
         targets = [*fresh.leaves, *(named[n] for n in params)]

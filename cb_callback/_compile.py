@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from torch.utils import _pytree as pytree
 
 from cb_callback._config import BenchmarkConfig
-from cb_callback._isolate import Replay
+from cb_callback._isolate import Replay, flatten_output
 from cb_callback._report import ComponentRow
 from cb_callback._state import seeded
 from cb_callback._timing import Sample, SampleSet, interleave
@@ -244,8 +243,10 @@ def outputs_agree(eager: Replay, compiled: Replay, seed: int) -> dict[str, Any]:
 
     Both run on one fresh copy of the inputs each, the CPU generator and the
     device's seeded with ``seed`` before each (:func:`cb_callback._state.seeded`:
-    restored afterwards). Output leaves are compared pairwise in float64; equal
-    values (infinities of the same sign, NaN against NaN) count as equal.
+    restored afterwards). Output leaves (:func:`flatten_output`: dataclasses
+    opened) are compared pairwise, tensors in float64 — equal values (infinities
+    of the same sign, NaN against NaN) count as equal —, plain values with ``==``;
+    other objects only by type.
 
     Returns:
         ``outputs_close`` (every tensor leaf within :func:`default_tolerances` of
@@ -258,14 +259,14 @@ def outputs_agree(eager: Replay, compiled: Replay, seed: int) -> dict[str, Any]:
     for r in (eager, compiled):
         with seeded(seed, r.device):
             out = r.forward(r.fresh_inputs())
-        leaves.append(pytree.tree_flatten(out))
+        leaves.append(flatten_output(out))
         del out
     (a, spec_a), (b, spec_b) = leaves
     close = spec_a == spec_b and len(a) == len(b)
     max_abs = max_rel = 0.0
     for x, y in zip(a, b, strict=False):
         if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-            close = close and not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and x == y
+            close = close and not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and _equal(x, y)
             continue
         if x.shape != y.shape or x.dtype != y.dtype:
             close = False
@@ -283,6 +284,18 @@ def outputs_agree(eager: Replay, compiled: Replay, seed: int) -> dict[str, Any]:
             max_rel = max(max_rel, float(rel.max()))
         close = close and bool(torch.all(diff <= atol + rtol * scale))
     return {"outputs_close": bool(close), "max_abs_error": max_abs, "max_rel_error": max_rel}
+
+
+_VALUES = (int, float, complex, str, bytes, bool, type(None), torch.Size, torch.dtype, torch.device)
+
+
+def _equal(x: Any, y: Any) -> bool:
+    """Two non-tensor output leaves agree: plain values are ``==``; other objects (a cache
+    object of each run, not a dataclass) only need the same type — their contents are not
+    compared."""
+    if isinstance(x, _VALUES) or isinstance(y, _VALUES):
+        return type(x) is type(y) and bool(x == y)
+    return type(x) is type(y)
 
 
 def _total(s: SampleSet, backward: bool) -> float:

@@ -34,7 +34,14 @@ from cb_callback._compile import (
 from cb_callback._config import BenchmarkConfig, resolve_dtype
 from cb_callback._estimate import derive, estimate_from_children
 from cb_callback._hardware import Peaks, calibration_spread, recalibrate_cpu_flops, resolve_peaks
-from cb_callback._inputs import ComponentInputs, leading_batch_size, replicate_batch, to_device
+from cb_callback._inputs import (
+    ComponentInputs,
+    InputCopyError,
+    copy_call,
+    leading_batch_size,
+    replicate_batch,
+    to_device,
+)
 from cb_callback._isolate import Replay, instrumented_pass
 from cb_callback._metrics import LatencyMetric, builtin_metrics
 from cb_callback._metrics.artifacts import artifact_plugins
@@ -808,7 +815,8 @@ def _compile_phase(
 ) -> None:
     """The compile what-if of the measured components, most expensive first.
 
-    ``compile_top`` limits it to the first ``K``; with ``max_total_time_s`` a
+    Most expensive is ``total_ms × calls`` summed over the batches a component
+    ran in. ``compile_top`` limits it to the first ``K``; with ``max_total_time_s`` a
     component is compiled only while the budget left covers the longest what-if
     so far (the first is not bounded: a compile cannot be interrupted); the others'
     ``details["compile"]["skipped"]`` says so. Dynamo is reset after each.
@@ -817,7 +825,9 @@ def _compile_phase(
     for p in pending:
         if p.row.status == "ok":
             batches.setdefault(p.row.path, []).append(p)
-    ok = sorted((rows[path] for path in batches if rows[path].status == "ok"), key=_row_cost, reverse=True)
+    # Cost over every batch it ran in (one batch: total_ms × calls), as share counts it.
+    over = {path: sum(_cost(p) for p in ps) for path, ps in batches.items()}
+    ok = sorted((rows[path] for path in batches if rows[path].status == "ok"), key=lambda r: over[r.path], reverse=True)
     chosen = ok if cfg.compile_top is None else ok[: cfg.compile_top]
     canary = cpu_canary() if device.type == "cpu" and chosen else None
     longest = 0.0  # the longest what-if so far: what the next one is expected to take at most
@@ -1079,6 +1089,8 @@ def profile_components(
     Notes:
         Isolation cannot see cross-module fusion, cache warmth left by the
         previous component, or overlap with communication in a real step.
+        The capture forward runs on a copy of the inputs: objects passed in (a
+        KV cache) and the tensors are left as they were.
         Called under ``torch.no_grad()`` or ``torch.inference_mode()``, it
         profiles the forward only (as ``backward=False``), replayed without grad,
         and says so in ``report.metadata["grad_mode"]`` (one warning when a
@@ -1105,6 +1117,10 @@ def profile_components(
     captures = []
     for i, (b_args, b_kwargs) in enumerate(inputs):
         b_args, b_kwargs = to_device((tuple(b_args), b_kwargs), device)
+        with contextlib.suppress(InputCopyError):  # uncopyable: the capture's row names it
+            # The capture forward is a real forward: it runs on a copy, so that a cache object the
+            # caller passed (a KV cache appended to) or an input changed in place stays as it was.
+            b_args, b_kwargs = copy_call(tuple(b_args), dict(b_kwargs))
         capture = Capture(model)
         captures.append(capture)
         with StateGuard(model):

@@ -28,6 +28,7 @@ __all__ = [
     "Phase",
     "Replay",
     "ReplayInputs",
+    "flatten_output",
     "instrumented_pass",
     "register_grad_targets",
     "unobserved",
@@ -250,7 +251,7 @@ class Replay:
         if out is None:
             out = self.forward(inputs)
         outputs = [
-            t for t in pytree.tree_leaves(out)
+            t for t in flatten_output(out)[0]
             if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None
         ]
         targets = self.grad_targets(inputs)
@@ -413,6 +414,27 @@ def _adapted(ins: Any) -> Instrument:
             stacklevel=3,
         )
     return _PhaseNameInstrument(ins)
+
+
+def flatten_output(out: Any) -> tuple[list[Any], Any]:
+    """The leaves of a component's output and its structure (comparable with ``==``).
+
+    :mod:`torch.utils._pytree`'s flattening, with dataclass instances that are
+    not registered with pytree (an LLM block's ``@dataclass`` output) opened field
+    by field, recursively: their tensors are leaves like a tuple's.
+    """
+    leaves, spec = pytree.tree_flatten(out)
+    flat: list[Any] = []
+    opened: list[Any] = []
+    for i, x in enumerate(leaves):
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            names = [f.name for f in dataclasses.fields(x)]
+            sub, sub_structure = flatten_output(tuple(getattr(x, n) for n in names))
+            flat += sub
+            opened.append((i, type(x).__qualname__, tuple(names), sub_structure))
+        else:
+            flat.append(x)
+    return flat, (spec, tuple(opened))
 
 
 def _versions(inputs: ReplayInputs) -> tuple[Any, list[tuple[int, int]]]:

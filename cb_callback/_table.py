@@ -212,7 +212,7 @@ def format_summary(report: Report, top: int = 10) -> str:
     if hot:
         lines += [
             "",
-            f"top {len(hot)} hotspots (by total ms x calls):",
+            f"top {len(hot)} hotspots (by {'share over the batches' if multi else 'total ms x calls'}):",
             *_aligned(header, [_with_p90(_summary_cells(r), r, multi) for r in hot]),
         ]
 
@@ -233,20 +233,36 @@ def format_summary(report: Report, top: int = 10) -> str:
     return "\n".join(lines)
 
 
+def _saved(r: ComponentRow) -> float:
+    """The share of the step compiling ``r`` alone saves: ``share × (1 − compiled ÷ eager)``, the
+    eager time its what-if's own rounds' (else ``total_ms``); without a share, ms over the step."""
+    info = r.details["compile"]
+    same = info.get("eager_ms_same_rounds")
+    eager = same if _finite(same) else r.total_ms
+    if math.isfinite(r.share):
+        return r.share * (1.0 - r.compiled_ms / eager)
+    return (eager - r.compiled_ms) * max(r.calls, 1)
+
+
 def compile_lines(report: Report, top: int = 5) -> list[str]:
     """The summary's compile what-if: the ``top`` components by time saved over the step.
 
-    Saved time over the step is ``(total_ms − compiled_ms) × calls``.
+    Saved time over the step is ``share × (1 − compiled_ms ÷ eager)``, the eager
+    time being the one measured in the what-if's own rounds (robust to load that
+    came and went between the eager timing and the what-if), else ``total_ms``;
+    with several batches ``share`` counts every batch.
 
-    One line each: ``compiling <path> whole: A → B ms (×s)`` and, for a parent,
-    ``; its children separately: A → C ms``; then how many could not compile.
-    Empty when nothing was compiled.
+    One line each: ``compiling <path> whole: A → B ms (×s; ×p against eager in
+    the same rounds)``, for a parent ``; its children separately: A → C ms``,
+    then graph breaks, recompiles and ``outputs differ`` when the compiled
+    forward did not match the eager one; then each component that could not
+    compile with its error. Empty when nothing was compiled.
     """
     tried = [r for r in report.rows if isinstance(r.details.get("compile"), Mapping)]
     if not tried:
         return []
-    done = [r for r in tried if math.isfinite(r.compiled_ms) and math.isfinite(r.total_ms)]
-    done.sort(key=lambda r: -(r.total_ms - r.compiled_ms) * max(r.calls, 1))
+    done = [r for r in tried if _finite(r.compiled_ms) and _finite(r.total_ms)]
+    done.sort(key=lambda r: -_saved(r))
     out = [
         f"compile what-if (torch.compile per component, alone; top {min(top, len(done))} by time saved over "
         "the step; x below 1: slower compiled):"
@@ -266,11 +282,18 @@ def compile_lines(report: Report, top: int = 5) -> list[str]:
             )
         if info.get("graph_breaks"):
             line += f"; {info['graph_breaks']} graph break(s)"
+        if info.get("recompiles"):
+            line += f"; {info['recompiles']} recompile(s)"
+        if info.get("outputs_close") is False:
+            line += f"; outputs differ from eager (max abs error {info.get('max_abs_error', math.nan):.3g})"
         out.append(line)
     failed = [r for r in tried if "error" in r.details["compile"]]
-    if failed:
-        names = ", ".join(r.path or "root" for r in failed[:5]) + (" ..." if len(failed) > 5 else "")
-        out.append(f"  {len(failed)} could not compile ({names}): details['compile']['error']")
+    for r in failed[:5]:
+        error = " ".join(str(r.details["compile"]["error"]).split())
+        error = error if len(error) <= _ERROR_CHARS else error[: _ERROR_CHARS - 3] + "..."
+        out.append(f"  could not compile {r.path or 'root'}: {error}")
+    if len(failed) > 5:
+        out.append(f"  ... and {len(failed) - 5} more that could not compile (details['compile']['error'])")
     return out
 
 

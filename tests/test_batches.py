@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from typing import Any
@@ -221,3 +222,29 @@ def test_artifacts_come_from_the_rows_median_batch(tmp_path: Any) -> None:
     ops = (tmp_path / "artifacts/root/ops.csv").read_text()
     n = [2, 64, 16][row.details["median_batch"]]
     assert 'aten::linear,1,' in ops and f'"[[{n}, 8], [8, 8], [8]]"' in ops  # linear(x, weight, bias) of that batch
+
+
+@dataclasses.dataclass
+class _Cache:
+    k: list[torch.Tensor]
+
+
+class _Appends(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, cache: _Cache) -> torch.Tensor:
+        y = self.lin(x)
+        cache.k.append(y)  # a KV cache grows by this step's keys
+        return y
+
+
+def test_the_capture_forward_leaves_the_callers_objects_alone() -> None:
+    cache = _Cache([torch.zeros(2, 4)])
+    x = torch.randn(2, 4)
+    profile_components(_Appends(), (x,), {"cache": cache}, **FAST)
+    assert len(cache.k) == 1  # not 2: the capture forward ran on a copy
+    many = _Cache([])
+    profile_components(_Appends(), batches=[((x,), {"cache": many}), ((x[:1],), {"cache": many})], **FAST)
+    assert many.k == []
