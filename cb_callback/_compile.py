@@ -290,9 +290,11 @@ _VALUES = (int, float, complex, str, bytes, bool, type(None), torch.Size, torch.
 
 
 def _equal(x: Any, y: Any) -> bool:
-    """Two non-tensor output leaves agree: plain values are ``==``; other objects (a cache
-    object of each run, not a dataclass) only need the same type — their contents are not
-    compared."""
+    """Two non-tensor output leaves agree: floats within fp32's default tolerances (rtol 1.3e-6,
+    atol 1e-5; NaN with NaN), other plain values ``==``; other objects (a cache object of each run,
+    not a dataclass) only need the same type — their contents are not compared."""
+    if isinstance(x, float) and isinstance(y, float):  # an ``aux.item()``: within fp32's tolerance
+        return math.isclose(x, y, rel_tol=1.3e-6, abs_tol=1e-5) or (math.isnan(x) and math.isnan(y))
     if isinstance(x, _VALUES) or isinstance(y, _VALUES):
         return type(x) is type(y) and bool(x == y)
     return type(x) is type(y)
@@ -307,6 +309,7 @@ def children_separately(
     row: ComponentRow,
     children: Sequence[ComponentRow],
     below: Callable[[ComponentRow], Sequence[ComponentRow]] | None = None,
+    batch: int | None = None,
 ) -> dict[str, Any] | None:
     """The parent's time if each of its children were compiled on its own, the rest eager.
 
@@ -314,30 +317,67 @@ def children_separately(
     child calls ÷ parent calls`` over the children compiled, where a child's
     eager time is ``eager_ms_same_rounds`` (its eager runs sampled in the same
     rounds as its compiled ones: the saving under one load) when known, else its
-    ``total_ms``. The parent's own work and the children not compiled stay eager. A child without a time of its own
-    (an ``estimated`` container such as a ``ModuleList``) stands for its
-    children (``below(child)``), recursively. Against the parent's
-    ``compiled_ms`` this is the fusion opportunity that only appears across its
-    children's boundaries.
+    ``total_ms``. The parent's own work and the children not compiled stay eager.
+    A child without a time of its own (an ``estimated`` container such as a
+    ``ModuleList``) stands for its children (``below(child)``), recursively.
+    With several batches, ``batch`` is the batch the parent's row is (its median
+    batch): every child's figures are that batch's, and a child that did not run
+    in it does not count. Against the parent's ``compiled_ms`` this is the fusion
+    opportunity that only appears across its children's boundaries.
 
     Returns:
         ``{"children_separately_ms", "children_compiled"}`` (``"2/3"``: of the
         children with a time), or ``None`` when ``row`` has no time or no child
         was compiled.
     """
-    timed: list[ComponentRow] = []
+    parent_calls = row.calls if batch is None else _batch_entry(row, batch).get("calls", row.calls)
+    timed: list[tuple[float, float, int]] = []
     todo = list(children)
     while todo:
         c = todo.pop(0)
-        if c.status == "ok" and math.isfinite(c.total_ms):
-            timed.append(c)
+        found = _child_figures(c, batch)
+        if found is not None:
+            timed.append(found)
         elif c.status == "estimated" and below is not None:
             todo = [*below(c), *todo]
-    done = [c for c in timed if math.isfinite(c.compiled_ms)]
+    done = [t for t in timed if math.isfinite(t[1])]
     if not done or not math.isfinite(row.total_ms):
         return None
-    saved = sum((_paired_eager(c) - c.compiled_ms) * max(c.calls, 1) for c in done) / max(row.calls, 1)
+    saved = sum((eager - compiled) * max(calls, 1) for eager, compiled, calls in done) / max(parent_calls, 1)
     return {"children_separately_ms": row.total_ms - saved, "children_compiled": f"{len(done)}/{len(timed)}"}
+
+
+def _batch_entry(row: ComponentRow, batch: int) -> dict[str, Any]:
+    """``row.details["batches"]``'s entry of ``batch`` (empty when it did not run there)."""
+    for e in row.details.get("batches") or []:
+        if isinstance(e, Mapping) and e.get("batch") == batch:
+            return dict(e)
+    return {}
+
+
+def _child_figures(c: ComponentRow, batch: int | None) -> tuple[float, float, int] | None:
+    """``(eager ms, compiled ms or NaN, calls)`` of a measured child, on ``batch`` (``None``: its row);
+    ``None`` when it has no time there (not measured, or did not run in that batch)."""
+    if c.status != "ok" or not math.isfinite(c.total_ms):
+        return None
+    if batch is None:
+        return _paired_eager(c), c.compiled_ms, c.calls
+    entry = _batch_entry(c, batch)
+    total = entry.get("total_ms")
+    if entry.get("status") != "ok" or not isinstance(total, (int, float)) or not math.isfinite(total):
+        return None
+    eager, compiled = float(total), math.nan
+    info = c.details.get("compile")
+    per = info.get("batches") if isinstance(info, Mapping) else None
+    if isinstance(per, list):
+        for p in per:
+            if isinstance(p, Mapping) and p.get("batch") == batch:
+                compiled = float(p.get("compiled_ms", math.nan))
+                same = p.get("eager_ms_same_rounds")
+                eager = float(same) if isinstance(same, (int, float)) and math.isfinite(same) else eager
+    elif c.details.get("median_batch") == batch:  # compiled on its one batch
+        eager, compiled = _paired_eager(c), c.compiled_ms
+    return eager, compiled, int(entry.get("calls", c.calls))
 
 
 def _paired_eager(row: ComponentRow) -> float:
@@ -363,6 +403,7 @@ def fill_children_separately(rows: Mapping[str, ComponentRow], children: Mapping
         row = rows.get(path)
         if row is None or not isinstance(row.details.get("compile"), dict) or not kids:
             continue
-        found = children_separately(row, [rows[k] for k in kids if k in rows], below)
+        batch = row.details.get("median_batch") if "batches" in row.details else None
+        found = children_separately(row, [rows[k] for k in kids if k in rows], below, batch)
         if found is not None:
             row.details["compile"].update(found)

@@ -512,7 +512,7 @@ def profile_captured(
             copy is moved there (the model itself is left where it is).
         calls: captured first calls by path; or one such mapping per captured
             batch (then every component is measured on each batch it ran in and
-            its row is the median over them: :func:`cb_callback._batches.merge_batches`).
+            its row is its median batch: :func:`cb_callback._batches.merge_batches`).
         config: options.
         captured_batch_size: the batch size the captured inputs hold (for
             ``config.batch_size`` replication).
@@ -1071,7 +1071,7 @@ def profile_components(
         batches: instead of ``args``/``kwargs``, several inputs ``[(args, kwargs),
             …]`` (a tensor alone is ``((tensor,), {})``), e.g. sequences of
             different lengths: one capture forward each, every component measured
-            on each batch it ran in; the row is the median over the batches and
+            on each batch it ran in; the row is its median batch (by fwd + bwd) and
             ``details`` holds ``batches`` (per batch), ``median_ms``, ``p90_ms``
             and ``shapes`` (the distinct input shapes; a KeyedJaggedTensor's
             values per feature).
@@ -1089,8 +1089,11 @@ def profile_components(
     Notes:
         Isolation cannot see cross-module fusion, cache warmth left by the
         previous component, or overlap with communication in a real step.
-        The capture forward runs on a copy of the inputs: objects passed in (a
-        KV cache) and the tensors are left as they were.
+        The capture forward runs on a copy of the inputs (the model's own
+        parameters and buffers by reference), so objects passed in (a KV cache)
+        and the tensors are left as they were; the copy is held during that
+        forward (one more input's memory). Inputs that cannot be copied are used
+        as they are (the row of the component that takes them names why).
         Called under ``torch.no_grad()`` or ``torch.inference_mode()``, it
         profiles the forward only (as ``backward=False``), replayed without grad,
         and says so in ``report.metadata["grad_mode"]`` (one warning when a
@@ -1114,13 +1117,14 @@ def profile_components(
         model = p.prepare_model(model, prepare_ctx)
     if model_device(model) != device:
         model = copy.deepcopy(model).to(device)
+    own = _input_copier(model)
     captures = []
     for i, (b_args, b_kwargs) in enumerate(inputs):
         b_args, b_kwargs = to_device((tuple(b_args), b_kwargs), device)
         with contextlib.suppress(InputCopyError):  # uncopyable: the capture's row names it
             # The capture forward is a real forward: it runs on a copy, so that a cache object the
             # caller passed (a KV cache appended to) or an input changed in place stays as it was.
-            b_args, b_kwargs = copy_call(tuple(b_args), dict(b_kwargs))
+            b_args, b_kwargs = copy_call(tuple(b_args), dict(b_kwargs), own)
         capture = Capture(model)
         captures.append(capture)
         with StateGuard(model):
@@ -1143,6 +1147,28 @@ def profile_components(
         return profile_captured(
             model, calls, config=cfg, captured_batch_size=captures[0].batch_size, metadata=meta, prepare=False
         )
+
+
+def _input_copier(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How the capture forward's copy of the inputs copies a tensor.
+
+    The model's own parameters and buffers are kept (an argument may be one, or
+    a dict keyed by one); any other tensor is cloned with its ``requires_grad``,
+    and one that was not a leaf stays a non-leaf (``ReLU(inplace=True)`` on an
+    upstream output works on the copy as on the original).
+    """
+    own = {id(t) for t in (*model.parameters(), *model.buffers())}
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        if id(t) in own:
+            return t
+        out = t.detach().clone()
+        if not t.requires_grad:
+            return out
+        out.requires_grad_(True)
+        return out if t.is_leaf else out.clone()
+
+    return copy
 
 
 def _batch_inputs(

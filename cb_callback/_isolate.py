@@ -416,22 +416,28 @@ def _adapted(ins: Any) -> Instrument:
     return _PhaseNameInstrument(ins)
 
 
-def flatten_output(out: Any) -> tuple[list[Any], Any]:
+_UNSET = object()
+
+
+def flatten_output(out: Any, _seen: frozenset[int] = frozenset()) -> tuple[list[Any], Any]:
     """The leaves of a component's output and its structure (comparable with ``==``).
 
     :mod:`torch.utils._pytree`'s flattening, with dataclass instances that are
     not registered with pytree (an LLM block's ``@dataclass`` output) opened field
-    by field, recursively: their tensors are leaves like a tuple's.
+    by field, recursively: their tensors are leaves like a tuple's. A field that
+    was never set (``field(init=False)``) is left out; a dataclass met again
+    inside itself (``o.me = o``), or deeper than 32 levels, stays one leaf.
     """
     leaves, spec = pytree.tree_flatten(out)
     flat: list[Any] = []
     opened: list[Any] = []
     for i, x in enumerate(leaves):
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            names = [f.name for f in dataclasses.fields(x)]
-            sub, sub_structure = flatten_output(tuple(getattr(x, n) for n in names))
+        if dataclasses.is_dataclass(x) and not isinstance(x, type) and id(x) not in _seen and len(_seen) < 32:
+            fields = [(f.name, getattr(x, f.name, _UNSET)) for f in dataclasses.fields(x)]
+            fields = [(n, v) for n, v in fields if v is not _UNSET]
+            sub, sub_structure = flatten_output(tuple(v for _, v in fields), _seen | {id(x)})
             flat += sub
-            opened.append((i, type(x).__qualname__, tuple(names), sub_structure))
+            opened.append((i, type(x).__qualname__, tuple(n for n, _ in fields), sub_structure))
         else:
             flat.append(x)
     return flat, (spec, tuple(opened))

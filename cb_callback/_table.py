@@ -210,9 +210,10 @@ def format_summary(report: Report, top: int = 10) -> str:
         ]
     hot = report.hotspots(top)
     if hot:
+        by_share = multi and all(math.isfinite(r.share) for r in hot)  # as Report.hotspots ranks them
         lines += [
             "",
-            f"top {len(hot)} hotspots (by {'share over the batches' if multi else 'total ms x calls'}):",
+            f"top {len(hot)} hotspots (by {'share over the batches' if by_share else 'total ms x calls'}):",
             *_aligned(header, [_with_p90(_summary_cells(r), r, multi) for r in hot]),
         ]
 
@@ -233,15 +234,21 @@ def format_summary(report: Report, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-def _saved(r: ComponentRow) -> float:
-    """The share of the step compiling ``r`` alone saves: ``share × (1 − compiled ÷ eager)``, the
-    eager time its what-if's own rounds' (else ``total_ms``); without a share, ms over the step."""
+def _saved(r: ComponentRow) -> tuple[int, float]:
+    """The sort key of a compiled row, most saved first: ``share × (1 − compiled ÷ eager)``, the
+    eager time its what-if's own rounds' (else ``total_ms``); rows without a share after those
+    with one, by ms saved over the step."""
     info = r.details["compile"]
     same = info.get("eager_ms_same_rounds")
     eager = same if _finite(same) else r.total_ms
     if math.isfinite(r.share):
-        return r.share * (1.0 - r.compiled_ms / eager)
-    return (eager - r.compiled_ms) * max(r.calls, 1)
+        return (0, -r.share * (1.0 - r.compiled_ms / eager))
+    return (1, -(eager - r.compiled_ms) * max(r.calls, 1))
+
+
+def _g(value: Any) -> str:
+    """``value`` to 3 significant digits; ``"-"`` when missing (a saved report's NaN is ``None``)."""
+    return f"{value:.3g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else _MISSING
 
 
 def compile_lines(report: Report, top: int = 5) -> list[str]:
@@ -262,7 +269,7 @@ def compile_lines(report: Report, top: int = 5) -> list[str]:
     if not tried:
         return []
     done = [r for r in tried if _finite(r.compiled_ms) and _finite(r.total_ms)]
-    done.sort(key=lambda r: -_saved(r))
+    done.sort(key=_saved)
     out = [
         f"compile what-if (torch.compile per component, alone; top {min(top, len(done))} by time saved over "
         "the step; x below 1: slower compiled):"
@@ -277,15 +284,15 @@ def compile_lines(report: Report, top: int = 5) -> list[str]:
         )
         if "children_separately_ms" in info:
             line += (
-                f"; its children separately: {r.total_ms:.3g} -> {info['children_separately_ms']:.3g} ms "
-                f"({info['children_compiled']} compiled)"
+                f"; its children separately: {r.total_ms:.3g} -> {_g(info['children_separately_ms'])} ms "
+                f"({info.get('children_compiled')} compiled)"
             )
         if info.get("graph_breaks"):
             line += f"; {info['graph_breaks']} graph break(s)"
         if info.get("recompiles"):
             line += f"; {info['recompiles']} recompile(s)"
         if info.get("outputs_close") is False:
-            line += f"; outputs differ from eager (max abs error {info.get('max_abs_error', math.nan):.3g})"
+            line += f"; outputs differ from eager (max abs error {_g(info.get('max_abs_error'))})"
         out.append(line)
     failed = [r for r in tried if "error" in r.details["compile"]]
     for r in failed[:5]:

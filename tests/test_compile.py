@@ -388,3 +388,46 @@ def test_compare_components_opens_dataclass_outputs() -> None:
     cmp = compare_components(ref, cand, ((torch.randn(2, 4),), {}), **FAST)
     names = [t.name for t in cmp.tensors]
     assert cmp.equivalent and "output[0]" in names and "grad[lin.weight]" in names  # the logits, and their grads
+
+
+def test_a_saved_report_with_a_non_finite_output_error_still_summarises(tmp_path: Any) -> None:
+    def to_nan(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        def run(*args: Any) -> Any:
+            return [t * math.nan if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in gm(*args)]
+        return run
+
+    report = profile_components(nn.Linear(4, 4), (torch.randn(2, 4),), compile=True,
+                                compile_options={"backend": to_nan}, **FAST)
+    assert _info(report, "")["max_abs_error"] == math.inf
+    loaded = Report.load(report.save(tmp_path))
+    assert loaded.row("").details["compile"]["max_abs_error"] is None  # JSON has no inf
+    assert "outputs differ from eager (max abs error -)" in loaded.summary()
+
+
+class _LongOnly(nn.Module):
+    """``a`` always; ``b`` only for sequences longer than 8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(256, 256)
+        self.b = nn.Linear(256, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a(x)
+        return self.b(x) if x.shape[1] > 8 else x
+
+
+def test_children_separately_uses_the_parents_batch_only() -> None:
+    # batches of length 2, 4 and 2048: the root's median batch is a short one, where b did not run
+    batches = [torch.randn(1, n, 256) for n in (2, 4, 2048)]
+    report = profile_components(_LongOnly(), batches=batches, compile=True, compile_options=EAGER, **FAST)
+    root, a = report.row(""), report.row("a")
+    mid = root.details["median_batch"]
+    # 2048 rows through two Linear(256, 256), ~1 GFLOP with the backward, is never the median
+    assert mid in (0, 1), root.details["batches"]
+    info = _info(report, "")
+    assert info["children_compiled"] == "1/1"  # only a ran in that batch
+    (ab,) = [p for p in a.details["compile"]["batches"] if p["batch"] == mid]
+    assert info["children_separately_ms"] == pytest.approx(
+        root.total_ms - (ab["eager_ms_same_rounds"] - ab["compiled_ms"])
+    )
