@@ -30,10 +30,8 @@ Prints what it measured; the figures recorded are in docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +39,7 @@ from typing import Any
 
 import torch
 import torch._dynamo
+from _examples import load_example
 from torch import nn
 
 from cb_callback import profile_components
@@ -67,12 +66,7 @@ def _pointwise(device: str) -> tuple[nn.Module, torch.Tensor]:
 
 
 def _gpt(device: str) -> tuple[nn.Module, torch.Tensor]:
-    path = Path(__file__).resolve().parents[1] / "examples" / "gpt.py"
-    spec = importlib.util.spec_from_file_location("cb_bench_gpt", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
+    mod = load_example("gpt")
     model = mod.build_gpt(mod.GPTConfig()).to(device)
     idx = torch.randint(0, 96, (16, 64), generator=torch.Generator().manual_seed(0)).to(device)
     return model, idx

@@ -27,14 +27,13 @@ measured, are in ``"hotspots"``' top-10. Prints what it measured; the figures re
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from _examples import load_example
 from torch import nn
 
 from cb_callback import profile_components
@@ -77,12 +76,7 @@ def synthetic(blocks: int) -> tuple[nn.Module, tuple[Any, ...]]:
 
 
 def dlrm() -> tuple[nn.Module, tuple[Any, ...]]:
-    path = Path(__file__).resolve().parent.parent / "examples" / "dlrm.py"
-    spec = importlib.util.spec_from_file_location("cb_example_dlrm", path)
-    assert spec is not None and spec.loader is not None  # a file that exists
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = load_example("dlrm")
     cfg = module.DLRMConfig()
     dense, kjt, _ = module.synthetic_batch(512, cfg)
     return module.build_dlrm(cfg), (dense, kjt)

@@ -22,7 +22,6 @@ first on ``PYTHONPATH``; the output names the ``cb_callback`` it imported.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import subprocess
@@ -31,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _examples import load_example
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 _MIB = 1024.0 * 1024.0
 _ALLOCATING = ("clone", "_to_copy", "empty_like", "empty", "empty_strided", "new_empty", "new_empty_strided")
 SETTINGS: dict[str, Any] = dict(
@@ -72,13 +71,7 @@ def _reset_peak_rss() -> bool:
     return True
 
 
-def _example(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"cb_example_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+_example = load_example
 
 
 def _dlrm() -> tuple[nn.Module, tuple[Any, ...], torch.optim.Optimizer]:

@@ -24,32 +24,21 @@ GPT), runs of the same seeded fit alternate without and with
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from _examples import load_example
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
 from cb_callback import ComponentBenchmark
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"cb_example_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+_example = load_example
 
 
 def mlp_setup() -> tuple[pl.LightningModule, DataLoader]:

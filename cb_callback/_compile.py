@@ -27,6 +27,7 @@ import torch
 from cb_callback._config import BenchmarkConfig
 from cb_callback._isolate import Replay, flatten_output
 from cb_callback._report import ComponentRow
+from cb_callback._report import error_text as _error_text
 from cb_callback._state import seeded
 from cb_callback._timing import Sample, SampleSet, interleave
 from cb_callback._tolerances import default_tolerances
@@ -37,11 +38,6 @@ __all__ = [
 
 #: Break reasons kept per component (the first line of each distinct one).
 MAX_REASONS = 10
-
-
-def _error_text(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}".strip()
-    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def _reason(text: str) -> str:

@@ -60,6 +60,7 @@ from cb_callback._plugins import (
 )
 from cb_callback._quality import LoadProbe, assess, inconsistent_pairs, is_noisy
 from cb_callback._report import ComponentRow, Report
+from cb_callback._report import error_text as _error_text
 from cb_callback._state import StateGuard
 from cb_callback._storage import model_device, unique_storage_bytes
 from cb_callback._timing import (
@@ -226,11 +227,6 @@ def _plugins(cfg: BenchmarkConfig) -> tuple[list[Any], list[Any], list[Any]]:
     met = [validate_plugin(p, "metric") for p in cfg.metrics] + found["metric"]
     rep = [validate_plugin(p, "reporter") for p in cfg.reporters] + found["reporter"]
     return pre, met, rep
-
-
-def _error_text(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}".strip()
-    return text if len(text) <= 500 else text[:497] + "..."
 
 
 @dataclass

@@ -13,7 +13,7 @@ import pandas as pd
 
 from cb_callback._schema import STATUSES
 
-__all__ = ["COLUMNS", "STATUSES", "ComponentRow", "Report"]
+__all__ = ["COLUMNS", "STATUSES", "ComponentRow", "Report", "error_text"]
 
 _NAN = float("nan")
 
@@ -78,6 +78,12 @@ class ComponentRow:
 
 #: The DataFrame columns, in order (a contract: see the README).
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ComponentRow) if f.name != "details")
+
+
+def error_text(e: BaseException) -> str:
+    """An exception as a row's ``error`` (or a detail's) reads: ``Type: message``, at most 500 characters."""
+    text = f"{type(e).__name__}: {e}".strip()
+    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def _json_safe(value: Any) -> Any:

@@ -49,10 +49,11 @@ def test_a_run_that_ends_inside_the_capture_window_profiles_what_it_captured(tmp
 
 
 def test_compile_what_if_runs_from_the_callback(tmp_path: Path) -> None:
+    baseline = run_fit(tmp_path / "base", model_cls=VarLenModule, max_steps=3)
     cb = ComponentBenchmark(
-        capture_step=1, compile=True, compile_options={"backend": "eager"}, compile_top=2, **OPTS
+        capture_step=1, compile=True, compile_options={"backend": "aot_eager"}, compile_top=2, **OPTS
     )
-    run_fit(tmp_path, [cb], model_cls=VarLenModule, max_steps=2)
+    _assert_same_training(baseline, run_fit(tmp_path / "cb", [cb], model_cls=VarLenModule, max_steps=3))
     assert cb.report is not None
     compiled = [r for r in cb.report if "compile" in r.details]
     assert len(compiled) == 2 and all("error" not in r.details["compile"] for r in compiled)
