@@ -18,6 +18,7 @@ from cb_callback._inputs import (
     leading_batch_size,
     slice_batch,
 )
+from cb_callback._tree import component_paths
 
 __all__ = ["Capture"]
 
@@ -33,8 +34,9 @@ class Capture:
 
     Args:
         root: the module tree to capture.
-        paths: the dotted paths to capture (default: every module once, under the
-            first name ``named_modules()`` gives it).
+        paths: the dotted paths to capture (default: every node of
+            :func:`cb_callback._tree.component_paths`: each module once per
+            parent it is reachable from).
         keep_samples: keep only the first ``k`` samples of every input whose
             leading dimension is the root's batch size (small-batch capture).
         skip: ``skip(module, args, kwargs)`` -> whether a call is not a real one
@@ -52,6 +54,12 @@ class Capture:
         off (``__exit__`` or :meth:`remove`). The hooks hold paths, not modules;
         the capture keeps only a weak reference to ``root``. Hooks come off in
         ``__exit__``, also when the forward raises.
+
+        A module reachable from several parents (one ``Linear`` used inside ``a``
+        and inside ``b``) is recorded per parent: a call belongs to the node
+        (``a.lin`` or ``b.lin``) whose parent is the innermost module executing
+        around it (a stack kept by the hooks), or to its first node when none of
+        its parents is (called from elsewhere, or through a ``ModuleList`` alias).
     """
 
     def __init__(
@@ -73,17 +81,36 @@ class Capture:
         self._order = 0
         # id(module) -> its training flag when the hooks went on, for ``modes``.
         self._flags: dict[int, bool] = {}
+        # The nodes executing now, innermost last (which parent a shared module is called in).
+        self._stack: list[str] = []
 
-    def _hook(self, path: str) -> Callable[..., None]:
+    def _resolve(self, places: list[tuple[str, str | None]]) -> str:
+        """The node a call of a module with these ``(path, parent)`` nodes belongs to."""
+        if len(places) > 1:
+            for running in reversed(self._stack):
+                for path, parent in places:
+                    if parent == running:
+                        return path
+        return places[0][0]
+
+    def _hook(self, places: list[tuple[str, str | None]]) -> Callable[..., None]:
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            path = places[0][0]
             try:
-                self._record(path, module, args, kwargs)
+                path = self._resolve(places)
+                self._stack.append(path)
+                if self._paths is None or path in self._paths:
+                    self._record(path, module, args, kwargs)
             except Exception as e:  # never into the user's step
                 if path not in self.calls:
                     text = f"{type(e).__name__}: {e}".strip()
                     self._failed(path, module, f"capturing the call raised {text[:400]}")
 
         return pre_hook
+
+    def _post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._stack:
+            self._stack.pop()
 
     def _record(self, path: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._skip is not None and self._skip(module, args, kwargs):
@@ -133,7 +160,7 @@ class Capture:
         if root is None:
             return
         path_of = {id(m): p for p, m in root.named_modules()}
-        by_path = dict(root.named_modules())
+        by_path = {p: at.module for p, at in component_paths(root).items()}
         for path, inputs in self.calls.items():
             module = by_path.get(path)
             if module is None:
@@ -150,12 +177,20 @@ class Capture:
         if root is None:
             raise RuntimeError("the module to capture no longer exists")
         self._flags = {id(m): m.training for m in root.modules()}
+        self._stack = []
+        places: dict[int, list[tuple[str, str | None]]] = {}
+        modules: dict[int, nn.Module] = {}
+        for path, at in component_paths(root).items():
+            places.setdefault(id(at.module), []).append((path, at.parent))
+            modules[id(at.module)] = at.module
         try:
-            for path, module in root.named_modules():
-                if self._paths is None or path in self._paths:
-                    self._handles.append(
-                        module.register_forward_pre_hook(self._hook(path), with_kwargs=True)
-                    )
+            for key, module in modules.items():
+                mine = places[key]
+                if self._paths is not None and not any(p in self._paths for p, _ in mine):
+                    continue
+                self._handles.append(module.register_forward_pre_hook(self._hook(mine), with_kwargs=True))
+                # always_call: the stack is popped also when the forward raises.
+                self._handles.append(module.register_forward_hook(self._post_hook, always_call=True))
         except BaseException:
             self.remove()
             raise

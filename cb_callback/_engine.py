@@ -596,6 +596,10 @@ def profile_captured(
                     calls=calls[node.path].calls if node.path in calls else 0,
                     params_mb=_params_mb(modules[node.path]),
                 )
+                if node.aliases:
+                    row.details["aliases"] = list(node.aliases)
+                if node.shared_with:
+                    row.details["shared_with"] = list(node.shared_with)
                 rows[node.path] = row
                 reason = filtered.get(node.path)
                 if reason is None and node.path in not_descended and descendants_called[node.path]:
@@ -648,11 +652,12 @@ def profile_captured(
                         samples[node.path] = level_samples[(node.path, mid)]
             pending += started
             if cfg.descend == "hotspots":
-                not_descended.update(_below_cold(level, by_path, rows, cfg.descend_share, not_descended))
+                not_descended.update(_below_cold(level, by_path, rows, cfg.descend_share, not_descended, per_batch))
         if cfg.compile:
-            _compile_phase(run, pending, rows, cfg, budget0, device)
+            _compile_phase(run, pending, rows, cfg, budget0, device, by_path, per_batch)
         load.stop()
-        for p in _artifact_targets(pending, cfg, rows):  # after every timed run: their overhead is never timed
+        cost = {n.path: _step_cost_ms(n.path, by_path, rows, per_batch) for n in nodes}  # what selections rank by
+        for p in _artifact_targets(pending, cfg, rows, cost):  # after every timed run: never timed
             run.record_artifacts(p)
             if p.row is not rows[p.row.path]:  # one batch of several: the artifacts are the median batch's
                 for key in ("artifacts", "metric_errors"):
@@ -680,8 +685,8 @@ def profile_captured(
         slowdown=slowdown,
         pairs=_pairs_by_batch(per_batch, len(batches)) if multi else None,
     )
-    for path, flags in assessment.flags.items():
-        rows[path].details["flags"] = flags
+    for path, row in rows.items():  # always a list: [] on a clean row
+        row.details["flags"] = list(assessment.flags.get(path, []))
     meta["quality"] = assessment.quality
     wall = time.perf_counter() - wall0
     timed = timed_seconds() - timed0
@@ -774,18 +779,17 @@ def _row_cost(row: ComponentRow) -> float:
     return (_nan0(row.fwd_ms) + _nan0(row.bwd_ms)) * max(row.calls, 1)
 
 
-def _cost(p: _Pending) -> float:
-    return _row_cost(p.row)
-
-
 def _artifact_targets(
-    pending: Sequence[_Pending], cfg: BenchmarkConfig, rows: Mapping[str, ComponentRow]
+    pending: Sequence[_Pending],
+    cfg: BenchmarkConfig,
+    rows: Mapping[str, ComponentRow],
+    cost: Mapping[str, float | None],
 ) -> list[_Pending]:
     """The components artifacts are written for: all, or the ``artifacts_top`` most expensive.
 
-    Cost is ``(fwd_ms + bwd_ms) × calls`` of the measured (``ok``) rows. With
-    several batches a component's artifacts come from the batch its row is (its
-    median batch).
+    Most expensive by ``cost`` (:func:`_step_cost_ms`: over every batch, as
+    ``share``) among the measured (``ok``) rows. With several batches a
+    component's artifacts come from the batch its row is (its median batch).
     """
     chosen: dict[str, _Pending] = {}
     for p in pending:
@@ -797,7 +801,7 @@ def _artifact_targets(
     ok = list(chosen.values())
     if cfg.artifacts_top is None:
         return ok
-    top = {id(p) for p in sorted(ok, key=_cost, reverse=True)[: cfg.artifacts_top]}
+    top = {id(p) for p in sorted(ok, key=lambda p: cost.get(p.row.path) or 0.0, reverse=True)[: cfg.artifacts_top]}
     return [p for p in ok if id(p) in top]
 
 
@@ -808,11 +812,13 @@ def _compile_phase(
     cfg: BenchmarkConfig,
     budget0: float,
     device: torch.device,
+    nodes: Mapping[str, Node],
+    per_batch: Mapping[str, Mapping[int, ComponentRow]],
 ) -> None:
     """The compile what-if of the measured components, most expensive first.
 
-    Most expensive is ``total_ms × calls`` summed over the batches a component
-    ran in. ``compile_top`` limits it to the first ``K``; with ``max_total_time_s`` a
+    Most expensive is :func:`_step_cost_ms` (``total_ms × calls`` summed over
+    the batches a component ran in, as ``share`` counts it). ``compile_top`` limits it to the first ``K``; with ``max_total_time_s`` a
     component is compiled only while the budget left covers the longest what-if
     so far (the first is not bounded: a compile cannot be interrupted); the others'
     ``details["compile"]["skipped"]`` says so. Dynamo is reset after each.
@@ -821,8 +827,7 @@ def _compile_phase(
     for p in pending:
         if p.row.status == "ok":
             batches.setdefault(p.row.path, []).append(p)
-    # Cost over every batch it ran in (one batch: total_ms × calls), as share counts it.
-    over = {path: sum(_cost(p) for p in ps) for path, ps in batches.items()}
+    over = {path: _step_cost_ms(path, nodes, rows, per_batch) or 0.0 for path in batches}
     ok = sorted((rows[path] for path in batches if rows[path].status == "ok"), key=lambda r: over[r.path], reverse=True)
     chosen = ok if cfg.compile_top is None else ok[: cfg.compile_top]
     canary = cpu_canary() if device.type == "cpu" and chosen else None
@@ -953,10 +958,18 @@ def _levels(nodes: Sequence[Node]) -> list[list[Node]]:
     return [out[d] for d in sorted(out)]
 
 
-def _step_cost_ms(path: str, nodes: Mapping[str, Node], rows: Mapping[str, ComponentRow]) -> float | None:
+def _step_cost_ms(
+    path: str,
+    nodes: Mapping[str, Node],
+    rows: Mapping[str, ComponentRow],
+    per_batch: Mapping[str, Mapping[int, ComponentRow]] | None = None,
+) -> float | None:
     """``(fwd_ms + bwd_ms) × calls`` of a component over the step, as far as known now.
 
-    A measured (``ok``) row has its own; a row without one of its own (a
+    The one figure every selection ranks by (descent, ``artifacts_top``,
+    ``compile_top``), as ``share`` counts it: with several batches (``per_batch``)
+    the sum over the batches it was measured in, not its median batch's. A
+    measured (``ok``) row has its own; a row without one of its own (a
     container, a failed replay) is the sum of its children's known costs (as
     it will be estimated); a component that never ran costs 0; ``None`` when
     nothing is known (skipped, or no child profiled yet).
@@ -965,12 +978,15 @@ def _step_cost_ms(path: str, nodes: Mapping[str, Node], rows: Mapping[str, Compo
     if row is None:
         return None
     if row.status == "ok" and math.isfinite(row.fwd_ms):
-        return (row.fwd_ms + _nan0(row.bwd_ms)) * max(row.calls, 1)
+        mine = (per_batch or {}).get(path)
+        if mine:
+            return math.fsum(_row_cost(r) for r in mine.values() if r.status == "ok" and math.isfinite(r.fwd_ms))
+        return _row_cost(row)
     if row.status == "not_run":
         return 0.0
     if row.status not in ("estimated", "failed"):
         return None
-    parts = [_step_cost_ms(c, nodes, rows) for c in nodes[path].children]
+    parts = [_step_cost_ms(c, nodes, rows, per_batch) for c in nodes[path].children]
     known = [x for x in parts if x is not None]
     return sum(known) if known else None
 
@@ -981,6 +997,7 @@ def _below_cold(
     rows: Mapping[str, ComponentRow],
     descend_share: float,
     not_descended: Mapping[str, tuple[str, float]],
+    per_batch: Mapping[str, Mapping[int, ComponentRow]] | None = None,
 ) -> dict[str, tuple[str, float]]:
     """The children of ``level`` not to profile: ``{child: (ancestor not descended, its share)}``.
 
@@ -990,13 +1007,13 @@ def _below_cold(
     known yet (a container, before its children ran; or no root time) is
     descended into; a node that was not descended into passes its reason on.
     """
-    ref = _step_cost_ms("", nodes, rows)  # the root's time over the step, as _fill_share divides by
+    ref = _step_cost_ms("", nodes, rows, per_batch)  # the root's time over the step, as _fill_share divides by
     out: dict[str, tuple[str, float]] = {}
     for node in level:
         if node.path in not_descended:
             why = not_descended[node.path]
         else:
-            cost = _step_cost_ms(node.path, nodes, rows)
+            cost = _step_cost_ms(node.path, nodes, rows, per_batch)
             if ref is None or ref <= 0 or cost is None or rows[node.path].status != "ok":
                 continue
             share = cost / ref

@@ -11,7 +11,7 @@ from torch import nn
 
 from cb_callback._inputs import ComponentInputs
 
-__all__ = ["Node", "build_tree", "filter_reasons"]
+__all__ = ["Node", "Placement", "build_tree", "component_paths", "filter_reasons"]
 
 
 @dataclass
@@ -24,7 +24,11 @@ class Node:
         depth: number of dots + 1 (root 0).
         parent: the parent's path, ``None`` for the root.
         children: child paths in report order.
-        index: position in ``named_modules()`` (ties in the ordering).
+        index: position in ``named_modules(remove_duplicate=False)`` (ties in the ordering).
+        aliases: the module's other paths under the same parent (``nn.ModuleList([block] * 4)``:
+            ``blocks.1`` … of ``blocks.0``).
+        shared_with: the module's nodes under other parents (one ``Linear`` used by
+            ``a`` and ``b``: ``b.lin`` for ``a.lin``).
     """
 
     path: str
@@ -33,6 +37,64 @@ class Node:
     parent: str | None
     index: int
     children: list[str] = field(default_factory=list)
+    aliases: list[str] = field(default_factory=list)
+    shared_with: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Placement:
+    """Where one module stands in the tree: one per distinct parent it is reachable from.
+
+    Attributes:
+        path: the node's path: the module's first name under ``parent``.
+        module: the module.
+        parent: the parent node's path (``None`` for the root).
+        index: position in ``named_modules(remove_duplicate=False)``.
+        aliases: its other names under the same parent.
+    """
+
+    path: str
+    module: nn.Module
+    parent: str | None
+    index: int
+    aliases: list[str] = field(default_factory=list)
+
+
+def component_paths(root: nn.Module) -> dict[str, Placement]:
+    """The tree's nodes by path: a module once per distinct parent it is reachable from.
+
+    A module registered once is one node under its name. A module reachable from
+    several parents (one ``Linear`` inside both ``a`` and ``b``) is one node under
+    each (``a.lin`` and ``b.lin``): the calls made inside ``a`` are ``a.lin``'s, those
+    inside ``b`` are ``b.lin``'s (see :class:`cb_callback._capture.Capture`), so
+    calls, shares, estimates and the parent checks stay per parent. Several names
+    under the same parent (``nn.ModuleList([block] * 4)``: ``blocks.0`` …
+    ``blocks.3``) cannot be told apart by who calls them: they are one node under
+    the first name, the others its ``aliases``, and a descendant reached through
+    an alias is the first name's descendant. Ordered as ``named_modules``
+    enumerates them (parents before children).
+    """
+    out: dict[str, Placement] = {}
+    canon: dict[str, str] = {}  # every name -> the node it is
+    node_of: dict[tuple[int, str | None], str] = {}  # (module, parent node) -> node path
+    for index, (name, mod) in enumerate(root.named_modules(remove_duplicate=False)):
+        if name == "":
+            canon[""] = ""
+            node_of[(id(mod), None)] = ""
+            out[""] = Placement("", mod, None, index)
+            continue
+        up, _, last = name.rpartition(".")
+        parent = canon.get(up, up)
+        key = (id(mod), parent)
+        if key in node_of:
+            canon[name] = node_of[key]
+            if canon.get(up, up) == up:  # a name of its own under a real parent: an alias
+                out[node_of[key]].aliases.append(name)
+            continue
+        path = last if parent == "" else f"{parent}.{last}"
+        canon[name] = node_of[key] = path
+        out[path] = Placement(path, mod, parent, index)
+    return out
 
 
 _PARAMETER_HOLDERS = (nn.ParameterList, nn.ParameterDict)
@@ -51,26 +113,30 @@ def build_tree(
 
     Parameter holders (``nn.ParameterList``, ``nn.ParameterDict``) are not
     components: they have no forward; their parameters count in the parent's
-    ``params_mb`` and its replay. A module registered under several names is one
-    node, under its first name. A
+    ``params_mb`` and its replay. A module reachable from several parents is one
+    node under each, several names under one parent are one node
+    (:func:`component_paths`). A
     node's execution order is its own first call, or, if never called itself (a
     ``ModuleList``), its earliest-called descendant; never-run nodes come last,
     in registration order.
     """
     nodes: dict[str, Node] = {}
     modules: dict[str, nn.Module] = {}
-    holders = [
-        p for p, m in root.named_modules() if isinstance(m, _PARAMETER_HOLDERS) and p not in calls
-    ]
-    for i, (path, mod) in enumerate(root.named_modules()):
+    placed = component_paths(root)
+    holders = [p for p, at in placed.items() if isinstance(at.module, _PARAMETER_HOLDERS) and p not in calls]
+    by_module: dict[int, list[str]] = {}
+    for path, at in placed.items():
         depth = _depth(path)
         if max_depth is not None and depth > max_depth:
             continue
         if any(path == h or path.startswith(h + ".") for h in holders):
             continue
-        parent = None if path == "" else (path.rsplit(".", 1)[0] if "." in path else "")
-        nodes[path] = Node(path, type(mod).__name__, depth, parent, i)
-        modules[path] = mod
+        nodes[path] = Node(path, type(at.module).__name__, depth, at.parent, at.index, aliases=list(at.aliases))
+        modules[path] = at.module
+        by_module.setdefault(id(at.module), []).append(path)
+    for paths in by_module.values():
+        for p in paths if len(paths) > 1 else ():
+            nodes[p].shared_with = [q for q in paths if q != p]
     never = float("inf")
     first: dict[str, float] = {p: (calls[p].order if p in calls else never) for p in nodes}
     for path in sorted(nodes, key=lambda p: -nodes[p].depth):
