@@ -1,9 +1,15 @@
-"""CPU peaks by measurement: a short GEMM and a large copy, cached per process.
+"""CPU peaks by measurement: a short GEMM, a large copy, and copies that fit each cache level.
 
 CPUs have no datasheet figure that PyTorch reaches, so their FLOP/s and bandwidth
-peaks are what this process measures here: the best ``torch.mm`` and the best
-``copy_`` of a few timed calls. A calibration that disagreed with itself (a busy
-machine) is measured again on the next profile, keeping the best.
+peaks are what PyTorch reaches here: the best ``torch.mm`` and the best ``copy_``
+of a few timed calls. A peak is a property of the machine, not of the moment, so
+the best figure is kept across processes (:mod:`cb_callback._peak_cache`, per CPU
+model, thread count and torch version): when the machine is busy (other
+processes use the CPUs, :func:`cb_callback._load.machine_busy`) and a figure is cached, nothing is measured and the
+cached best is used; when it is quiet, the calibration runs and the cache keeps
+the better of the two. In a process, a calibration that disagreed with itself is
+measured again on the next profile, keeping the best. :func:`calibration_notes`
+says, per figure, where it came from.
 """
 
 from __future__ import annotations
@@ -11,16 +17,27 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from functools import partial
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from pathlib import Path
+from typing import Any
 
 import torch
+
+from cb_callback import _peak_cache
+from cb_callback._load import machine_busy
 
 __all__ = [
     "CALIBRATION_SPREAD_LIMIT",
     "COPY_BYTES",
     "CPU_GEMM_DTYPES",
+    "CacheLevel",
+    "calibration_notes",
     "calibration_spread",
+    "cpu_cache_levels",
+    "cpu_device_name",
     "measure_cpu_bandwidth",
+    "measure_cpu_cache_bandwidths",
     "measure_cpu_flops",
     "recalibrate_cpu_flops",
 ]
@@ -42,14 +59,22 @@ _GEMM_MIN_REPEATS = 5
 _GEMM_SIZE_BUDGET_S = 0.05  # keep repeating one size until this much time was spent
 _GEMM_BUDGET_S = 0.3  # do not start a size that would take the total past this
 _GEMM_LONG_ENOUGH_S = 0.02  # one GEMM this long is representative; stop growing
-#: The bandwidth calibration copies this many bytes (and writes as many).
-COPY_BYTES = 128 * 2**20  # 128 MiB source (and as much destination)
+#: The DRAM bandwidth calibration copies at least this many bytes (and writes as many);
+#: more where the last-level cache is large (4x its size, at most 1 GiB).
+COPY_BYTES = 128 * 2**20
+_COPY_MAX_BYTES = 2**30
 _COPY_MIN_REPEATS = 4
 _COPY_BUDGET_S = 0.1
+_LEVEL_BUDGET_S = 0.03
+_LEVEL_CALL_BYTES = 4 * 2**20  # a timed call of a cache-level copy moves about this much
 _MAX_REPEATS = 50
 
 _FLOPS_CACHE: dict[tuple[torch.dtype, int], float] = {}
 _BANDWIDTH_CACHE: dict[int, float] = {}
+_LEVELS_CACHE: dict[int, tuple[CacheLevel, ...]] = {}
+_BUSY: dict[int, tuple[float, bool, dict[str, Any]]] = {}
+#: Per figure: how it was obtained (see :func:`calibration_notes`).
+_NOTES: dict[str, dict[str, Any]] = {}
 #: Per ``(dtype, threads)``: how much the calibration disagreed with itself (median
 #: of the winning size's timed calls ÷ its best - 1), and how often it ran.
 _FLOPS_SPREAD: dict[tuple[torch.dtype, int], float] = {}
@@ -59,6 +84,66 @@ _LAST_SPREAD: list[float | None] = [None]
 #: measured again on the next profile (at most ``_MAX_CALIBRATIONS`` times a process).
 CALIBRATION_SPREAD_LIMIT = 0.25
 _MAX_CALIBRATIONS = 3
+
+
+@dataclass(frozen=True)
+class CacheLevel:
+    """One level of the memory hierarchy and the copy bandwidth measured in it.
+
+    Attributes:
+        name: ``"L1"``, ``"L2"``, ``"L3"`` or ``"DRAM"``.
+        size_bytes: the cache's size (``None`` for DRAM: no bound).
+        bandwidth: bytes/s (read + write) of a copy whose source and destination
+            fit the level, with the per-call overhead of a copy taken out; ``None``
+            when a copy that small is all overhead here (unmeasurable).
+    """
+
+    name: str
+    size_bytes: int | None
+    bandwidth: float | None
+
+
+@lru_cache(maxsize=1)
+def cpu_device_name() -> str:
+    """The CPU's model name from ``/proc/cpuinfo``, else ``platform.processor()``."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.lower().startswith("model name") and ":" in line:
+                name = line.split(":", 1)[1].strip()
+                if name:
+                    return name
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _parse_size(text: str) -> int | None:
+    """``"48K"`` / ``"1024K"`` / ``"32M"`` (sysfs cache sizes) in bytes."""
+    text = text.strip().upper()
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in "KMG" else text
+    return int(digits) * scale if digits.isdigit() else None
+
+
+@lru_cache(maxsize=1)
+def cpu_cache_levels() -> tuple[tuple[str, int], ...]:
+    """``(("L1", bytes), ("L2", bytes), ("L3", bytes))`` of CPU 0's data caches (Linux sysfs).
+
+    Instruction caches are left out; empty where sysfs does not say.
+    """
+    out: dict[int, int] = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            kind = (index / "type").read_text().strip()
+            level = int((index / "level").read_text().strip())
+            size = _parse_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if kind in ("Data", "Unified") and size:
+            out[level] = size
+    return tuple((f"L{k}", out[k]) for k in sorted(out))
 
 
 def _best_seconds(
@@ -86,6 +171,49 @@ def _best_seconds(
     return best, time.perf_counter() - begin
 
 
+def _cache_key(kind: str, threads: int) -> str:
+    return f"{cpu_device_name()} | {threads} threads | torch {torch.__version__} | {kind}"
+
+
+def _kept_best(kind: str, threads: int, measure: Callable[[], float | None]) -> float | None:
+    """``measure()`` unless the machine is busy and a best figure is cached; the best of both.
+
+    Records how the figure was obtained in :data:`_NOTES` under ``kind``.
+    """
+    key = _cache_key(kind, threads)
+    cached = _peak_cache.lookup(key)
+    busy, evidence = _busy(threads)
+    note: dict[str, Any] = {**evidence, "machine": "busy" if busy else "quiet"}
+    if cached is not None:
+        note.update(cached_best=cached["value"], cached_runs=cached.get("runs"), cached_last=cached.get("last"))
+    if cached is not None and busy:
+        note.update(measured=None, used="cache")
+        _NOTES[kind] = note
+        return float(cached["value"])
+    measured = measure()
+    note["measured"] = measured
+    if measured is None:
+        note["used"] = "cache" if cached is not None else "none"
+        _NOTES[kind] = note
+        return None if cached is None else float(cached["value"])
+    if not busy:  # a busy machine's figure never enters the cache (it could only be lower)
+        _peak_cache.record(key, measured)
+    best = max(measured, float(cached["value"]) if cached is not None else 0.0)
+    note["used"] = "measured" if best == measured else "cache"
+    _NOTES[kind] = note
+    return best
+
+
+def _busy(threads: int) -> tuple[bool, dict[str, Any]]:
+    """:func:`cb_callback._load.machine_busy`, looked at once per second at most."""
+    now = time.monotonic()
+    seen = _BUSY.get(threads)
+    if seen is None or now - seen[0] > 1.0:
+        seen = (now, *machine_busy(threads))
+        _BUSY[threads] = seen
+    return seen[1], dict(seen[2])
+
+
 def measure_cpu_flops(dtype: torch.dtype) -> float:
     """Best GEMM throughput of this CPU in FLOP/s for ``dtype``, measured once per process.
 
@@ -97,23 +225,28 @@ def measure_cpu_flops(dtype: torch.dtype) -> float:
         both right-operand layouts (``b`` and ``b.t()``, nn.Linear's), each the
         fastest of several calls; the sizes stop growing once one GEMM
         takes 20 ms or the next size would take the total past about 0.3 s.
+        The best of that and the best figure kept for this machine
+        (:mod:`cb_callback._peak_cache`); on a busy machine with a kept figure,
+        that figure, unmeasured.
 
     Raises:
         RuntimeError: if ``torch.mm`` does not support ``dtype`` on CPU.
 
     Notes:
-        The result is cached per ``(dtype, torch.get_num_threads())``: changing the
-        thread count measures again. :func:`recalibrate_cpu_flops` measures again
-        when the calibration disagreed with itself, keeping the best. It is what
-        PyTorch's CPU GEMM reaches here, not the silicon's theoretical peak; other
-        load on the machine lowers it, which the fastest-of-several only partly
-        undoes.
+        Cached per ``(dtype, torch.get_num_threads())``: changing the thread count
+        measures again. :func:`recalibrate_cpu_flops` measures again when the
+        calibration disagreed with itself, keeping the best. It is what PyTorch's
+        CPU GEMM reaches here, not the silicon's theoretical peak.
     """
     key = (dtype, torch.get_num_threads())
     cached = _FLOPS_CACHE.get(key)
     if cached is not None:
         return cached
-    return _calibrate_flops(dtype)
+    kind = f"gemm {str(dtype).removeprefix('torch.')}"
+    best = _kept_best(kind, key[1], lambda: _calibrate_flops(dtype))
+    assert best is not None  # _calibrate_flops always returns a figure (or raises)
+    _FLOPS_CACHE[key] = best
+    return best
 
 
 def _calibrate_flops(dtype: torch.dtype) -> float:
@@ -148,7 +281,6 @@ def _calibrate_flops(dtype: torch.dtype) -> float:
             break
     # A repeated calibration keeps the best: load only ever slows a GEMM down.
     best_rate = max(best_rate, cached or 0.0)
-    _FLOPS_CACHE[key] = best_rate
     _FLOPS_RUNS[key] = runs + 1
     if best_spread is not None:
         _FLOPS_SPREAD[key] = best_spread
@@ -177,7 +309,10 @@ def recalibrate_cpu_flops(dtype: str) -> float | None:
         and spread > CALIBRATION_SPREAD_LIMIT
         and _FLOPS_RUNS.get(key, 0) < _MAX_CALIBRATIONS
     ):
-        _calibrate_flops(gemm)
+        again = _calibrate_flops(gemm)
+        _FLOPS_CACHE[key] = max(_FLOPS_CACHE[key], again)
+        if not _busy(key[1])[0]:
+            _peak_cache.record(_cache_key(f"gemm {str(gemm).removeprefix('torch.')}", key[1]), again)
     return _FLOPS_CACHE.get(key)
 
 
@@ -194,34 +329,129 @@ def calibration_spread(dtype: str) -> float | None:
     return None if gemm is None else _FLOPS_SPREAD.get((gemm, torch.get_num_threads()))
 
 
+def _dram_copy_bytes() -> int:
+    """The DRAM copy's source size: 128 MiB, or 4x the last-level cache when that is larger."""
+    levels = cpu_cache_levels()
+    largest = max((size for _, size in levels), default=0)
+    return min(max(COPY_BYTES, 4 * largest), _COPY_MAX_BYTES)
+
+
 def measure_cpu_bandwidth() -> float:
-    """Memory bandwidth of this CPU in bytes/s, from a large copy, measured once per process.
+    """Memory (DRAM) bandwidth of this CPU in bytes/s, from a large copy, once per process.
 
     Returns:
-        ``2 * 128 MiB / seconds`` for the fastest of several ``dst.copy_(src)`` of a
-        128 MiB float32 tensor (about 0.1 s in all): bytes read plus bytes written.
+        ``2 * N / seconds`` for the fastest of several ``dst.copy_(src)`` of an
+        ``N``-byte float32 tensor: bytes read plus bytes written. ``N`` is 128 MiB,
+        or 4x the last-level cache where that is larger (at most 1 GiB), so the
+        copy streams from memory. The best of that and the best figure kept for
+        this machine, as for :func:`measure_cpu_flops`.
 
     Notes:
         Cached per ``torch.get_num_threads()``. A copy is what the memory-bound ops
         of a model do, so it is a fair roof for their bandwidth utilisation; a
-        STREAM triad or non-temporal stores can reach somewhat more. A last-level
-        cache larger than 128 MiB would inflate the figure.
+        STREAM triad or non-temporal stores can reach somewhat more. Components
+        whose data fit a cache run faster than this:
+        :func:`measure_cpu_cache_bandwidths` gives those ceilings.
     """
-    key = torch.get_num_threads()
-    cached = _BANDWIDTH_CACHE.get(key)
+    threads = torch.get_num_threads()
+    cached = _BANDWIDTH_CACHE.get(threads)
     if cached is not None:
         return cached
-    src = torch.ones(COPY_BYTES // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    best, _ = _best_seconds(lambda: dst.copy_(src), _COPY_MIN_REPEATS, _COPY_BUDGET_S)
-    rate = 2 * COPY_BYTES / max(best, 1e-9)
-    _BANDWIDTH_CACHE[key] = rate
+    nbytes = _dram_copy_bytes()
+
+    def measure() -> float:
+        src = torch.ones(nbytes // 4, dtype=torch.float32)
+        dst = torch.empty_like(src)
+        best, _ = _best_seconds(lambda: dst.copy_(src), _COPY_MIN_REPEATS, _COPY_BUDGET_S)
+        return 2 * nbytes / max(best, 1e-9)
+
+    rate = _kept_best("copy DRAM", threads, measure)
+    assert rate is not None
+    _BANDWIDTH_CACHE[threads] = rate
     return rate
 
 
+def _level_bandwidth(size_bytes: int) -> float | None:
+    """Copy bandwidth (read + write) of a copy whose source and destination fill half a cache
+    of ``size_bytes``, net of the per-call overhead; ``None`` when overhead is most of it."""
+    nbytes = max(size_bytes // 4, 1024)
+    reps = max(1, _LEVEL_CALL_BYTES // nbytes)
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    one, one_dst = torch.ones(1), torch.empty(1)
+
+    def copies() -> None:
+        for _ in range(reps):
+            dst.copy_(src)
+
+    def overhead() -> None:
+        for _ in range(reps):
+            one_dst.copy_(one)
+
+    full, _ = _best_seconds(copies, _COPY_MIN_REPEATS, _LEVEL_BUDGET_S)
+    empty, _ = _best_seconds(overhead, _COPY_MIN_REPEATS, _LEVEL_BUDGET_S)
+    net = full - empty
+    if not net > 0.25 * full:  # three quarters or more is the call's own overhead: not a bandwidth
+        return None
+    return 2 * nbytes * reps / net
+
+
+def measure_cpu_cache_bandwidths() -> tuple[CacheLevel, ...]:
+    """The bandwidth ceiling of each cache level and of DRAM, smallest level first.
+
+    Each cache level's is a copy sized to fill half the level (source plus
+    destination), repeated, with the per-call overhead of a 1-element copy taken
+    out (:func:`_level_bandwidth`); DRAM's is :func:`measure_cpu_bandwidth`. A
+    level's ceiling is never below a larger level's (data that fit L2 fit L3
+    too: a lower L2 reading is the measurement's noise).
+    Levels come from sysfs (:func:`cpu_cache_levels`); where it says nothing,
+    only DRAM. Cached per thread count in the process and, as the other peaks,
+    kept across processes.
+
+    Notes:
+        A component whose working set fits a cache level is bounded by that
+        level's ceiling, not DRAM's: in-cache elementwise ops legitimately beat the
+        DRAM copy. A level too small to time (each copy all overhead) has
+        ``bandwidth`` ``None``; a component that fits it is judged by the next
+        level that has one.
+    """
+    threads = torch.get_num_threads()
+    cached = _LEVELS_CACHE.get(threads)
+    if cached is not None:
+        return cached
+    measured = [
+        (name, size, _kept_best(f"copy {name}", threads, partial(_level_bandwidth, size)))
+        for name, size in cpu_cache_levels()
+    ]
+    levels = [CacheLevel("DRAM", None, measure_cpu_bandwidth())]
+    for name, size, rate in reversed(measured):  # data that fit a level fit the larger ones too
+        floor = levels[0].bandwidth
+        levels.insert(0, CacheLevel(name, size, None if rate is None else max(rate, floor or 0.0)))
+    _LEVELS_CACHE[threads] = tuple(levels)
+    return _LEVELS_CACHE[threads]
+
+
+def calibration_notes() -> dict[str, dict[str, Any]]:
+    """How each CPU figure of this process was obtained, by kind (``"gemm float32"``, ``"copy DRAM"``).
+
+    Each note has ``used`` (``"measured"``: this process's measurement is the
+    best; ``"cache"``: the best kept for this machine is higher, or the machine
+    was busy and nothing was measured), ``measured`` (this process's figure,
+    ``None`` if it measured nothing), ``cached_best`` / ``cached_runs`` /
+    ``cached_last`` (the kept figure before this process, when there was one),
+    ``machine`` (``"quiet"`` or ``"busy"``: :func:`cb_callback._load.machine_busy`),
+    ``others`` (the fraction of the CPUs other processes used just before) and
+    ``load`` (the load average).
+    """
+    return {k: dict(v) for k, v in _NOTES.items()}
+
+
 def _clear_caches() -> None:
-    """Forget measured peaks (for tests)."""
+    """Forget this process's measured peaks (the kept figures on disk stay)."""
     _FLOPS_CACHE.clear()
     _BANDWIDTH_CACHE.clear()
+    _LEVELS_CACHE.clear()
+    _NOTES.clear()
+    _BUSY.clear()
     _FLOPS_SPREAD.clear()
     _FLOPS_RUNS.clear()

@@ -11,7 +11,7 @@ import platform
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -33,7 +33,13 @@ from cb_callback._compile import (
 )
 from cb_callback._config import BenchmarkConfig, resolve_dtype
 from cb_callback._estimate import derive, estimate_from_children
-from cb_callback._hardware import Peaks, calibration_spread, recalibrate_cpu_flops, resolve_peaks
+from cb_callback._hardware import (
+    Peaks,
+    bandwidth_ceiling,
+    calibration_spread,
+    recalibrate_cpu_flops,
+    resolve_peaks,
+)
 from cb_callback._inputs import (
     ComponentInputs,
     InputCopyError,
@@ -666,11 +672,9 @@ def profile_captured(
     _estimate_parents(nodes, rows)
     for row in rows.values():
         derive(row, peaks.flops, peaks.bandwidth)
-    floored = _floor_measured_peaks(peaks, rows.values())  # needs total_ms: after derive
-    if floored is not peaks:
-        peaks = floored
-        for row in rows.values():
-            derive(row, peaks.flops, peaks.bandwidth)
+        ceiling = bandwidth_ceiling(peaks, row.details.get("working_set_bytes")) if row.status == "ok" else None
+        if ceiling is not None and ceiling.bandwidth is not None:
+            row.details["bw_ceiling"] = {"level": ceiling.name, "gbps": ceiling.bandwidth / 1e9}
     _fill_share(rows, per_batch)
     for row in rows.values():
         row.compile_speedup = compile_speedup(row)
@@ -683,6 +687,7 @@ def profile_captured(
         list(rows.values()), samples, load=load, threads=torch.get_num_threads(), config=cfg,
         calibration_spread=spread,
         slowdown=slowdown,
+        peaks=peaks.to_metadata(),
         pairs=_pairs_by_batch(per_batch, len(batches)) if multi else None,
     )
     for path, row in rows.items():  # always a list: [] on a clean row
@@ -846,36 +851,6 @@ def _compile_phase(
         longest = max(longest, time.perf_counter() - t0)
         if cfg.progress is not None:
             cfg.progress(i + 1, len(chosen), f"compile what-if {row.path or 'root'}")
-
-
-def _floor_measured_peaks(peaks: Peaks, rows: Iterable[ComponentRow]) -> Peaks:
-    """A measured (CPU) FLOP/s peak is never left below what a measured component achieved.
-
-    The calibration is a short GEMM / copy; a component that ran faster shows
-    the machine can do more, so the peak becomes that component's rate (the
-    reference says which). Datasheet and user peaks are left alone (rows above
-    them are flagged ``over_peak``).
-    """
-    ok = [r for r in rows if r.status == "ok" and math.isfinite(r.total_ms) and r.total_ms > 0]
-    changes: dict[str, Any] = {}
-    notes = []
-    # FLOPs only: ``bytes`` counts every op's operands, cache-resident ones too, so a
-    # small component can exceed DRAM bandwidth honestly; that row is flagged
-    # ``over_peak`` instead of lowering every other row's bandwidth utilisation.
-    for key, source, amount in (("flops", peaks.flops_source, lambda r: _nan0(r.fwd_flops) + _nan0(r.bwd_flops)),):
-        current = getattr(peaks, key)
-        if source != "measured" or current is None:
-            continue
-        best = max(ok, key=lambda r: amount(r) / r.total_ms, default=None)
-        if best is None:
-            continue
-        rate = amount(best) / (best.total_ms / 1e3)
-        if rate > current:
-            changes[key] = rate
-            notes.append(f"{key} raised from {current:.4g} to {best.path or 'root'}'s {rate:.4g}/s")
-    if not changes:
-        return peaks
-    return dataclasses.replace(peaks, reference=peaks.reference + "; " + "; ".join(notes), **changes)
 
 
 def _nan0(x: float) -> float:

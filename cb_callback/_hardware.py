@@ -13,35 +13,25 @@ re-exported here.
 from __future__ import annotations
 
 import math
-import platform
-import sys
-import types
 import warnings
-from dataclasses import asdict, dataclass
-from functools import lru_cache
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-# The calibration's private seams (``_best_seconds``, ``_FLOPS_CACHE``, ...) are
-# re-exported explicitly: tests replace them through this module (``_HardwareModule``).
-from cb_callback import _calibration
-from cb_callback._calibration import _BANDWIDTH_CACHE as _BANDWIDTH_CACHE
-from cb_callback._calibration import _FLOPS_CACHE as _FLOPS_CACHE
-from cb_callback._calibration import _FLOPS_RUNS as _FLOPS_RUNS
-from cb_callback._calibration import _FLOPS_SPREAD as _FLOPS_SPREAD
-from cb_callback._calibration import _LAST_SPREAD as _LAST_SPREAD
 from cb_callback._calibration import (
     CALIBRATION_SPREAD_LIMIT,
-    COPY_BYTES,
     CPU_GEMM_DTYPES,
+    CacheLevel,
+    calibration_notes,
     calibration_spread,
+    cpu_device_name,
     measure_cpu_bandwidth,
+    measure_cpu_cache_bandwidths,
     measure_cpu_flops,
     recalibrate_cpu_flops,
 )
-from cb_callback._calibration import _best_seconds as _best_seconds
+from cb_callback._calibration import _clear_caches as _clear_calibration
 from cb_callback._gpu_registry import gpu_spec, is_registered, register_device_peaks
 from cb_callback._peaks_table import DTYPES, GPU_SPECS, GpuSpec
 
@@ -49,8 +39,10 @@ __all__ = [
     "CALIBRATION_SPREAD_LIMIT",
     "DTYPES",
     "GPU_SPECS",
+    "CacheLevel",
     "GpuSpec",
     "Peaks",
+    "bandwidth_ceiling",
     "calibration_spread",
     "gpu_spec",
     "measure_cpu_bandwidth",
@@ -80,6 +72,12 @@ class Peaks:
         verified: whether the table figures used were checked against their
             datasheet: ``False`` if any was not, ``None`` when no table entry
             supplied a figure (user overrides, measured or unknown peaks).
+        levels: the bandwidth ceiling of each cache level and of DRAM, smallest
+            first (CPU; empty elsewhere, where ``bandwidth`` is the only ceiling):
+            see :func:`bandwidth_ceiling`.
+        calibration: for measured peaks, how each figure was obtained
+            (:func:`cb_callback._calibration.calibration_notes`): measured now or the
+            best kept for this machine, on a quiet or busy machine.
 
     Notes:
         A datasheet peak is the vendor's theoretical maximum, so MFU against it is
@@ -97,16 +95,43 @@ class Peaks:
     bandwidth_source: str
     reference: str
     verified: bool | None = None
+    levels: tuple[CacheLevel, ...] = ()
+    calibration: dict[str, Any] = field(default_factory=dict)
 
     def to_metadata(self) -> dict[str, Any]:
         """The fields as a JSON-friendly dict (floats, strings, booleans and ``None``).
 
-        ``"verified"`` is present only when a table entry supplied a figure.
+        ``"verified"`` is present only when a table entry supplied a figure;
+        ``"levels"`` (a list of ``{name, size_bytes, bandwidth}``) and
+        ``"calibration"`` only when there are some.
         """
         metadata = asdict(self)
         if self.verified is None:
             del metadata["verified"]
+        if not self.levels:
+            del metadata["levels"]
+        if not self.calibration:
+            del metadata["calibration"]
         return metadata
+
+
+def bandwidth_ceiling(peaks: Peaks, working_set_bytes: float | None) -> CacheLevel | None:
+    """The bandwidth ceiling a component of this working set is judged against.
+
+    The smallest level of ``peaks.levels`` that holds ``working_set_bytes`` and has
+    a measured bandwidth (a level too small to time defers to the next one);
+    DRAM when the working set is larger than every cache or unknown. ``None``
+    when ``peaks`` has no levels (a GPU: its one ceiling is ``peaks.bandwidth``).
+    """
+    if not peaks.levels:
+        return None
+    known = working_set_bytes is not None and math.isfinite(working_set_bytes)
+    for level in peaks.levels:
+        if level.bandwidth is None:
+            continue
+        if level.size_bytes is None or (known and working_set_bytes <= level.size_bytes):  # type: ignore[operator]
+            return level
+    return None
 
 
 # --- warn once per process ---------------------------------------------------
@@ -122,8 +147,8 @@ def _warn_once(key: tuple[str, ...], message: str) -> None:
 
 
 def _clear_caches() -> None:
-    """Forget measured peaks and issued warnings (for tests); registrations stay."""
-    _calibration._clear_caches()
+    """Forget this process's measured peaks and issued warnings (for tests); registrations stay."""
+    _clear_calibration()
     _WARNED.clear()
 
 
@@ -133,20 +158,6 @@ def _clear_caches() -> None:
 def _cuda_device_name(device: torch.device) -> str:
     """``torch.cuda.get_device_name`` for ``device`` (a seam tests replace)."""
     return torch.cuda.get_device_name(device)
-
-
-@lru_cache(maxsize=1)
-def _cpu_device_name() -> str:
-    """The CPU's model name from ``/proc/cpuinfo``, else ``platform.processor()``."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.lower().startswith("model name") and ":" in line:
-                name = line.split(":", 1)[1].strip()
-                if name:
-                    return name
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
 
 
 # --- resolution ------------------------------------------------------------------
@@ -233,6 +244,8 @@ def resolve_peaks(
     bandwidth_ref = "user override" if peak_bandwidth is not None else "unknown"
     needs_flops, needs_bandwidth = peak_flops is None, peak_bandwidth is None
     verified: bool | None = None  # whether the table figures used were checked
+    levels: tuple[CacheLevel, ...] = ()
+    notes: dict[str, Any] = {}
     if keyless and needs_flops:
         _warn_once(
             ("no peak key", dtype),
@@ -279,7 +292,7 @@ def resolve_peaks(
                 bandwidth_ref = _entry_reference(spec, spec.name)
                 verified = spec.verified
     elif device.type == "cpu":
-        name = _cpu_device_name()
+        name = cpu_device_name()
         threads = torch.get_num_threads()
         gemm_dtype = CPU_GEMM_DTYPES.get(dtype)
         if needs_flops and gemm_dtype is None:
@@ -299,13 +312,18 @@ def resolve_peaks(
                 )
             else:
                 flops_source = "measured"
-                flops_ref = f"best torch.mm {gemm_dtype} GEMM, {threads} threads"
+                kind = f"gemm {str(gemm_dtype).removeprefix('torch.')}"
+                flops_ref = f"best torch.mm {gemm_dtype} GEMM, {threads} threads{_kept(kind)}"
         if needs_bandwidth:
+            levels = measure_cpu_cache_bandwidths()
             bandwidth = measure_cpu_bandwidth()
             bandwidth_source = "measured"
-            bandwidth_ref = (
-                f"best copy_ of {COPY_BYTES >> 20} MiB (read + write), {threads} threads"
-            )
+            bandwidth_ref = f"best DRAM-sized copy_ (read + write), {threads} threads{_kept('copy DRAM')}"
+        measured_notes = calibration_notes()
+        notes = {k: v for k, v in measured_notes.items() if k.startswith("copy") and needs_bandwidth}
+        if flops_source == "measured":
+            kind = f"gemm {str(gemm_dtype).removeprefix('torch.')}"
+            notes.update({k: v for k, v in measured_notes.items() if k == kind})
     else:
         name = str(device)
         if needs_flops or needs_bandwidth:
@@ -324,33 +342,16 @@ def resolve_peaks(
         bandwidth_source=bandwidth_source,
         reference=f"flops: {flops_ref}; bandwidth: {bandwidth_ref}",
         verified=verified,
+        levels=levels,
+        calibration=notes,
     )
 
 
-# --- the calibration's seams, settable through this module -----------------------
-
-#: Calibration state and clock that tests replace through this module
-#: (``monkeypatch.setattr(_hardware, "_best_seconds", fake)``): the calibration
-#: reads them from :mod:`cb_callback._calibration`, so setting one here sets it there.
-_CALIBRATION_SEAMS = frozenset(
-    {
-        "_best_seconds",
-        "_FLOPS_CACHE",
-        "_BANDWIDTH_CACHE",
-        "_FLOPS_SPREAD",
-        "_FLOPS_RUNS",
-        "_LAST_SPREAD",
-    }
-)
-
-
-class _HardwareModule(types.ModuleType):
-    """This module's type: setting a calibration seam also sets it where it is read."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _CALIBRATION_SEAMS:
-            setattr(_calibration, name, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _HardwareModule
+def _kept(kind: str) -> str:
+    """``" (the best kept for this machine: 3 runs since 2026-12-01)"`` when the figure is the cache's."""
+    note = calibration_notes().get(kind, {})
+    if note.get("used") != "cache":
+        return ""
+    why = "the machine was busy: not measured" if note.get("measured") is None else "higher than measured now"
+    runs, last = note.get("cached_runs"), str(note.get("cached_last") or "")[:10]
+    return f" (the best kept for this machine, {runs} runs, last {last}; {why})"

@@ -17,8 +17,11 @@ The vocabulary (thresholds are module constants, recorded in the metadata):
   its measured parent exceeds the parent's ``total_ms`` by more than
   :data:`PARENT_MARGIN` (and :data:`PARENT_SLACK_MS`): one of them is wrong.
   Both rows are flagged.
-- ``over_peak``: ``mfu`` or ``bw_util`` above 1: the peak is too low (or the
-  time too short to be true).
+- ``over_peak``: ``mfu`` above 1 (the FLOP/s peak is too low, or the time too
+  short to be true), or ``gbps`` above the bandwidth ceiling of the row's
+  working set (``details["bw_ceiling"]``: the cache level its data fit, measured
+  on CPU; DRAM's when it fits none): an in-cache ReLU beating the DRAM copy is
+  not over its peak. Where no levels are known (a GPU), ``bw_util`` above 1.
 - ``contention``: evidence that the machine was busy while the row was timed:
   the row's runs are slowed by whole multiples of one scheduling quantum (see
   :func:`quantum_ms`), or the run as a whole shows a busy machine (more than
@@ -33,12 +36,12 @@ The vocabulary (thresholds are module constants, recorded in the metadata):
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cb_callback._hardware import CALIBRATION_SPREAD_LIMIT
+from cb_callback._load import LOAD_EXCESS_PER_CPU, available_cpus, load_average
 from cb_callback._report import ComponentRow
 from cb_callback._timing import SampleSet
 
@@ -83,9 +86,6 @@ SWITCHES_PER_S_THRESHOLD = 60.0
 _QUANTA_MS = tuple(q / 4 for q in range(8, 81))  # 2.0, 2.25, ... 20.0 ms
 _QUANTUM_SCORE = 0.8
 _QUANTUM_MIN_VALUES = 12
-
-#: Load-average excess (above our own threads) per CPU that counts as a busy machine.
-_LOAD_EXCESS_PER_CPU = 0.5
 
 #: Steal time (a VM's CPUs given to other guests) above this fraction counts as a busy machine.
 STEAL_THRESHOLD = 0.05
@@ -143,13 +143,6 @@ def is_noisy(samples: SampleSet) -> bool:
     return noise > NOISY_THRESHOLD and 1.57 * noise / math.sqrt(n) > MEDIAN_UNCERTAINTY
 
 
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _cpu_ticks() -> tuple[int, int] | None:
     """``(steal, total)`` jiffies of all CPUs from ``/proc/stat`` (Linux), else ``None``."""
     try:
@@ -161,13 +154,6 @@ def _cpu_ticks() -> tuple[int, int] | None:
         return None
     values = [int(v) for v in fields[1:]]
     return values[7], sum(values[:8])
-
-
-def _load1() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
 
 
 @dataclass
@@ -182,15 +168,15 @@ class LoadProbe:
             guests meanwhile (``/proc/stat``'s steal column; ``None`` where unknown).
     """
 
-    before: float | None = field(default_factory=_load1)
+    before: float | None = field(default_factory=load_average)
     after: float | None = None
-    cpus: int = field(default_factory=_cpus)
+    cpus: int = field(default_factory=available_cpus)
     steal: float | None = None
     _ticks: tuple[int, int] | None = field(default_factory=lambda: _cpu_ticks(), repr=False)
 
     def stop(self) -> None:
         """Read the load average and the steal time again."""
-        self.after = _load1()
+        self.after = load_average()
         now = _cpu_ticks()
         if now is not None and self._ticks is not None and now[1] > self._ticks[1]:
             self.steal = (now[0] - self._ticks[0]) / (now[1] - self._ticks[1])
@@ -251,6 +237,7 @@ def assess(
     calibration_spread: float | None = None,
     slowdown: float | None = None,
     pairs: Iterable[tuple[str, str]] | None = None,
+    peaks: Mapping[str, Any] | None = None,
 ) -> Assessment:
     """Flag the rows and judge the run.
 
@@ -269,6 +256,8 @@ def assess(
         pairs: the ``(child, parent)`` pairs to flag ``slower_than_parent``;
             ``None``: :func:`inconsistent_pairs` of the rows' ``total_ms`` (with
             several batches the engine compares child and parent batch by batch).
+        peaks: the report's ``metadata["peaks"]``, for the advice on a measured
+            peak that a component exceeded or that was calibrated on a busy machine.
 
     Returns:
         The flags of each flagged row and the ``quality`` metadata: ``flags``
@@ -294,9 +283,12 @@ def assess(
     for child, parent in inconsistent_pairs(by_path, medians) if pairs is None else pairs:
         add(child, "slower_than_parent")
         add(parent, "slower_than_parent")
+    over_flops = []
     for r in rows:
-        if r.status == "ok" and any(math.isfinite(v) and v > 1.0 + 1e-9 for v in (r.mfu, r.bw_util)):
+        if r.status == "ok" and (_over_flops(r) or _over_bandwidth(r)):
             add(r.path, "over_peak")
+            if _over_flops(r):
+                over_flops.append(r)
 
     per_thread = max(threads, 1)
     excess = []
@@ -309,7 +301,7 @@ def assess(
     run_rate = total_switches / total_s / per_thread if total_s > 0 else math.nan
     own = min(per_thread, load.cpus)
     loads = [x for x in (load.before, load.after) if x is not None]
-    busy_load = bool(loads) and max(loads) - own > _LOAD_EXCESS_PER_CPU * load.cpus
+    busy_load = bool(loads) and max(loads) - own > LOAD_EXCESS_PER_CPU * load.cpus
     unsure_calibration = calibration_spread is not None and calibration_spread > CALIBRATION_SPREAD_LIMIT
     stolen = load.steal is not None and load.steal > STEAL_THRESHOLD
     slowed = slowdown is not None and slowdown > SLOWDOWN_THRESHOLD
@@ -339,6 +331,7 @@ def assess(
     if contended:
         verdict = "contended"
     advice = _advice(counts, contended, load, run_rate, quantum, threads, config, busy_load, calibration_spread, slowdown)
+    advice += _peak_advice(over_flops, peaks or {}, counts["over_peak"] - len(over_flops))
     quality = {
         "verdict": verdict,
         "flags": counts,
@@ -357,7 +350,7 @@ def assess(
             "median_uncertainty": MEDIAN_UNCERTAINTY,
             "slower_than_parent": PARENT_MARGIN,
             "switches_per_s_per_thread": SWITCHES_PER_S_THRESHOLD,
-            "load_excess_per_cpu": _LOAD_EXCESS_PER_CPU,
+            "load_excess_per_cpu": LOAD_EXCESS_PER_CPU,
             "steal": STEAL_THRESHOLD,
             "slowdown": SLOWDOWN_THRESHOLD,
         },
@@ -416,9 +409,49 @@ def _advice(
             f"{counts['slower_than_parent']} rows are a child measured slower than its parent (or that "
             "parent): noise or isolation overhead; treat those times as uncertain"
         )
-    if counts["over_peak"]:
+    return out
+
+
+def _over_flops(r: ComponentRow) -> bool:
+    return math.isfinite(r.mfu) and r.mfu > 1.0 + 1e-9
+
+
+def _over_bandwidth(r: ComponentRow) -> bool:
+    """``gbps`` above the row's working-set ceiling; without one, ``bw_util`` above 1."""
+    ceiling = r.details.get("bw_ceiling")
+    if isinstance(ceiling, Mapping) and isinstance(ceiling.get("gbps"), (int, float)):
+        return math.isfinite(r.gbps) and r.gbps > ceiling["gbps"] * (1.0 + 1e-9)
+    return math.isfinite(r.bw_util) and r.bw_util > 1.0 + 1e-9
+
+
+def _peak_advice(over_flops: Sequence[ComponentRow], peaks: Mapping[str, Any], over_bandwidth: int) -> list[str]:
+    """What to do about rows above a peak, and about a CPU peak calibrated on a busy machine."""
+    out = []
+    measured = peaks.get("flops_source") == "measured"
+    notes = peaks.get("calibration") or {}
+    flops_note: Mapping[str, Any] = next((v for k, v in notes.items() if k.startswith("gemm")), {})
+    if over_flops:
+        worst = max(over_flops, key=lambda r: r.mfu)
+        if measured:
+            busy = " (the machine was busy while it calibrated)" if flops_note.get("machine") == "busy" else ""
+            out.append(
+                f"{len(over_flops)} components run above the measured CPU peak ({worst.path or 'root'} at "
+                f"{worst.mfu:.0%} MFU): the GEMM calibration read low{busy}; the best figure is kept per "
+                "machine, so a run on a quiet machine raises it (CB_CACHE_DIR), or pass peak_flops="
+            )
+        else:
+            out.append(
+                f"{len(over_flops)} components run above the device's FLOP/s peak ({worst.path or 'root'} at "
+                f"{worst.mfu:.0%}): the peak is too low for this dtype (see metadata['peaks']); pass peak_flops="
+            )
+    elif measured and flops_note.get("machine") == "busy" and flops_note.get("used") == "measured":
         out.append(
-            f"{counts['over_peak']} components run above the device's peak: the peak is too low "
-            "(see metadata['peaks']); pass peak_flops= / peak_bandwidth="
+            "the CPU FLOP/s peak was calibrated on a busy machine with no better figure kept for it: MFU may read "
+            "too high; profile once on a quiet machine (the best calibration is kept) or pass peak_flops="
+        )
+    if over_bandwidth:
+        out.append(
+            f"{over_bandwidth} components move bytes faster than the ceiling of the memory level their data fit "
+            "(details['bw_ceiling']): the ceiling is too low or the time too short to be true; pass peak_bandwidth="
         )
     return out

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import tempfile
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +15,16 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+
+# Tests never read or write the user's kept CPU peak calibrations (cb_callback._peak_cache):
+# a cache of their own for this run, inherited by the processes they start; each test
+# starts from an empty one (_own_peak_cache), so a fake clock's figure never reaches the next.
+os.environ["CB_CACHE_DIR"] = tempfile.mkdtemp(prefix="cb-test-cache-")
+
+
+@pytest.fixture(autouse=True)
+def _own_peak_cache(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    monkeypatch.setenv("CB_CACHE_DIR", str(tmp_path_factory.mktemp("peak-cache")))
 
 # Settings that make a replay cheap and deterministic: one untimed warm-up-free run.
 FAST: dict[str, Any] = dict(warmup=0, min_run_time_s=0.0, min_repeats=1, max_repeats=1, load_plugins=False)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
+from cb_callback import _calibration
 from cb_callback import _hardware as hw
 from cb_callback._hardware import Peaks, gpu_spec, resolve_peaks
 
@@ -36,7 +37,11 @@ class FakeClock:
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     clock = FakeClock()
-    monkeypatch.setattr(hw, "_best_seconds", clock)
+    monkeypatch.setattr(_calibration, "_best_seconds", clock)
+    # Three cache levels, whatever this machine's sysfs says (each level's copies and their
+    # overhead are timed: 2 more calls each; with every call taking the same time the net
+    # copy time is 0, so no level has a bandwidth and DRAM is the only ceiling).
+    monkeypatch.setattr(_calibration, "cpu_cache_levels", lambda: (("L1", 48 << 10), ("L2", 1 << 20), ("L3", 32 << 20)))
     return clock
 
 
@@ -249,7 +254,7 @@ def test_gemm_sizes_stop_growing_once_a_gemm_is_long_enough(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = FakeClock(best=0.025)  # above the 20 ms "long enough"
-    monkeypatch.setattr(hw, "_best_seconds", clock)
+    monkeypatch.setattr(_calibration, "_best_seconds", clock)
     assert hw.measure_cpu_flops(torch.float32) == 2 * 256**3 / 0.025
     assert clock.calls == 2  # size 256 in both layouts, then no larger size
 
@@ -268,7 +273,7 @@ def test_cpu_fp8_is_unknown(fake_clock: FakeClock) -> None:
     assert peaks.flops_source == "unknown"
     assert peaks.bandwidth_source == "measured"
     assert len(caught) == 1
-    assert fake_clock.calls == 1  # the bandwidth only
+    assert fake_clock.calls == 1 + 3 * 2  # the bandwidths only: DRAM's copy, each level's copies and overhead
 
 
 def test_cpu_overrides_skip_the_measurement(fake_clock: FakeClock) -> None:
@@ -286,16 +291,6 @@ def test_other_device_types_are_unknown_with_one_warning() -> None:
     assert len(caught) == 1
     assert first.flops is None and first.bandwidth is None
     assert (first.flops_source, first.bandwidth_source) == ("unknown", "unknown")
-
-
-def test_calibration_seams_set_here_reach_the_calibration_module(fake_clock: FakeClock) -> None:
-    # the calibration lives in _calibration; replacing its clock through _hardware
-    # (as these tests do) must replace the clock it calls
-    from cb_callback import _calibration
-
-    assert _calibration._best_seconds is fake_clock
-    assert hw._FLOPS_CACHE is _calibration._FLOPS_CACHE
-    assert hw._LAST_SPREAD is _calibration._LAST_SPREAD
 
 
 # --- validation and metadata -----------------------------------------------------------

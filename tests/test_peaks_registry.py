@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import cb_callback
+from cb_callback import _calibration
 from cb_callback import _gpu_registry as registry
 from cb_callback import _hardware as hw
 from cb_callback._hardware import GPU_SPECS, gpu_spec, resolve_peaks
@@ -232,7 +233,7 @@ def test_a_verified_built_in_entry_says_so_too(cuda_name: Callable[[str], None])
 
 
 def test_measured_peaks_carry_no_verified_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hw, "_best_seconds", lambda fn, min_repeats, budget_s: (1e-3, 1e-2))
+    monkeypatch.setattr(_calibration, "_best_seconds", lambda fn, min_repeats, budget_s: (1e-3, 1e-2))
     peaks = resolve_peaks(torch.device("cpu"), "fp32")
     assert peaks.flops_source == "measured"
     assert "verified" not in peaks.to_metadata()

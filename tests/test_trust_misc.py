@@ -29,6 +29,7 @@ from cb_callback import (
     Phase,
     ReplayInputs,
     Report,
+    _calibration,
     profile_components,
     register_flop_rule,
 )
@@ -112,7 +113,7 @@ class _FakeClock:
 
 
 def test_a_float64_model_is_profiled_against_a_measured_fp64_peak(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hw, "_best_seconds", _FakeClock())
+    monkeypatch.setattr(_calibration, "_best_seconds", _FakeClock())
     model = nn.Linear(4, 2).double()
     report = profile_components(model, (torch.randn(3, 4, dtype=torch.float64),), **FAST)
     assert report.metadata["dtype"] == "fp64"
