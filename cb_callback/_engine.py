@@ -156,6 +156,36 @@ class _ToDevice(Preprocessor):
         return dataclasses.replace(inputs, args=tuple(args), kwargs=dict(kwargs))
 
 
+def _device(wanted: Any, model: nn.Module) -> torch.device:
+    """The device to replay on: ``wanted`` (checked to exist here), else the model's.
+
+    Raises:
+        ValueError: a device string torch does not know, or a device this machine
+            lacks (CUDA on a CPU build, a GPU index beyond the ones present), with the fix.
+    """
+    if wanted is None:
+        return model_device(model)
+    try:
+        device = torch.device(wanted)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={wanted!r} is not a device torch knows ({e})") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            raise ValueError(
+                f"device={wanted!r}: CUDA is not available here (torch {torch.__version__} is {build}, or no "
+                "GPU is visible); use device='cpu', or install a CUDA build of torch on a machine with a GPU"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device={wanted!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif device.type not in ("cpu", "meta"):
+        backend = getattr(torch, device.type, None)
+        available = getattr(backend, "is_available", None)
+        if callable(available) and not available():
+            raise ValueError(f"device={wanted!r}: no {device.type} device is available here; use device='cpu'")
+    return device
+
+
 def _params_mb(module: nn.Module) -> float:
     """Parameters and buffers of ``module``'s subtree, unique storages, MiB."""
     return unique_storage_bytes([*module.parameters(), *module.buffers()]) / _MIB
@@ -541,7 +571,7 @@ def profile_captured(
     cfg = config or BenchmarkConfig()
     wall0 = time.perf_counter()
     timed0 = timed_seconds()
-    device = torch.device(cfg.device) if cfg.device is not None else model_device(model)
+    device = _device(cfg.device, model)
     meta: dict[str, Any] = dict(metadata or {})
     batches = [calls] if isinstance(calls, Mapping) else list(calls)
     if not batches or not all(isinstance(c, Mapping) for c in batches):
@@ -611,17 +641,16 @@ def profile_captured(
                 if reason is None and node.path in not_descended and descendants_called[node.path]:
                     reason = _not_descended_note(node, *not_descended[node.path], cfg.descend_share)
                 # The timed runs come later: count the budget they will take.
-                elapsed = time.perf_counter() - budget0 + sum(p.committed_s for p in started)
+                spent = time.perf_counter() - budget0
+                committed = sum(p.committed_s for p in started)
+                elapsed = spent + committed
                 if reason is not None:
                     row.status, row.note = "skipped", reason
                 elif cfg.max_total_time_s is not None and elapsed >= cfg.max_total_time_s and (
                     node.path != "" or cfg.max_total_time_s == 0
                 ):
                     row.status = "skipped"
-                    row.note = (
-                        f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed or committed "
-                        "to the timed runs of the components before it)"
-                    )
+                    row.note = _budget_note(cfg.max_total_time_s, spent, committed, len(started))
                 elif node.path in calls and not multi:
                     begun = run.start(row, modules[node.path])
                     if begun is not None:
@@ -851,6 +880,17 @@ def _compile_phase(
         longest = max(longest, time.perf_counter() - t0)
         if cfg.progress is not None:
             cfg.progress(i + 1, len(chosen), f"compile what-if {row.path or 'root'}")
+
+
+def _budget_note(limit: float, spent: float, committed: float, started: int) -> str:
+    """Why a component was not started within ``max_total_time_s``: what was spent, what was still owed."""
+    owed = (
+        f" and {committed:.2f} s more committed to the timed runs of the {started} component"
+        f"{'s' if started != 1 else ''} started before it (at least their timing budget each)"
+        if started
+        else ""
+    )
+    return f"max_total_time_s={limit:g} reached: {spent:.2f} s spent profiling so far{owed}"
 
 
 def _nan0(x: float) -> float:
@@ -1096,7 +1136,7 @@ def profile_components(
         warnings.warn(f"cb_callback: {grad_note}", RuntimeWarning, stacklevel=2)
         cfg = cfg.replace(backward=False)
     inputs = _batch_inputs(args, kwargs, batches)
-    device = torch.device(cfg.device) if cfg.device is not None else model_device(model)
+    device = _device(cfg.device, model)
     pre_user, _, _ = _plugins(cfg)
     meta: dict[str, Any] = {} if grad_note is None else {"grad_mode": grad_note}
     batch = leading_batch_size(inputs[0])
