@@ -402,13 +402,14 @@ def test_int64_outputs_near_2_to_60_that_differ_by_one_are_not_equivalent() -> N
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x + 1
 
-    x = torch.tensor([2**60, 3], dtype=torch.int64)
+    x = torch.tensor([2**60, 2**60 + 2], dtype=torch.int64)
     c = compare_components(Hash(), HashOffByOne(), ((x,), {}), **OPTS)
     out = c.tensor("output[0]")
-    # 2**60 + 1 vs 2**60 (float64 has 52 fraction bits: both read 2**60): integers compare exactly,
-    # default tolerance 0 -> not equivalent; max |diff| = 1 (both elements), max_rel = 1/3 (at x = 3).
+    # 2**60 + 1 vs 2**60 and 2**60 + 3 vs 2**60 + 2: float64's spacing at 2**60 is 2**8, so all four read
+    # 2**60 there. Integers compare exactly, default tolerance 0 -> not equivalent; max |diff| = 1,
+    # max_rel = 1 / 2**60 (float64 of 2**60 + 2 is 2**60 too).
     assert not c.equivalent and not out.ok and (out.rtol, out.atol) == (0.0, 0.0)
-    assert out.max_abs == 1.0 and out.max_rel == pytest.approx(1 / 3, rel=1e-15)
+    assert out.max_abs == 1.0 and out.max_rel == 2.0**-60
 
 
 def test_integer_differences_are_exact_even_at_the_ends_of_int64() -> None:
