@@ -21,9 +21,19 @@ from cb_callback._isolate import Replay, ReplayInputs, flatten_output
 from cb_callback._report import ComponentRow, Report
 from cb_callback._state import StateGuard, seeded
 from cb_callback._storage import model_device
-from cb_callback._tolerances import DEFAULT_TOLERANCES, default_tolerances
+from cb_callback._tolerances import (
+    DEFAULT_TOLERANCES,
+    NUMBER_TYPES,
+    compare_numbers,
+    compare_tensors,
+    default_tolerances,
+    number_tolerances,
+)
 
 __all__ = ["DEFAULT_TOLERANCES", "Comparison", "TensorComparison", "compare_components", "default_tolerances"]
+
+#: The Python numbers an output leaf may be (compared like 0-d tensors).
+Number = bool | int | float | complex
 
 #: The metrics shown side by side (columns of :class:`ComponentRow`).
 _METRICS = (
@@ -37,22 +47,31 @@ class TensorComparison:
     """One compared tensor: an output leaf or a gradient.
 
     Attributes:
-        name: ``output[i]`` (the ``i``-th tensor leaf of the output pytree),
-            ``grad[input i]`` (w.r.t. the ``i``-th input that requires grad) or
+        name: ``output[i]`` (the ``i``-th leaf of the output pytree: a tensor, or
+            a Python number such as ``x.sum().item()``), ``grad[input i]``
+            (w.r.t. the ``i``-th input that requires grad) or
             ``grad[<parameter name>]``.
-        shape_ref: the reference's shape (``None``: the reference has no such tensor).
+        shape_ref: the reference's shape (``()`` for a number; ``None``: the
+            reference has no such tensor).
         shape_cand: the candidate's shape (``None``: the candidate has none).
-        dtype_ref: the reference's dtype, as a string.
-        dtype_cand: the candidate's dtype, as a string.
-        max_abs: ``max |cand - ref|`` (computed in float64); NaN when not comparable.
-        max_rel: ``max |cand - ref| / |ref|`` (0 where both are 0, inf where only
-            ``ref`` is); NaN when not comparable.
+        dtype_ref: the reference's dtype, as a string (``float32``); for a
+            number leaf its Python type (``float``, ``int``, ``bool``, ``complex``).
+        dtype_cand: the candidate's dtype, or a number leaf's Python type.
+        max_abs: ``max |cand - ref|`` (:func:`cb_callback._tolerances.compare_tensors`:
+            floats in float64; integers exactly, rounded once to a float); 0 for
+            equal elements (infinities of the same sign, NaN against NaN), ``inf``
+            where one side is infinite or NaN and the other differs; NaN when not
+            comparable.
+        max_rel: ``max |cand - ref| / |ref|`` (0 where both are equal, inf where
+            only ``ref`` is 0 or the difference is inf); NaN when not comparable.
         rtol: the relative tolerance applied.
         atol: the absolute tolerance applied.
-        ok: ``|cand - ref| <= atol + rtol * |ref|`` everywhere (NaN is never
-            close), with equal shapes and dtypes.
-        mismatch: why the tensors could not be compared (shape, dtype, missing),
-            or ``None``.
+        ok: every element close (``|cand - ref| <= atol + rtol * |ref|`` with
+            both finite, or equal values: same-sign infinities, NaN with NaN;
+            an infinity or NaN against anything else is never close), with
+            equal shapes and dtypes (number leaves: equal Python types).
+        mismatch: why the tensors could not be compared or cannot be ok (shape,
+            dtype or type, missing), or ``None``.
     """
 
     name: str
@@ -206,7 +225,7 @@ def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 def _compare(
     name: str, ref: torch.Tensor | None, cand: torch.Tensor | None, rtol: float | None, atol: float | None
 ) -> TensorComparison:
-    """Compare two tensors (either may be missing), naming a shape or dtype mismatch."""
+    """Compare two tensors (either may be missing) by :func:`compare_tensors`, naming a shape or dtype mismatch."""
     dtype = ref.dtype if ref is not None else (cand.dtype if cand is not None else torch.float32)
     d_rtol, d_atol = default_tolerances(dtype)
     r_tol = d_rtol if rtol is None else rtol
@@ -226,21 +245,33 @@ def _compare(
     if ref.shape != cand.shape:
         out.mismatch = f"shape differs: reference {tuple(ref.shape)}, candidate {tuple(cand.shape)}"
         return out
-    wide = torch.complex128 if (ref.is_complex() or cand.is_complex()) else torch.float64
-    r = ref.detach().to(device="cpu", dtype=wide)
-    c = cand.detach().to(device="cpu", dtype=wide)
-    diff = (c - r).abs()
-    scale = r.abs()
-    rel = torch.where(diff == 0, torch.zeros_like(diff), diff / scale)
-    out.max_abs = float(diff.max()) if diff.numel() else 0.0
-    out.max_rel = float(rel.max()) if rel.numel() else 0.0
-    close = bool(torch.all(diff <= a_tol + r_tol * scale))  # NaN compares False: never close
+    got = compare_tensors(ref, cand, r_tol, a_tol)
+    out.max_abs, out.max_rel = got.max_abs, got.max_rel
     if ref.dtype != cand.dtype:
-        out.mismatch = (
-            f"dtype differs: reference {out.dtype_ref}, candidate {out.dtype_cand} (values compared in float64)"
-        )
+        exact = not (ref.is_floating_point() or ref.is_complex() or cand.is_floating_point() or cand.is_complex())
+        how = "exactly, as integers" if exact else "in float64"
+        out.mismatch = f"dtype differs: reference {out.dtype_ref}, candidate {out.dtype_cand} (values compared {how})"
         return out
-    out.ok = close
+    out.ok = got.close
+    return out
+
+
+def _compare_numbers(name: str, ref: Number, cand: Number, rtol: float | None, atol: float | None) -> TensorComparison:
+    """Two Python-number output leaves (``x.sum().item()``), like two 0-d tensors.
+
+    Tolerances: the user's, else :func:`number_tolerances` of the reference (a
+    float: fp32's; an int or bool: exact). Their types must agree (an int
+    against a float is a mismatch, as a dtype mismatch of tensors is).
+    """
+    d_rtol, d_atol = number_tolerances(ref)
+    r_tol = d_rtol if rtol is None else rtol
+    a_tol = d_atol if atol is None else atol
+    got = compare_numbers(ref, cand, r_tol, a_tol)
+    t_ref, t_cand = type(ref).__name__, type(cand).__name__
+    out = TensorComparison(name, (), (), t_ref, t_cand, got.max_abs, got.max_rel, r_tol, a_tol, got.close)
+    if type(ref) is not type(cand):
+        out.ok = False
+        out.mismatch = f"type differs: reference {t_ref}, candidate {t_cand} (values compared)"
     return out
 
 
@@ -387,12 +418,14 @@ def compare_components(
             ``calls[path]``) or ``(args, kwargs)`` (the tensors that require grad
             are the inputs differentiated against; ``training`` is the
             reference's flag).
-        rtol: relative tolerance for every tensor; ``None``: by the reference
-            tensor's dtype (:data:`DEFAULT_TOLERANCES`, those of
+        rtol: relative tolerance for every tensor and Python-number output
+            leaf; ``None``: by the reference tensor's dtype
+            (:data:`DEFAULT_TOLERANCES`, those of
             :func:`torch.testing.assert_close`: fp32 1.3e-6, fp16 1e-3, bf16
-            1.6e-2, fp64 1e-7; integers 0).
+            1.6e-2, fp64 1e-7; integers and bools 0, compared exactly in
+            64-bit integers), a ``float`` leaf fp32's, an ``int``/``bool`` leaf 0.
         atol: absolute tolerance; ``None``: by dtype (fp32/fp16/bf16 1e-5,
-            fp64 1e-7; integers 0).
+            fp64 1e-7; integers 0), a ``float`` leaf 1e-5, an ``int``/``bool`` 0.
         backward: also compare gradients and measure the backward.
         load_state: ``load_state(reference, candidate_copy)`` instead of loading
             the reference's ``state_dict`` where names and shapes match.
@@ -412,6 +445,10 @@ def compare_components(
             invalid option.
 
     Notes:
+        Closeness is :func:`torch.isclose`'s with ``equal_nan=True``
+        (:func:`cb_callback._tolerances.compare_tensors`): infinities of the
+        same sign are equal, NaN against NaN at the same position is equal, an
+        infinity or NaN against anything else is never close.
         Equivalence is shown on these inputs, this device and dtype only: other
         inputs (other shapes, values that hit another branch), other devices or
         kernels (cuBLAS vs CPU, TF32) and ``torch.compile`` may differ; a
@@ -485,6 +522,10 @@ def compare_components(
     return Comparison(tensors, rows, report, loaded, missing, unused, not_compared, notes)
 
 
+def _kind(x: Any) -> str:
+    return f"a {str(x.dtype).removeprefix('torch.')} tensor" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
+
+
 def _compare_outputs(
     ref: _Run, cand: _Run, rtol: float | None, atol: float | None
 ) -> list[TensorComparison]:
@@ -496,19 +537,26 @@ def _compare_outputs(
         r = ref.outputs[i] if i < len(ref.outputs) else None
         c = cand.outputs[i] if i < len(cand.outputs) else None
         both = i < len(ref.outputs) and i < len(cand.outputs)
-        if both and not isinstance(r, torch.Tensor) and not isinstance(c, torch.Tensor):
-            if r != c:  # a non-tensor leaf (an int, a string): must be equal
+        if both and isinstance(r, NUMBER_TYPES) and isinstance(c, NUMBER_TYPES):
+            t = _compare_numbers(f"output[{i}]", r, c, rtol, atol)
+        elif both and isinstance(r, torch.Tensor) != isinstance(c, torch.Tensor):
+            why = f"type differs: reference {_kind(r)}, candidate {_kind(c)}"
+            nan = math.nan
+            t = TensorComparison(f"output[{i}]", None, None, None, None, nan, nan, 0.0, 0.0, False, why)
+        elif both and not isinstance(r, torch.Tensor) and not isinstance(c, torch.Tensor):
+            if r != c:  # another non-tensor leaf (a string, None): must be equal
                 why = f"non-tensor output differs: reference {r!r}, candidate {c!r}"
                 nan = math.nan
                 out.append(TensorComparison(f"output[{i}]", None, None, None, None, nan, nan, 0.0, 0.0, False, why))
             continue
-        t = _compare(
-            f"output[{i}]",
-            r if isinstance(r, torch.Tensor) else None,
-            c if isinstance(c, torch.Tensor) else None,
-            rtol,
-            atol,
-        )
+        else:
+            t = _compare(
+                f"output[{i}]",
+                r if isinstance(r, torch.Tensor) else None,
+                c if isinstance(c, torch.Tensor) else None,
+                rtol,
+                atol,
+            )
         if t.mismatch is None and not structure:
             t.ok = False
             t.mismatch = "the output structures differ (containers or keys)"

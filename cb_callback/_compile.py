@@ -28,9 +28,16 @@ from cb_callback._config import BenchmarkConfig
 from cb_callback._isolate import Replay, flatten_output
 from cb_callback._report import ComponentRow
 from cb_callback._report import error_text as _error_text
-from cb_callback._state import seeded
+from cb_callback._state import StateGuard, seeded
 from cb_callback._timing import Sample, SampleSet, interleave
-from cb_callback._tolerances import default_tolerances
+from cb_callback._tolerances import (
+    NUMBER_TYPES,
+    Closeness,
+    compare_numbers,
+    compare_tensors,
+    default_tolerances,
+    number_tolerances,
+)
 
 __all__ = [
     "WhatIfInput",
@@ -235,62 +242,80 @@ def _recompile_limit(batches: int) -> contextlib.AbstractContextManager[Any]:
 
 
 def outputs_agree(eager: Replay, compiled: Replay, seed: int) -> dict[str, Any]:
-    """Whether the compiled forward returns what the eager one does on the same inputs.
+    """Whether the compiled forward returns what the eager one does on the same inputs and state.
 
     Both run on one fresh copy of the inputs each, the CPU generator and the
     device's seeded with ``seed`` before each (:func:`cb_callback._state.seeded`:
-    restored afterwards). Output leaves (:func:`flatten_output`: dataclasses
-    opened) are compared pairwise, tensors in float64 — equal values (infinities
-    of the same sign, NaN against NaN) count as equal —, plain values with ``==``;
-    other objects only by type.
+    restored afterwards), and from the same module state: a
+    :class:`~cb_callback._state.StateGuard` taken before the eager forward puts
+    the buffers (a call counter, a KV cache kept in a buffer, BatchNorm
+    statistics), the ``training`` flags and the RNG streams back before the
+    compiled forward and again after it, so a stateful module is not read as a
+    compile error and is left as it was found. Output leaves
+    (:func:`flatten_output`: dataclasses opened) are compared pairwise by
+    :func:`compare_tensors`, the rule of ``compare_components`` too: tensors
+    within :func:`default_tolerances` of their dtype (integers and bools
+    exactly), equal values (infinities of the same sign, NaN against NaN) close,
+    an infinity or NaN against anything else not close; Python numbers (an
+    ``aux.item()``) alike, at :func:`number_tolerances` (a float: fp32's; an int
+    or bool: exact), of the same type; other plain values with ``==``; other
+    objects only by type.
 
     Returns:
-        ``outputs_close`` (every tensor leaf within :func:`default_tolerances` of
-        its dtype, non-tensor leaves equal, same structure), ``max_abs_error`` and
-        ``max_rel_error`` over the tensor leaves (``inf`` where one side is not
-        finite and the other differs). Randomness (dropout in train mode) is drawn
-        differently by inductor: such a component is not close.
+        ``outputs_close`` (every tensor and number leaf close, equal dtypes and
+        shapes, other leaves equal, same structure), ``max_abs_error`` and
+        ``max_rel_error`` over the tensor and number leaves (``inf`` where one
+        side is infinite or NaN and the other differs). Randomness (dropout in
+        train mode) is drawn differently by inductor: such a component is not
+        close.
     """
     leaves = []
-    for r in (eager, compiled):
-        with seeded(seed, r.device):
-            out = r.forward(r.fresh_inputs())
-        leaves.append(flatten_output(out))
-        del out
+    with StateGuard(eager.module) as guard:
+        for i, r in enumerate((eager, compiled)):
+            if i:
+                guard.restore()  # the compiled forward starts from the state the eager one started from
+            with seeded(seed, r.device):
+                out = r.forward(r.fresh_inputs())
+            leaves.append(flatten_output(out))
+            del out
     (a, spec_a), (b, spec_b) = leaves
     close = spec_a == spec_b and len(a) == len(b)
     max_abs = max_rel = 0.0
     for x, y in zip(a, b, strict=False):
-        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-            close = close and not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and _equal(x, y)
+        got = _leaf_closeness(x, y)
+        if got is None:
+            close = close and _equal(x, y)
             continue
-        if x.shape != y.shape or x.dtype != y.dtype:
-            close = False
-            continue
-        rtol, atol = default_tolerances(x.dtype)
-        wide = torch.complex128 if x.is_complex() else torch.float64
-        xr, yr = x.detach().to("cpu", wide), y.detach().to("cpu", wide)
-        same = (xr == yr) | (torch.isnan(xr) & torch.isnan(yr))
-        diff = torch.where(same, torch.zeros_like(xr.real if xr.is_complex() else xr).abs(), (yr - xr).abs())
-        diff = torch.nan_to_num(diff, nan=math.inf)  # inf − inf, or a NaN on one side only
-        scale = torch.nan_to_num(xr.abs(), nan=0.0)
-        if diff.numel():
-            max_abs = max(max_abs, float(diff.max()))
-            rel = torch.where(diff == 0, torch.zeros_like(diff), diff / scale)
-            max_rel = max(max_rel, float(rel.max()))
-        close = close and bool(torch.all(diff <= atol + rtol * scale))
+        close = close and got.close
+        if not math.isnan(got.max_abs):  # NaN: shapes differ, nothing to measure
+            max_abs, max_rel = max(max_abs, got.max_abs), max(max_rel, got.max_rel)
     return {"outputs_close": bool(close), "max_abs_error": max_abs, "max_rel_error": max_rel}
 
 
-_VALUES = (int, float, complex, str, bytes, bool, type(None), torch.Size, torch.dtype, torch.device)
+def _leaf_closeness(x: Any, y: Any) -> Closeness | None:
+    """Two tensors or two Python numbers by :func:`compare_tensors` (a differing dtype, shape or
+    number type is not close); ``None`` for other leaves (:func:`_equal`)."""
+    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+        if x.shape != y.shape:
+            return Closeness(False, math.nan, math.nan)
+        got = compare_tensors(x, y, *default_tolerances(x.dtype))
+        return got if x.dtype == y.dtype else Closeness(False, got.max_abs, got.max_rel)
+    if isinstance(x, NUMBER_TYPES) and isinstance(y, NUMBER_TYPES):
+        got = compare_numbers(x, y, *number_tolerances(x))
+        return got if type(x) is type(y) else Closeness(False, got.max_abs, got.max_rel)
+    return None
+
+
+_VALUES = (str, bytes, type(None), torch.Size, torch.dtype, torch.device)
 
 
 def _equal(x: Any, y: Any) -> bool:
-    """Two non-tensor output leaves agree: floats within fp32's default tolerances (rtol 1.3e-6,
-    atol 1e-5; NaN with NaN), other plain values ``==``; other objects (a cache object of each run,
-    not a dataclass) only need the same type — their contents are not compared."""
-    if isinstance(x, float) and isinstance(y, float):  # an ``aux.item()``: within fp32's tolerance
-        return math.isclose(x, y, rel_tol=1.3e-6, abs_tol=1e-5) or (math.isnan(x) and math.isnan(y))
+    """Two output leaves that are not both tensors nor both numbers agree: a tensor against anything
+    else never; plain values (strings, ``None``, sizes, dtypes, devices) ``==``; other objects (a
+    cache object of each run, not a dataclass) only need the same type — their contents are not
+    compared."""
+    if isinstance(x, (torch.Tensor, *NUMBER_TYPES)) or isinstance(y, (torch.Tensor, *NUMBER_TYPES)):
+        return False
     if isinstance(x, _VALUES) or isinstance(y, _VALUES):
         return type(x) is type(y) and bool(x == y)
     return type(x) is type(y)

@@ -343,3 +343,149 @@ def test_output_structure_and_dtype_aware_tolerances() -> None:
     assert {(t.rtol, t.atol) for t in b.tensors} == {(1.6e-2, 1e-5)}
     e = compare_components(ref, ElementwiseGemv(D).to(torch.bfloat16), ((xb,), {}), rtol=0.0, atol=0.0, **OPTS)
     assert {(t.rtol, t.atol) for t in e.tensors} == {(0.0, 0.0)}
+
+
+# --- issue 14 §1: one closeness rule (torch.isclose's, equal_nan=True), integers exact, numbers too ---
+
+
+class _Log(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
+
+
+class _LogNoNegInf(nn.Module):
+    """The log with -inf replaced by 0 (a candidate that "fixes" log(0))."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x).nan_to_num(neginf=0.0)
+
+
+def test_equal_infinities_are_equivalent_and_an_infinity_replaced_by_a_number_is_not() -> None:
+    x = torch.tensor([[0.0, 1.0, 2.0]], requires_grad=True)
+    # log([0, 1, 2]) = [-inf, 0, 0.693]: -inf - (-inf) is NaN, but equal infinities are equal (isclose).
+    # The gradient 1/x is inf at 0 (times the seeded output gradient, the same for both): equal too.
+    same = compare_components(_Log(), _Log(), ((x,), {}), **OPTS)
+    assert same.equivalent
+    assert [(t.name, t.max_abs, t.max_rel, t.ok) for t in same.tensors] == [
+        ("output[0]", 0.0, 0.0, True), ("grad[input 0]", 0.0, 0.0, True)]  # fmt: skip
+    # 0 against -inf: not close whatever the tolerance (the bound atol + rtol*|-inf| must not admit it),
+    # and the error is inf, not the largest float. nan_to_num's gradient is 0 where the input was -inf.
+    fixed = compare_components(_Log(), _LogNoNegInf(), ((x,), {}), rtol=1e-3, atol=1e-3, **OPTS)
+    assert not fixed.equivalent
+    out, grad = fixed.tensor("output[0]"), fixed.tensor("grad[input 0]")
+    assert (out.ok, out.max_abs, out.max_rel) == (False, math.inf, math.inf)
+    assert (grad.ok, grad.max_abs, grad.max_rel) == (False, math.inf, math.inf)
+
+
+def test_nan_against_nan_is_equal_and_nan_against_a_number_is_not() -> None:
+    from cb_callback._tolerances import compare_tensors
+
+    nan, inf = math.nan, math.inf
+    ref = torch.tensor([nan, inf, -inf, 1.0])
+    # NaN with NaN and each infinity with itself: equal (diff 0), even at zero tolerance.
+    assert compare_tensors(ref, ref.clone(), 0.0, 0.0).close
+    assert (compare_tensors(ref, ref.clone(), 0.0, 0.0).max_abs, compare_tensors(ref, ref.clone(), 0.0, 0.0).max_rel) \
+        == (0.0, 0.0)  # fmt: skip
+    for i, value in [(0, 1.0), (1, -inf), (2, inf), (3, nan), (3, inf)]:  # one element changed each time
+        cand = ref.clone()
+        cand[i] = value
+        got = compare_tensors(ref, cand, 1e9, 1e9)  # no tolerance admits a non-finite difference
+        assert (got.close, got.max_abs, got.max_rel) == (False, inf, inf), (i, value)
+
+
+def test_int64_outputs_near_2_to_60_that_differ_by_one_are_not_equivalent() -> None:
+    class Hash(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 1
+
+    class HashOffByOne(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    x = torch.tensor([2**60, 2**60 + 2], dtype=torch.int64)
+    c = compare_components(Hash(), HashOffByOne(), ((x,), {}), **OPTS)
+    out = c.tensor("output[0]")
+    # 2**60 + 1 vs 2**60 and 2**60 + 3 vs 2**60 + 2: float64's spacing at 2**60 is 2**8, so all four read
+    # 2**60 there. Integers compare exactly, default tolerance 0 -> not equivalent; max |diff| = 1,
+    # max_rel = 1 / 2**60 (float64 of 2**60 + 2 is 2**60 too).
+    assert not c.equivalent and not out.ok and (out.rtol, out.atol) == (0.0, 0.0)
+    assert out.max_abs == 1.0 and out.max_rel == 2.0**-60
+
+
+def test_integer_differences_are_exact_even_at_the_ends_of_int64() -> None:
+    from cb_callback._tolerances import compare_tensors
+
+    lo, hi = -(2**63), 2**63 - 1
+    got = compare_tensors(torch.tensor([lo, 5]), torch.tensor([hi, 5]), 0.0, 0.0)
+    # hi - lo = 2**64 - 1: wraps to -1 in int64; taken as max - min and read back as unsigned.
+    # float(2**64 - 1) rounds to 2**64; relative to |lo| = 2**63: (2**64 - 1) / 2**63 -> 2.0 in float64.
+    assert (got.close, got.max_abs, got.max_rel) == (False, 2.0**64, 2.0)
+    # An atol of 2**64 admits it (the bound is compared in float64: 2**64 <= 2**64).
+    assert compare_tensors(torch.tensor([lo]), torch.tensor([hi]), 0.0, 2.0**64).close
+    # bools: True vs False differ by 1, relative to |False| = 0: inf.
+    b = compare_tensors(torch.tensor([False, True]), torch.tensor([True, True]), 0.0, 0.0)
+    assert (b.close, b.max_abs, b.max_rel) == (False, 1.0, math.inf)
+
+
+class _WithSum(nn.Module):
+    """``(y, y.sum().item())``: the sum accumulated in the tensor's fp32."""
+
+    def forward(self, x: torch.Tensor) -> Any:
+        y = x * 2
+        return y, y.sum().item()
+
+
+class _WithSumFp64(nn.Module):
+    """The same, the sum accumulated in fp64."""
+
+    def forward(self, x: torch.Tensor) -> Any:
+        y = x * 2
+        return y, y.double().sum().item()
+
+
+def test_a_python_float_output_leaf_is_compared_within_the_tolerances() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(16, generator=gen)  # 16 values in [0, 1): y = 2x in [0, 2), positive
+    y = x * 2
+    s32, exact = y.sum().item(), math.fsum(y.tolist())  # fsum: the exact sum of the fp32 values, rounded once
+    assert s32 != exact  # the fp32 accumulation rounded: the two leaves differ
+    # fp32 sum of n = 16 positive values: |error| <= (n - 1) * 2**-24 * sum = 15 * 2**-24 * sum < 8.95e-7 * sum,
+    # within fp32's default bound atol + rtol * sum = 1e-5 + 1.3e-6 * sum; within 1e-3 + 1e-3 * sum a fortiori.
+    assert abs(s32 - exact) <= 15 * 2**-24 * exact
+    for tol in ({}, {"rtol": 1e-3, "atol": 1e-3}):
+        c = compare_components(_WithSum(), _WithSumFp64(), ((x,), {}), backward=False, **tol, **OPTS)
+        leaf = c.tensor("output[1]")
+        assert c.equivalent and leaf.ok, tol
+        assert (leaf.rtol, leaf.atol) == ((1.3e-6, 1e-5) if not tol else (1e-3, 1e-3))
+        assert (leaf.shape_ref, leaf.dtype_ref, leaf.dtype_cand) == ((), "float", "float")
+        assert leaf.max_abs == pytest.approx(abs(s32 - exact), abs=1e-15)  # fp64 sum vs fsum: <= 1 ulp apart
+        assert leaf.max_rel == pytest.approx(abs(s32 - exact) / abs(s32), rel=1e-6)
+    # At zero tolerance the rounding is a difference.
+    assert not compare_components(_WithSum(), _WithSumFp64(), ((x,), {}), backward=False, rtol=0.0, atol=0.0,
+                                  **OPTS).equivalent  # fmt: skip
+
+
+def test_python_int_and_bool_leaves_are_exact_and_their_type_must_agree() -> None:
+    class Returns(nn.Module):
+        def __init__(self, value: Any) -> None:
+            super().__init__()
+            self.value = value
+
+        def forward(self, x: torch.Tensor) -> Any:
+            return x * 1, self.value
+
+    x = torch.ones(2)
+    big = compare_components(Returns(2**60), Returns(2**60 + 1), ((x,), {}), backward=False, **OPTS)
+    leaf = big.tensor("output[1]")
+    # ints: exact (tolerance 0), never through float64; 2**60 + 1 - 2**60 = 1.
+    assert not big.equivalent and (leaf.max_abs, leaf.rtol, leaf.atol, leaf.mismatch) == (1.0, 0.0, 0.0, None)
+    huge = compare_components(Returns(2**80), Returns(2**80), ((x,), {}), backward=False, **OPTS)
+    assert huge.equivalent  # beyond int64: compared as Python ints
+    kind = compare_components(Returns(3), Returns(3.0), ((x,), {}), backward=False, **OPTS)
+    leaf = kind.tensor("output[1]")
+    assert not kind.equivalent and leaf.max_abs == 0.0
+    assert leaf.mismatch == "type differs: reference int, candidate float (values compared)"
+    flag = compare_components(Returns(True), Returns(False), ((x,), {}), backward=False, **OPTS)
+    assert not flag.equivalent and flag.tensor("output[1]").max_abs == 1.0  # True - False = 1
+    t = compare_components(Returns(1.0), Returns(torch.tensor(1.0)), ((x,), {}), backward=False, **OPTS)
+    assert t.tensor("output[1]").mismatch == "type differs: reference a float, candidate a float32 tensor"

@@ -431,3 +431,98 @@ def test_children_separately_uses_the_parents_batch_only() -> None:
     assert info["children_separately_ms"] == pytest.approx(
         root.total_ms - (ab["eager_ms_same_rounds"] - ab["compiled_ms"])
     )
+
+
+# --- issue 14 §1: the output check shares compare_components' closeness rule and the module's state ---
+
+
+class _Counter(nn.Module):
+    """Counts its calls in a buffer: ``n += 1; return x * n``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("n", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.n += 1
+        return x * self.n
+
+
+def test_a_module_counting_its_calls_compiles_with_the_same_outputs_and_is_left_as_it_was() -> None:
+    model = _Counter()
+    model.n.fill_(5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = profile_components(model, (torch.ones(2, 3),), compile=True, compile_options=EAGER, **FAST)
+    info = _info(report, "")
+    # Both forwards of the check start from the same count c: both return ones * (c + 1), error 0.
+    # (Before: the compiled forward saw c + 1 and returned ones * (c + 2): max abs error 1.)
+    assert "error" not in info and info["outputs_close"] is True
+    assert info["max_abs_error"] == 0.0 and info["max_rel_error"] == 0.0
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    for k, v in before.items():  # bit-identical: the counter still reads 5
+        assert after[k].dtype == v.dtype and torch.equal(after[k], v), k
+    assert int(model.n) == 5
+
+
+def _replays(module: nn.Module, *args: Any) -> Any:
+    from cb_callback._inputs import ComponentInputs
+    from cb_callback._isolate import Replay
+
+    return Replay(module, ComponentInputs(args=args, kwargs={}, training=False), device=torch.device("cpu"))
+
+
+def test_the_output_check_restores_the_state_between_and_after_its_forwards() -> None:
+    from cb_callback._compile import outputs_agree
+
+    model = _Counter()
+    eager = _replays(model, torch.ones(2, 3))
+    # The module itself stands in for the compiled call: same ops, so any difference is the state.
+    got = outputs_agree(eager, eager.with_call(model), seed=0)
+    assert got == {"outputs_close": True, "max_abs_error": 0.0, "max_rel_error": 0.0}
+    assert int(model.n) == 0  # both forwards' increments undone
+
+
+def test_an_infinity_replaced_by_a_number_is_an_error_of_inf_not_the_largest_float() -> None:
+    def neginf_to_zero(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        def run(*args: Any) -> Any:
+            return [t.nan_to_num(neginf=0.0) if isinstance(t, torch.Tensor) else t for t in gm(*args)]
+        return run
+
+    report = profile_components(_Masked(), (torch.randn(4, 3),), compile=True,
+                                compile_options={"backend": neginf_to_zero}, **FAST)  # fmt: skip
+    info = _info(report, "")
+    # The masked scores are -inf eager, 0 "compiled": |0 - (-inf)| = inf (torch.nan_to_num's default
+    # would clamp it to 1.797e308), relative error inf; never close.
+    assert info["outputs_close"] is False
+    assert info["max_abs_error"] == math.inf and info["max_rel_error"] == math.inf
+
+
+def test_the_output_check_compares_int64_exactly_and_number_leaves_under_the_tolerances() -> None:
+    from cb_callback._compile import outputs_agree
+
+    class Hash(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 1
+
+    x = torch.tensor([2**60], dtype=torch.int64)
+    eager = _replays(Hash(), x)
+    # 2**60 + 1 vs 2**60: equal in float64, 1 apart as integers; int64's tolerance is 0.
+    got = outputs_agree(eager, eager.with_call(lambda t: t + 1), seed=0)
+    assert got == {"outputs_close": False, "max_abs_error": 1.0, "max_rel_error": 2.0**-60}
+
+    class WithAux(nn.Module):
+        def forward(self, y: torch.Tensor) -> Any:
+            return y * 1, 1.0
+
+    aux = _replays(WithAux(), torch.ones(2))
+    # A float leaf 1.0 vs 1.0 + 2**-30 (exact in a double): error 2**-30 ~ 9.3e-10, within fp32's
+    # atol 1e-5 + rtol 1.3e-6 * 1: close, and the error is counted like a tensor's.
+    near = outputs_agree(aux, aux.with_call(lambda y: (y * 1, 1.0 + 2**-30)), seed=0)
+    assert near == {"outputs_close": True, "max_abs_error": 2.0**-30, "max_rel_error": 2.0**-30}
+    # 1.0 vs 1.0 + 2**-10 (~9.8e-4 > 1e-5 + 1.3e-6): not close.
+    far = outputs_agree(aux, aux.with_call(lambda y: (y * 1, 1.0 + 2**-10)), seed=0)
+    assert far == {"outputs_close": False, "max_abs_error": 2.0**-10, "max_rel_error": 2.0**-10}
+    # An int leaf against a float of the same value: the types differ, not close (error 0).
+    kind = outputs_agree(aux, aux.with_call(lambda y: (y * 1, 1)), seed=0)
+    assert kind == {"outputs_close": False, "max_abs_error": 0.0, "max_rel_error": 0.0}
