@@ -90,3 +90,133 @@ def test_rates_are_compared_per_call_and_fractions_in_percent() -> None:
     assert header.split()[2:5] == ["A", "mfu", "%"]
     row_a = next(ln for ln in lines if ln.startswith("a "))
     assert row_a.split()[2:4] == ["10.000", "10.000"]
+
+
+def _tree(root: str, children: dict[str, str], **values: dict[str, float]) -> Report:
+    """A root of type ``root`` (path "") and ``children`` {path: type}; ``values`` {column: {path: value}}.
+
+    Every row is timed with noise 0.1 (a 20 % timing spread: 2 x 0.1 x value bounds "within noise"),
+    called once unless ``values["calls"]`` says otherwise.
+    """
+    rows = [ComponentRow("", root, 0, None, "ok", calls=1, total_ms=1.0, noise=0.1)]
+    for path, kind in children.items():
+        parent = path.rsplit(".", 1)[0] if "." in path else ""
+        rows.append(ComponentRow(path, kind, path.count(".") + 1, parent, "ok", calls=1, total_ms=1.0, noise=0.1))
+    for column, by_path in values.items():
+        for row in rows:
+            if row.path in by_path:
+                setattr(row, column, int(by_path[row.path]) if column == "calls" else by_path[row.path])
+    return Report(rows, {"device_name": "cpu", "dtype": "fp32"})
+
+
+def _line(lines: list[str], path: str) -> list[str]:
+    return next(ln for ln in lines if ln.split()[0] == (path or "(root)")).split()
+
+
+def test_flops_and_bytes_are_exact_counts_not_judged_by_the_timing_noise() -> None:
+    a = _tree("Net", {"relu": "ReLU", "fc": "Linear"},
+              fwd_flops={"": 1e9, "relu": 0.0, "fc": 1e9}, bytes={"": 2.0**40, "relu": 2.0**40, "fc": 0.0})
+    b = _tree("Net", {"relu": "ReLU", "fc": "Linear"},
+              fwd_flops={"": 1.2e9, "relu": 0.0, "fc": 1.2e9}, bytes={"": 2.0**40 + 1, "relu": 2.0**40, "fc": 0.0})
+    lines = format_diff(compare_reports(a, b, "fwd_flops"))
+    # 1e9 -> 1.2e9 FLOPs: +2e8, B/A = 1.2 exactly a change (the timing bound 2 x 0.1 x 1.2e9 = 2.4e8 would
+    # have called it noise; a FLOP count has none); 0 -> 0 for the ReLU: unchanged (B/A undefined: "-").
+    assert lines[0] == "whole model: A 1000000000 -> B 1200000000 (+20.0 %)"
+    assert lines[1] == "biggest movers: fc +200000000"
+    assert _line(lines, "fc")[2:] == ["1000000000", "1200000000", "+200000000", "1.200"]
+    assert _line(lines, "relu")[2:] == ["0", "0", "+0", "-", "unchanged"]
+    assert lines[-1].startswith("(fwd_flops is a count or a size, not a time: any difference is a change")
+    # bytes 2**40 -> 2**40 + 1: differ by one, counts compare exactly -> a change of +1 (every digit printed);
+    # the ReLU's 2**40 = 1099511627776 in both: unchanged, B/A = 1.000.
+    lines = format_diff(compare_reports(a, b, "bytes"))
+    assert lines[0] == "whole model: A 1099511627776 -> B 1099511627777 (+0.0 %)"
+    assert _line(lines, "")[4:] == ["+1", "1.000"]
+    assert _line(lines, "relu")[4:] == ["+0", "1.000", "unchanged"]
+    # 0 -> 0 over the whole model reads "unchanged", never "within noise".
+    zero = _tree("Net", {}, bwd_flops={"": 0.0})
+    assert format_diff(compare_reports(zero, zero, "bwd_flops"))[0] == "whole model: A 0 -> B 0 (unchanged)"
+
+
+def test_sizes_and_peaks_are_per_call_what_adds_up_over_the_step_is_times_calls() -> None:
+    a = _tree("Net", {"fc": "Linear"}, calls={"fc": 3},
+              params_mb={"": 2.0, "fc": 2.0}, peak_mem_mb={"": 5.0, "fc": 5.0}, activation_mb={"": 6.0, "fc": 1.5})
+    b = _tree("Net", {"fc": "Linear"}, calls={"fc": 4},
+              params_mb={"": 2.0, "fc": 2.0}, peak_mem_mb={"": 5.0, "fc": float("nan")},
+              activation_mb={"": 6.0, "fc": 1.5})
+    params = format_diff(compare_reports(a, b, "params_mb"))
+    # fc's 2 MiB of parameters are the same 2 MiB however often it is called (3 then 4 times):
+    # 2.000 -> 2.000, B/A 1.000, unchanged (was 6 -> 8, 1.33 x); the header says no "×calls".
+    assert _line(params, "fc")[2:] == ["2.000", "2.000", "+0.000", "1.000", "unchanged"]
+    assert next(ln for ln in params if ln.startswith("path")).split()[2:4] == ["A", "params_mb"]
+    peaks = format_diff(compare_reports(a, b, "peak_mem_mb"))
+    # the root's peak of one call: 5 -> 5 unchanged (not 5 x calls); fc's peak unknown in B: nothing
+    # to judge, so no "~" (which would claim "within noise") and no ratio.
+    assert _line(peaks, "")[2:] == ["5.000", "5.000", "+0.000", "1.000", "unchanged"]
+    assert _line(peaks, "fc")[2:] == ["5.000", "-", "-", "-"]
+    # activations are saved by every call until the backward: 1.5 MiB x 3 = 4.5 -> 1.5 x 4 = 6.0, +1.5,
+    # B/A 6 / 4.5 = 1.333: a change (an exact size, no noise).
+    acts = format_diff(compare_reports(a, b, "activation_mb"))
+    assert _line(acts, "fc")[2:] == ["4.500", "6.000", "+1.500", "1.333"]
+
+
+def test_unrelated_models_are_diffed_under_a_warning() -> None:
+    a = _tree("DLRM", {"sparse": "EmbeddingBagCollection", "dense": "MLP", "dense.0": "Linear"})
+    b = _tree("GPT", {"wte": "Embedding", "h": "ModuleList"})
+    lines = format_diff(compare_reports(a, b))
+    # roots DLRM vs GPT; no path is in both (even "" differs in type): 0 of B's 3 (the smaller) match.
+    assert lines[0] == ("warning: A and B look like different models: root DLRM vs GPT; 0 of 3 components "
+                        "match by path and type (A has 4, B 3); the changes below pair unrelated components")
+    assert lines[1].startswith("whole model:")
+    # Same root type, different tree: B's "", "0", "1", "2" vs A's "", "0" Linear, "1" ReLU, "2" Linear;
+    # only "" matches by path and type: 1 of 4, fewer than half -> warned, without a root part.
+    seq_a = _tree("Sequential", {"0": "Linear", "1": "ReLU", "2": "Linear"})
+    seq_b = _tree("Sequential", {"0": "Conv2d", "1": "BatchNorm2d", "2": "Conv2d"})
+    assert format_diff(compare_reports(seq_a, seq_b))[0] == (
+        "warning: A and B look like different models: 1 of 4 components match by path and type (A has 4, B 4); "
+        "the changes below pair unrelated components")
+    # The same model profiled deeper (A's 3 rows all in B's 5), or with half its components re-authored
+    # ("", "0" match; "1", "2" changed type: 2 of 4, not fewer than half): no warning.
+    deeper = _tree("Sequential", {"0": "Linear", "1": "ReLU", "2": "Linear", "0.x": "Dropout", "2.x": "Dropout"})
+    shallow = _tree("Sequential", {"0": "Linear", "1": "ReLU"})
+    assert format_diff(compare_reports(shallow, deeper))[0].startswith("whole model:")
+    half = _tree("Sequential", {"0": "Linear", "1": "GELU", "2": "FusedLinear"})
+    assert format_diff(compare_reports(seq_a, half))[0].startswith("whole model:")
+
+
+def test_cb_diff_prints_both_quality_verdicts_and_the_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = _tree("Net", {"fc": "Linear"})
+    b = _tree("Net", {"fc": "Linear"})
+    a.metadata["quality"] = {"verdict": "clean", "advice": []}
+    b.metadata["quality"] = {"verdict": "contended", "advice": ["re-run on a quiet machine", "pin the threads"]}
+    a.save(tmp_path / "a")
+    b.save(tmp_path / "b")
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # after the A:/B: lines, the two verdicts (B's advice under it, as the html page shows), then the model
+    assert out[2:6] == [
+        "quality: A clean, B contended (a timed change may be the machine's, not the model's)",
+        "  B: re-run on a quiet machine",
+        "  B: pin the threads",
+        "whole model: A 1.000 ms -> B 1.000 ms (+0.0 %, within noise)",
+    ]
+    # a report written before quality was measured says so; a FLOP diff needs no timing caveat.
+    Report(b.rows, {"device_name": "cpu", "dtype": "fp32"}).save(tmp_path / "old")
+    for row in b.rows:
+        row.fwd_flops = 10.0
+    Report(b.rows, {**b.metadata, "quality": {"verdict": "noisy", "advice": []}}).save(tmp_path / "b2")
+    assert main(["diff", str(tmp_path / "old"), str(tmp_path / "b2"), "--metric", "fwd_flops"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "quality: A not measured, B noisy"
+    # unrelated models: the warning is the first line after A:/B:, before the verdicts
+    _tree("Other", {"x": "Conv2d"}).save(tmp_path / "other")
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "other")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith("warning: A and B look like different models: root Net vs Other; 0 of 2 components")
+    assert out[3] == "quality: A clean, B not measured"
+
+
+def test_a_column_that_cannot_be_compared_is_named() -> None:
+    a = _tree("Net", {})
+    with pytest.raises(ValueError, match="metric='status' cannot be compared"):
+        compare_reports(a, a, "status")
