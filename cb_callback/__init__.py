@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from cb_callback._api import profile_components  # the engine's, writing files where output_dir says
 from cb_callback._capture import Capture
 from cb_callback._compare import Comparison, compare_components
 from cb_callback._config import BenchmarkConfig
-from cb_callback._engine import ReplicateBatch, profile_captured, profile_components
+from cb_callback._engine import ReplicateBatch, profile_captured
 from cb_callback._gpu_registry import register_device_peaks
 from cb_callback._inputs import ComponentInputs, register_batch_rule, replicate_batch, slice_batch
 from cb_callback._isolate import (

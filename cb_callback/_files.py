@@ -44,7 +44,7 @@ class FileReporter:
         """
         if ctx.output_dir is None:
             return []
-        out = report.save(ctx.output_dir)
+        out = report.save(ctx.output_dir, html=False)  # the page below, so its path is known
         page = [write_html(report, out)] if self.html else []
         return [
             out / report.REPORT_FILE,

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from cb_callback._report import ComponentRow, Report
 
 __all__ = [
+    "HOTSPOTS_ARE",
     "MARKDOWN_HEADERS",
     "P90_HEADER",
     "SUMMARY_HEADERS",
@@ -36,9 +37,15 @@ MARKDOWN_HEADERS: tuple[str, ...] = (
 
 #: Columns of the component lines of :func:`format_summary`, in order.
 SUMMARY_HEADERS: tuple[str, ...] = (
-    "path", "type", "status", "calls", "fwd ms", "bwd ms", "total ms",
+    "path", "type", "status", "calls", "fwd ms", "bwd ms", "total ms", "share %",
     "GFLOP", "TFLOP/s", "MFU %", "peak MB", "GB/s", "bound",
 )  # fmt: skip
+
+#: What the hotspots of :func:`format_summary` are (:meth:`Report.hotspots`): measured
+#: (``ok``/``estimated``) rows none of whose children was measured.
+HOTSPOTS_ARE = "leaf-most: measured, no child measured"
+
+_RANKINGS = {"share": "share over the batches", "total_ms x calls": "total ms x calls"}
 
 #: With several captured batches a column after ``total ms``: the 90th percentile of the
 #: row's per-batch ``fwd_ms + bwd_ms`` (``details["p90_ms"]``); ``total ms`` is then a median.
@@ -107,6 +114,7 @@ def _summary_cells(row: ComponentRow) -> list[str]:
         _num(row.fwd_ms, 3),
         _num(row.bwd_ms, 3),
         _num(row.total_ms, 3),
+        _num(row.share, 1, 100.0),
         _num(_total_flops(row), 3, 1e-9),
         _num(row.tflops, 3),
         _num(row.mfu, 1, 100.0),
@@ -169,7 +177,9 @@ def format_summary(report: Report, top: int = 10) -> str:
     Returns:
         Lines of text: device, dtype and peaks (with their sources) when the
         metadata has them; the row counts by status; the root row; the ``top``
-        hotspots, most expensive over the step first; under ``errors:`` the
+        hotspots (:meth:`Report.hotspots`: the leaf-most measured rows, those
+        none of whose children was measured, their header says so and by what
+        they rank), most expensive over the step first; under ``errors:`` the
         rows that hold an ``error`` (a real failure; an ``ok`` row with one
         failed on some of several batches), one line each; and, when any row is flagged or
         the verdict is not clean, the quality section (:func:`quality_lines`).
@@ -180,6 +190,8 @@ def format_summary(report: Report, top: int = 10) -> str:
     Notes:
         Times, FLOPs, memory and bandwidth are per call; ``calls`` says how many
         calls the real step made (a hotspot's rank is ``total ms * calls``).
+        ``share %`` is the row's time over the step in percent of the root's
+        (``share``, what to compare first; over every batch with several).
         ``GFLOP`` is forward plus backward; ``MFU %`` is percent of the peak.
         A row's ``note`` (how an estimate was built, "a container") is not an
         error: a container estimated from its children is not listed.
@@ -210,10 +222,10 @@ def format_summary(report: Report, top: int = 10) -> str:
         ]
     hot = report.hotspots(top)
     if hot:
-        by_share = multi and all(math.isfinite(r.share) for r in hot)  # as Report.hotspots ranks them
+        ranking = report.hotspot_ranking()
         lines += [
             "",
-            f"top {len(hot)} hotspots (by {'share over the batches' if by_share else 'total ms x calls'}):",
+            f"top {len(hot)} hotspots ({HOTSPOTS_ARE}; by {_RANKINGS.get(ranking, ranking)}):",
             *_aligned(header, [_with_p90(_summary_cells(r), r, multi) for r in hot]),
         ]
 

@@ -12,8 +12,10 @@ ctx) -> list[Path]`` with a :class:`cb_callback.ReportContext` (``output_dir``,
     FileReporter().write(report, ReportContext(output_dir=Path("cb_out")))
     print(format_table(report))
 
-- :class:`FileReporter`: ``report.json``, ``components.csv`` and
-  ``icicle_<metric>.png`` in ``ctx.output_dir`` (nothing when it is ``None``).
+- :class:`FileReporter`: ``report.json``, ``components.csv``, ``report.html`` and
+  ``icicle_<metric>.png`` in ``ctx.output_dir`` (nothing when it is ``None``);
+  :func:`cb_callback.profile_components` adds one when given an ``output_dir``
+  and no ``reporters`` of the user's own.
 - :class:`TensorBoardReporter`: at ``ctx.step``, scalars
   ``component_benchmark/<metric>/<path>`` (the root as ``root``), texts
   ``component_benchmark/table`` and ``component_benchmark/summary``, images

@@ -182,7 +182,7 @@ def test_the_graph_sees_the_package() -> None:
     assert "cb_callback._schema" in GRAPH["cb_callback._report"]  # STATUSES, from the leaf module
     assert "cb_callback._schema" in GRAPH["cb_callback._table"]
     assert "cb_callback._report" not in GRAPH["cb_callback._table"]  # only under TYPE_CHECKING there
-    assert "cb_callback._table" not in GRAPH["cb_callback._report"]  # Report.summary imports it when called
+    assert "cb_callback._table" not in GRAPH["cb_callback._report"]  # Report.summary calls it via RENDERERS
     assert "cb_callback" in GRAPH["cb_callback.integrations.torchrec._fused"]  # `import cb_callback`
     assert GRAPH["cb_callback._schema"] == set()
 

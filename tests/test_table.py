@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+import re
 
 from cb_callback._report import ComponentRow, Report
-from cb_callback._table import MARKDOWN_HEADERS, format_summary, markdown_table
+from cb_callback._table import MARKDOWN_HEADERS, SUMMARY_HEADERS, format_summary, markdown_table
 
 NAN = math.nan
 NB2 = "\u00a0\u00a0"  # two non-breaking spaces: one depth level
@@ -81,7 +82,7 @@ def test_mfu_is_a_percent_in_text_a_fraction_in_data() -> None:
     mfu_column = MARKDOWN_HEADERS.index("MFU %")
     assert table[5].split(" | ")[mfu_column] == "25.0"
     assert "MFU %" in summary[summary.index("whole model:") + 1]
-    assert "25.0" in summary[summary.index("top 2 hotspots (by total ms x calls):") + 3].split()
+    assert "25.0" in summary[summary.index("top 2 hotspots (leaf-most: measured, no child measured; by total ms x calls):") + 3].split()
 
 
 def test_markdown_empty_report() -> None:
@@ -102,21 +103,22 @@ def test_summary_root_then_hotspots_in_order() -> None:
     lines = format_summary(_report()).split("\n")
     header = lines.index("whole model:")
     root = lines[header + 3].split()
-    # GFLOP = (2e9 + 4e9) / 1e9; MFU % = 0.125 * 100
+    # share % = 1.0 * 100; GFLOP = (2e9 + 4e9) / 1e9; MFU % = 0.125 * 100
     assert root == [
-        "(root)", "Net", "ok", "1", "4.000", "6.000", "10.000",
+        "(root)", "Net", "ok", "1", "4.000", "6.000", "10.000", "100.0",
         "6.000", "0.600", "12.5", "12.5", "50.0", "compute",
     ]  # fmt: skip
-    hot = lines.index("top 2 hotspots (by total ms x calls):")
+    hot = lines.index("top 2 hotspots (leaf-most: measured, no child measured; by total ms x calls):")
     # a.x costs 2 ms x 2 calls = 4 ms, b.1 1.5 ms x 1; a and b are containers
     first, second = lines[hot + 3].split(), lines[hot + 4].split()
+    # share 0.4 -> "40.0" (%)
     assert first == [
-        "a.x", "Linear", "ok", "2", "0.500", "1.500", "2.000",
+        "a.x", "Linear", "ok", "2", "0.500", "1.500", "2.000", "40.0",
         "3.000", "1.500", "25.0", "3.5", "20.0", "compute",
     ]  # fmt: skip
-    # no backward flops: GFLOP is the forward's 0.5; NaN shows as "-"
+    # no backward flops: GFLOP is the forward's 0.5; NaN (share too) shows as "-"
     assert second == [
-        "b.1", "My|Mod", "ok", "1", "1.500", "-", "1.500",
+        "b.1", "My|Mod", "ok", "1", "1.500", "-", "1.500", "-",
         "0.500", "-", "-", "-", "-", "memory",
     ]  # fmt: skip
     assert lines[hot + 5] == ""
@@ -167,3 +169,61 @@ def test_summary_errors_are_errors_not_notes() -> None:
     assert lines[start + 1 :] == ["  a [estimated]: replay raised RuntimeError: boom"]
     only_notes = [rows[0], ComponentRow("a", "Block", 1, "", "estimated", note="a container", total_ms=3.0)]
     assert "errors:" not in format_summary(Report(only_notes)).split("\n")
+
+
+# --- issue 14 §5: share in the summary, and a hotspots header that says what it lists -------------
+
+
+def _columns(line: str) -> list[str]:
+    """The cells of an aligned summary line (columns are two or more spaces apart)."""
+    return re.split(r"\s{2,}", line.strip())
+
+
+def test_the_summary_has_a_share_column_beside_the_times() -> None:
+    lines = format_summary(_report()).split("\n")
+    whole = lines.index("whole model:")
+    assert _columns(lines[whole + 1])[6:8] == ["total ms", "share %"]
+    assert SUMMARY_HEADERS.index("share %") == SUMMARY_HEADERS.index("total ms") + 1
+    # the root's share 1.0 -> "100.0"; a.x's 0.4 (2 ms x 2 calls / 10 ms) -> "40.0"
+    assert _columns(lines[whole + 3])[6:8] == ["10.000", "100.0"]
+    hot = next(i for i, line in enumerate(lines) if line.startswith("top 2 hotspots"))
+    assert _columns(lines[hot + 3])[:8] == ["a.x", "Linear", "ok", "2", "0.500", "1.500", "2.000", "40.0"]
+    # with several batches the p90 comes after total ms, then the share
+    multi = format_summary(Report(_report().rows, {"batches": 2})).split("\n")
+    assert _columns(multi[multi.index("whole model:") + 1])[6:9] == ["total ms", "p90 ms", "share %"]
+
+
+def test_the_hotspots_header_says_it_lists_the_leaf_most_measured_rows() -> None:
+    rows = [
+        ComponentRow("", "Net", 0, None, "ok", calls=1, total_ms=10.0, share=1.0),
+        # "a" was measured, its only child skipped: leaf-most, so a hotspot although not a leaf
+        ComponentRow("a", "Block", 1, "", "ok", calls=1, total_ms=6.0, share=0.6),
+        ComponentRow("a.0", "Linear", 2, "a", "skipped", error="below descend_share"),
+        # "b" has a measured child: not a hotspot; its child "b.0" is
+        ComponentRow("b", "Block", 1, "", "ok", calls=1, total_ms=3.0, share=0.3),
+        ComponentRow("b.0", "Linear", 2, "b", "ok", calls=1, total_ms=2.5, share=0.25),
+    ]  # fmt: skip
+    report = Report(rows)
+    assert [r.path for r in report.hotspots()] == ["a", "b.0"]  # 6 ms, then 2.5 ms
+    lines = format_summary(report).split("\n")
+    assert "top 2 hotspots (leaf-most: measured, no child measured; by total ms x calls):" in lines
+
+
+def test_the_hotspots_header_names_the_ranking_hotspots_used() -> None:
+    # Two batches, but "y" has no share: Report.hotspots ranks every candidate by total ms x calls
+    # (x: 5 ms, y: 1 ms). The header used to look only at the top rows shown ([x], with a share)
+    # and said "by share over the batches".
+    rows = [
+        ComponentRow("", "Net", 0, None, "ok", calls=1, total_ms=6.0, share=1.0),
+        ComponentRow("x", "Linear", 1, "", "ok", calls=1, total_ms=5.0, share=0.5),
+        ComponentRow("y", "Linear", 1, "", "ok", calls=1, total_ms=1.0),
+    ]  # fmt: skip
+    report = Report(rows, {"batches": 2})
+    assert report.hotspot_ranking() == "total_ms x calls"
+    lines = format_summary(report, top=1).split("\n")
+    assert "top 1 hotspots (leaf-most: measured, no child measured; by total ms x calls):" in lines
+    rows[2].share = 0.1  # every candidate has a share: by share
+    assert report.hotspot_ranking() == "share"
+    assert "top 1 hotspots (leaf-most: measured, no child measured; by share over the batches):" in (
+        format_summary(report, top=1).split("\n")
+    )

@@ -13,7 +13,7 @@ from torch import nn
 
 from cb_callback import profile_components
 from cb_callback._html import HTML_FILE, render_html, write_html
-from cb_callback._report import Report
+from cb_callback._report import ComponentRow, Report
 from tests._browser import browser, new_page
 
 __all__ = ["browser"]  # the fixture
@@ -313,3 +313,77 @@ def test_compile_errors_and_break_reasons_are_escaped(browser: object, tmp_path:
         assert page.locator("#evil").count() == 0
         assert log.errors == []
         assert log.requests == [page_file.as_uri()]
+
+
+# --- issue 14 §5: the CSV's units, the details' numbers, a report saved elsewhere ---------------
+
+
+def _units_report() -> Report:
+    """A hand-made report whose numbers have known percents and units."""
+    rows = [
+        ComponentRow("", "Net", 0, None, "ok", calls=1, fwd_ms=4.0, bwd_ms=6.0, total_ms=10.0, share=1.0,
+                     mfu=0.5, bw_util=0.25, noise=0.01),
+        ComponentRow("a", "Linear", 1, "", "ok", calls=2, fwd_ms=0.123456, total_ms=0.8835, share=0.1767,
+                     mfu=0.17671234, bw_util=0.0303, noise=0.125, fwd_flops=2147483648.0, bytes=132096.0,
+                     peak_mem_mb=12.5, tflops=0.0012346, intensity=16.2566, details={"iqr_ms": 0.0123456789}),
+    ]  # fmt: skip
+    return Report(rows, {"device_name": "cpu"})
+
+
+def test_the_csv_holds_percents_under_percent_headers(browser: object, tmp_path: Path) -> None:
+    out = _units_report().save(tmp_path)  # Report.save writes the page (issue 14)
+    with new_page(browser) as (page, log):
+        _open(page, out)
+        with page.expect_download() as dl:
+            page.click("#csv")
+        table = {r["path"]: r for r in csv.DictReader(io.StringIO(Path(dl.value.path()).read_text()))}
+        # the table shows share 0.1767 as "17.7" under "share %": the CSV the same unit, every digit
+        assert _cell(page, "a", "share %") == "17.7"
+        assert table["a"]["share %"] == "17.67"  # 0.1767 * 100
+        assert table["a"]["MFU %"] == "17.671234"  # 0.17671234 * 100 (the float product 17.671234000000002, rounded to 15 digits)
+        assert table["a"]["BW %"] == "3.03"  # 0.0303 * 100 (3.0300000000000002 in floats)
+        assert table["a"]["noise %"] == "12.5"  # 0.125 * 100
+        assert table["(root)"]["share %"] == "100" and table["(root)"]["MFU %"] == "50"
+        assert table["a"]["total ms"] == "0.8835" and table["a"]["ms \u00d7 calls"] == "1.767"  # not scaled
+        # the roll-ups too: Linear's share is 0.8835 ms x 2 calls / 10 ms = 0.1767 -> 17.67
+        page.click(".tabs button[data-view='types']")
+        groups = {r["group"]: r for r in csv.DictReader(io.StringIO(page.evaluate("window.cbViewer.csv()")))}
+        assert groups["Linear"]["share %"] == "17.67" and groups["Linear"]["mean MFU %"] == "17.671234"
+        assert log.errors == []
+
+
+def test_the_details_show_numbers_with_units_and_four_significant_figures(browser: object, tmp_path: Path) -> None:
+    out = _units_report().save(tmp_path)
+    with new_page(browser) as (page, log):
+        _open(page, out)
+        page.click('#table tr[data-path="a"]')
+
+        def shown(key: str) -> str:
+            return page.locator(f"#details dd[data-key='{key}']").inner_text()
+
+        assert shown("mfu") == "17.67 %"  # 0.17671234 -> 17.671234 % -> 4 significant figures
+        assert page.locator("#details dd[data-key='mfu']").get_attribute("title") == "0.17671234"  # the exact value
+        assert shown("share") == "17.67 %" and shown("bw_util") == "3.03 %" and shown("noise") == "12.5 %"
+        assert shown("fwd_ms") == "0.1235 ms"  # 0.123456
+        assert shown("total_ms") == "0.8835 ms"
+        assert shown("bwd_ms") == "-"  # NaN, saved as null
+        assert shown("fwd_flops") == "2.147 GFLOP"  # 2147483648 = 2.147e9
+        assert shown("bytes") == "132.1 kB"  # 132096 = 1.321e5 (decimal, as GB/s)
+        assert shown("peak_mem_mb") == "12.5 MiB"
+        assert shown("tflops") == "0.001235 TFLOP/s"  # 0.0012346
+        assert shown("intensity") == "16.26 FLOP/byte"  # 16.2566
+        assert shown("calls") == "2" and shown("depth") == "1" and shown("module_type") == "Linear"
+        assert '"iqr_ms": 0.01235' in page.locator("#details pre").inner_text()  # 0.0123456789
+        assert log.errors == []
+
+
+def test_a_report_saved_elsewhere_links_its_own_copy_of_the_artifacts(browser: object, report_dir: Path, tmp_path: Path) -> None:
+    moved = Report.load(report_dir).save(tmp_path / "moved")
+    with new_page(browser) as (page, log):
+        _open(page, moved)
+        page.click('#table tr[data-path="blocks.1.attn"]')
+        href = page.locator("#details a.artifact[data-kind='ops']").evaluate("a => a.href")
+        assert href == (moved / "artifacts" / "blocks.1.attn" / "ops.csv").as_uri()  # under the new directory
+        assert Path(href.removeprefix("file://")).read_text() == "name,calls\naten::addmm,1\n"
+        assert "aten::addmm" in page.locator("#details .op-table").inner_text()  # its top operators, from the copy
+        assert log.errors == []

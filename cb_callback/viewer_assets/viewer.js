@@ -249,13 +249,13 @@
     { key: "bwd_ms", label: "bwd ms", num: true, get: function (r) { return r.bwd_ms; }, show: function (v) { return fmt(v, 3); } },
     { key: "total_ms", label: "total ms", num: true, get: function (r) { return r.total_ms; }, show: function (v) { return fmt(v, 3); } },
     { key: "step", label: "ms \u00d7 calls", num: true, get: stepMs, show: function (v) { return fmt(v, 3); } },
-    { key: "share", label: "share %", num: true, get: function (r) { return r.share; }, show: function (v) { return fmt(v, 1, 100); } },
-    { key: "noise", label: "noise %", num: true, get: function (r) { return r.noise; }, show: function (v) { return fmt(v, 1, 100); } },
+    { key: "share", label: "share %", num: true, scale: 100, get: function (r) { return r.share; }, show: function (v) { return fmt(v, 1, 100); } },
+    { key: "noise", label: "noise %", num: true, scale: 100, get: function (r) { return r.noise; }, show: function (v) { return fmt(v, 1, 100); } },
     { key: "gflop", label: "GFLOP", num: true, get: totalGflop, show: function (v) { return fmt(v, 3); } },
     { key: "tflops", label: "TFLOP/s", num: true, get: function (r) { return r.tflops; }, show: function (v) { return fmt(v, 3); } },
-    { key: "mfu", label: "MFU %", num: true, get: function (r) { return r.mfu; }, show: function (v) { return fmt(v, 1, 100); } },
+    { key: "mfu", label: "MFU %", num: true, scale: 100, get: function (r) { return r.mfu; }, show: function (v) { return fmt(v, 1, 100); } },
     { key: "gbps", label: "GB/s", num: true, get: function (r) { return r.gbps; }, show: function (v) { return fmt(v, 1); } },
-    { key: "bw_util", label: "BW %", num: true, get: function (r) { return r.bw_util; }, show: function (v) { return fmt(v, 1, 100); } },
+    { key: "bw_util", label: "BW %", num: true, scale: 100, get: function (r) { return r.bw_util; }, show: function (v) { return fmt(v, 1, 100); } },
     { key: "peak_mem_mb", label: "peak MiB", num: true, get: function (r) { return r.peak_mem_mb; }, show: function (v) { return fmt(v, 1); } },
     { key: "bound", label: "bound", get: function (r) { return r.bound || "-"; } },
     { key: "flags", label: "flags", get: function (r) { return flagsOf(r).join(" "); } }
@@ -292,8 +292,8 @@
     { key: "group", label: "group", get: function (g) { return g.group; } },
     { key: "count", label: "count", num: true, get: function (g) { return g.count; }, show: esc },
     { key: "step", label: "ms \u00d7 calls", num: true, get: function (g) { return g.step; }, show: function (v) { return fmt(v, 3); } },
-    { key: "share", label: "share %", num: true, get: function (g) { return g.share; }, show: function (v) { return fmt(v, 1, 100); } },
-    { key: "mfu", label: "mean MFU %", num: true, get: function (g) { return g.mfu; }, show: function (v) { return fmt(v, 1, 100); } }
+    { key: "share", label: "share %", num: true, scale: 100, get: function (g) { return g.share; }, show: function (v) { return fmt(v, 1, 100); } },
+    { key: "mfu", label: "mean MFU %", num: true, scale: 100, get: function (g) { return g.mfu; }, show: function (v) { return fmt(v, 1, 100); } }
   ];
 
   function globToRegExp(glob) {
@@ -382,14 +382,21 @@
     document.getElementById("table").innerHTML = "<thead>" + head + "</thead><tbody>" + body + "</tbody>";
     document.getElementById("shown").textContent = t.items.length + " of " + (state.view === "components" ? rows.length + " components" : "groups");
   }
+  /* The CSV of what is shown: the table's headers over the table's units (a "%" column holds
+   * percents, 17.67 for a share of 0.1767), every digit kept (15 significant: the scaling's
+   * rounding error dropped); missing values are empty. */
   function toCsv() {
     var t = currentTable();
     function cell(v) {
       var s = v === null || v === undefined || (typeof v === "number" && !isFinite(v)) ? "" : String(v);
       return /[",\n]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
     }
+    function value(c, item) {
+      var v = c.get(item);
+      return c.scale && isNum(v) ? Number((v * c.scale).toPrecision(15)) : v;
+    }
     var lines = [t.cols.map(function (c) { return cell(c.label); }).join(",")];
-    t.items.forEach(function (item) { lines.push(t.cols.map(function (c) { return cell(c.get(item)); }).join(",")); });
+    t.items.forEach(function (item) { lines.push(t.cols.map(function (c) { return cell(value(c, item)); }).join(",")); });
     return lines.join("\n") + "\n";
   }
 
@@ -477,12 +484,46 @@
     }
     return '<section class="compile-whatif"><h3>compile what-if</h3>' + out.join("") + "</section>";
   }
+  /* The details panel's numbers: 4 significant figures with their unit (the table's units;
+   * fractions as percents); the exact value is the cell's tooltip. */
+  var UNITS = {
+    fwd_ms: "ms", bwd_ms: "ms", total_ms: "ms", cpu_ms: "ms", device_ms: "ms", compiled_ms: "ms",
+    tflops: "TFLOP/s", params_mb: "MiB", activation_mb: "MiB", peak_mem_mb: "MiB", gbps: "GB/s",
+    intensity: "FLOP/byte"
+  };
+  var PERCENTS = { share: 1, noise: 1, mfu: 1, bw_util: 1 };
+  var SI = { fwd_flops: "FLOP", bwd_flops: "FLOP", bytes: "B" };
+  function sig(v, n) {
+    if (!isNum(v)) return "-";
+    var a = Math.abs(v);
+    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(n - 1).replace("e+", "e");
+    return String(Number(v.toPrecision(n)));
+  }
+  function siText(v, unit) {
+    if (!isNum(v)) return "-";
+    var prefixes = ["", "k", "M", "G", "T", "P", "E"], i = 0, a = Math.abs(v);
+    while (i < prefixes.length - 1 && a >= 1000) { a /= 1000; v /= 1000; i++; }
+    if (Number(a.toPrecision(4)) >= 1000 && i < prefixes.length - 1) { v /= 1000; i++; }
+    return sig(v, 4) + " " + prefixes[i] + unit;
+  }
+  function detailText(k, v) {
+    if (v === null || v === undefined) return "-";
+    if (typeof v !== "number") return String(v);
+    if (!isFinite(v)) return "-";
+    if (PERCENTS[k]) return sig(v * 100, 4) + " %";
+    if (SI[k]) return siText(v, SI[k]);
+    if (UNITS[k]) return sig(v, 4) + " " + UNITS[k];
+    if (k === "compile_speedup") return "\u00d7" + sig(v, 4);
+    return Number.isInteger(v) ? String(v) : sig(v, 4);
+  }
+  /* JSON.stringify's replacer for the details dump: fractional numbers to 4 significant figures. */
+  function rounded(k, v) { return typeof v === "number" && isFinite(v) && !Number.isInteger(v) ? Number(v.toPrecision(4)) : v; }
   function drawDetails() {
     var el = document.getElementById("details"), r = state.selected === null ? null : byPath.get(state.selected);
     if (!r) { el.innerHTML = '<p class="muted">Select a component in the icicle or the table.</p>'; return; }
     var items = Object.keys(r).filter(function (k) { return k !== "details"; }).map(function (k) {
-      var v = r[k];
-      return "<dt>" + esc(k) + "</dt><dd>" + esc(v === null || v === undefined ? "-" : v) + "</dd>";
+      var v = r[k], exact = typeof v === "number" ? ' title="' + esc(v) + '"' : "";
+      return '<dt>' + esc(k) + '</dt><dd data-key="' + esc(k) + '"' + exact + ">" + esc(detailText(k, v)) + "</dd>";
     }).join("");
     var det = r.details || {};
     var arts = det.artifacts || {};
@@ -496,8 +537,8 @@
     var ops = "";
     if (Array.isArray(det.ops_top) && det.ops_top.length) {
       var keys = Object.keys(det.ops_top[0]);
-      ops = '<h3>top operators</h3><table class="op-table"><tr>' + keys.map(function (k) { return "<th>" + esc(k) + "</th>"; }).join("") + "</tr>" +
-        det.ops_top.map(function (o) { return "<tr>" + keys.map(function (k) { return "<td>" + esc(o[k]) + "</td>"; }).join("") + "</tr>"; }).join("") + "</table>";
+      ops = '<h3>top operators</h3><div class="scroll-x"><table class="op-table"><tr>' + keys.map(function (k) { return "<th>" + esc(k) + "</th>"; }).join("") + "</tr>" +
+        det.ops_top.map(function (o) { return "<tr>" + keys.map(function (k) { return "<td>" + esc(o[k]) + "</td>"; }).join("") + "</tr>"; }).join("") + "</table></div>";
     }
     var shown = { artifacts: 1, ops_top: 1, batches: 1, median_ms: 1, p90_ms: 1, shapes: 1, compile: 1 };  // drawn above the dump
     var rest = {};
@@ -506,7 +547,8 @@
       (flagsOf(r).length ? "<p>" + flagsOf(r).map(function (x) { return '<span class="flag">' + esc(x) + "</span>"; }).join("") + "</p>" : "") +
       '<p class="artifacts">' + (links ? "artifacts: " + links : '<span class="muted">no artifacts (profile with artifacts=("trace", "ops", "memory"))</span>') + "</p>" +
       compileSection(r) + batchesSection(r) +
-      ops + "<dl>" + items + "</dl><h3>details</h3><pre>" + esc(JSON.stringify(rest, null, 1)) + "</pre>";
+      ops + "<dl>" + items + '</dl><h3>details</h3><p class="muted">numbers to 4 significant figures (report.json has every digit)</p><pre>' +
+      esc(JSON.stringify(rest, rounded, 1)) + "</pre>";
   }
   function select(path, fromTable) {
     state.selected = byPath.has(path) ? path : null;

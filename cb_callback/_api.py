@@ -1,0 +1,63 @@
+"""The public entry layer: wires the engine and the results model to the renderers.
+
+Above every other layer, this module is the one place that knows all of them
+(the engine may not import reporters, and the results model may not import its
+renderers), so it does the two joins users see:
+
+- :func:`profile_components` is the engine's, with a file reporter added when
+  an ``output_dir`` is named and the user gave no ``reporters`` of their own:
+  the report is where the user asked for it.
+- :class:`~cb_callback._report.Report`'s renderers (:data:`RENDERERS`): its
+  ``summary()`` is :func:`~cb_callback._table.format_summary` and its ``save()``
+  writes ``report.html`` with :func:`~cb_callback._html.write_html`.
+
+``cb_callback/__init__.py`` imports this module, so both hold whenever the
+package is imported. The file reporter (matplotlib, for its icicles) is
+imported only when it is used.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from cb_callback import _engine
+from cb_callback._config import BenchmarkConfig
+from cb_callback._html import write_html
+from cb_callback._report import RENDERERS, Report
+from cb_callback._table import format_summary
+
+__all__ = ["profile_components"]
+
+RENDERERS.summary = format_summary
+RENDERERS.page = write_html
+
+
+@functools.wraps(_engine.profile_components)
+def profile_components(
+    model: nn.Module,
+    args: Any = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    batches: Sequence[Any] | None = None,
+    config: BenchmarkConfig | None = None,
+    **options: Any,
+) -> Report:
+    # The docstring is the engine's (functools.wraps). What this adds: with an output_dir and
+    # no reporters of the user's own (neither the `reporters=` option, even empty, nor a
+    # non-empty config.reporters), a FileReporter writes report.json, components.csv,
+    # report.html and the icicle PNGs there, beside the artifacts.
+    output_dir = options.get("output_dir", getattr(config, "output_dir", None))
+    own = "reporters" in options or bool(getattr(config, "reporters", ()))
+    if output_dir is not None and not own:
+        from cb_callback._files import FileReporter
+
+        options = {**options, "reporters": (FileReporter(),)}
+    report = _engine.profile_components(model, args, kwargs, batches=batches, config=config, **options)
+    if output_dir is not None and report.source_dir is None:
+        report.source_dir = Path(output_dir).absolute()  # where the engine wrote the artifacts
+    return report
