@@ -87,7 +87,9 @@ class BenchmarkConfig:
             built-ins.
         reporters: :class:`cb_callback.Reporter` plugins called with the report.
         output_dir: where reporters and metric artifacts write files; ``None``:
-            nothing is written by the engine.
+            nothing is written. ``profile_components`` with an ``output_dir``
+            and no ``reporters`` of the caller's own writes the report's files
+            there (a ``FileReporter``).
         seed: seed of the random gradient of the outputs in the backward replay.
         progress: called as ``progress(done, total, path)`` after each component.
         artifacts: per-component artifacts to write under

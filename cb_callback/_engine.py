@@ -1104,7 +1104,10 @@ def profile_components(
             and ``shapes`` (the distinct input shapes; a KeyedJaggedTensor's
             values per feature).
         config: a :class:`BenchmarkConfig`; ``options`` override its fields.
-        **options: :class:`BenchmarkConfig` fields.
+        **options: :class:`BenchmarkConfig` fields. With ``output_dir`` and no
+            ``reporters`` of your own, the report is written there
+            (``report.json``, ``components.csv``, ``report.html``, icicle PNGs),
+            beside any artifacts.
 
     Returns:
         A :class:`Report`, one row per component.
@@ -1133,7 +1136,7 @@ def profile_components(
     inference = torch.is_inference_mode_enabled()
     grad_note = _grad_mode_note(inference)
     if grad_note is not None and cfg.backward:
-        warnings.warn(f"cb_callback: {grad_note}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"cb_callback: {grad_note}", RuntimeWarning, stacklevel=3)
         cfg = cfg.replace(backward=False)
     inputs = _batch_inputs(args, kwargs, batches)
     device = _device(cfg.device, model)
@@ -1165,7 +1168,7 @@ def profile_components(
                 warnings.warn(
                     f"cb_callback: the capture forward{which} raised {_error_text(e)}; profiling what was captured",
                     RuntimeWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
     calls = captures[0].calls if len(captures) == 1 else [c.calls for c in captures]
     with contextlib.ExitStack() as mode:
