@@ -37,16 +37,20 @@ def test_columns_are_the_contract() -> None:
     assert list(COLUMNS) == list(report.to_dataframe().columns)
 
 
-def test_shared_module_is_one_component_with_its_calls() -> None:
+def test_shared_module_has_a_row_under_each_parent_with_its_calls_there() -> None:
+    # enc is called once by the root itself and once inside dec (as dec.0): one row under each
+    # parent with the calls made there (issue 14: before, one row "enc" with 2 calls, which the
+    # parent check then divided by the root's 1 call), each measured on its first call there.
     report = profile_components(Shared(), (torch.randn(2, 8),), **FAST)
-    paths = [r.path for r in report]
-    assert "dec.0" not in paths  # registered twice: reported once, under its first name
-    enc = report.row("enc")
-    assert enc.calls == 2 and enc.status == "ok"
-    assert enc.parent == ""
+    enc, dec0 = report.row("enc"), report.row("dec.0")
+    assert (enc.calls, dec0.calls) == (1, 1)
+    assert enc.status == dec0.status == "ok"
+    assert (enc.parent, dec0.parent) == ("", "dec")
+    assert enc.details["shared_with"] == ["dec.0"] and dec0.details["shared_with"] == ["enc"]
+    assert enc.fwd_flops == dec0.fwd_flops == 2 * 2 * 8 * 8  # the same Linear(8, 8) on [2, 8]
     assert report.row("dec.1").calls == 1
     assert report.row("unused").status == "not_run"
-    assert report.children("dec") == [report.row("dec.1")]
+    assert report.children("dec") == [report.row("dec.0"), report.row("dec.1")]
 
 
 def test_rows_are_breadth_first_in_execution_order() -> None:
