@@ -83,6 +83,30 @@ class SnapshotError(RuntimeError):
     """A snapshot cannot be written or read (the message says why and the fix)."""
 
 
+def _os_error(e: BaseException) -> OSError | None:
+    """``e`` or the ``OSError`` behind it (torch turns a failed write into a ``RuntimeError``)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError):
+            return x
+        todo += [x.__cause__, x.__context__]
+    return None
+
+
+def _with_path(e: OSError, path: Path) -> OSError:
+    """``e``, naming ``path`` when it names no file (a failed ``write`` does not)."""
+    if e.filename is not None or e.errno is None:
+        return e
+    named = OSError(e.errno, e.strerror, str(path))
+    named.__cause__ = e
+    return named
+
+
 @dataclass
 class Snapshot:
     """A loaded snapshot.
@@ -300,7 +324,8 @@ def save_snapshot(
     Raises:
         SnapshotError: when the model or an input cannot be pickled (a lambda, an
             open file, a class defined inside a function …), naming the object.
-        OSError: when the directory cannot be written.
+        OSError: when the directory cannot be written (a full disk: ``ENOSPC``),
+            naming the file; a partly written ``snapshot.pt.tmp`` is removed.
     """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -323,7 +348,13 @@ def save_snapshot(
     }
     tmp = out / (SNAPSHOT_FILE + ".tmp")
     try:
-        torch.save(payload, tmp)
+        with open(tmp, "wb") as f:  # a Python file: a failed write raises its OSError (ENOSPC ...)
+            torch.save(payload, f)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        if (os_error := _os_error(e)) is None:
+            raise
+        raise _with_path(os_error, tmp) from e
     except (pickle.PicklingError, AttributeError, TypeError) as e:
         tmp.unlink(missing_ok=True)
         raise SnapshotError(
@@ -347,7 +378,10 @@ def save_snapshot(
         **_main_script(),
         "warning": "snapshot.pt is a pickle: only load snapshots you trust.",
     }
-    (out / META_FILE).write_text(json.dumps(description, indent=1, default=str))
+    try:
+        (out / META_FILE).write_text(json.dumps(description, indent=1, default=str))
+    except OSError as e:
+        raise _with_path(e, out / META_FILE) from e
     return out
 
 

@@ -178,3 +178,27 @@ def test_precision_context_mirrors_lightning_precisions() -> None:
     with true64():
         assert torch.get_default_dtype() == torch.float64
     assert torch.get_default_dtype() == torch.float32
+
+
+# --- a full disk names the file (issue 14 §4) ---------------------------------------------------
+
+
+def _small_snapshot(directory: Path) -> Path:
+    model = nn.Linear(4, 2)
+    return save_snapshot(directory, model, _captured(model, torch.randn(3, 4)).calls)
+
+
+def test_a_snapshot_json_the_disk_cannot_hold_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    real = Path.write_text
+
+    def write_text(self: Path, *args: Any, **kwargs: Any) -> int:
+        if self.name == META_FILE:
+            raise OSError(errno.ENOSPC, "No space left on device")  # a failed write() names no file
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    with pytest.raises(OSError) as info:
+        _small_snapshot(tmp_path)
+    assert (info.value.errno, info.value.filename) == (errno.ENOSPC, str(tmp_path / META_FILE))
