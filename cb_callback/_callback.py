@@ -255,10 +255,10 @@ class ComponentBenchmark(Callback):
         self._publish(trainer, self.report, _publish.write_files(self.report, ctx))
 
     def _finish_fork(self, trainer: pl.Trainer, result: ChildResult) -> None:
-        fork, self._fork, report = self._fork, None, fork_report(result, " Training is not affected.")
-        if report is not None and fork is not None:
+        self._fork, report = None, fork_report(result, " Training is not affected.")
+        if report is not None:
             self.report = report
-            self._publish(trainer, report, fork.work_dir)
+            self._publish(trainer, report, result.files)
 
     def _tensorboard(self, trainer: pl.Trainer) -> _publish.TensorBoardTarget | None:
         """Rank zero's first ``TensorBoardLogger``; ``None`` if there is none or logging is off."""
@@ -267,13 +267,11 @@ class ComponentBenchmark(Callback):
             return None
         return _publish.TensorBoardTarget(logger.log_dir, lambda: logger.experiment)
 
-    def _publish(self, trainer: pl.Trainer, report: Report, files_dir: Path | None) -> None:
-        """Log to TensorBoard and say where everything is (rank zero)."""
-        if trainer.is_global_zero:
-            ctx = ReportContext(output_dir=files_dir, step=self.capture_step)
-            line = _publish.log_to_tensorboard(report, ctx, self._tensorboard(trainer), self.log_to_tensorboard)
-            if line is not None:
-                rank_zero_info(line)
+    def _publish(self, trainer: pl.Trainer, report: Report, files: _publish.FilesWritten) -> None:
+        """Log to TensorBoard and say where everything is, and why files are missing (rank zero)."""
+        ctx, target = ReportContext(output_dir=files.directory, step=self.capture_step), self._tensorboard(trainer)
+        if trainer.is_global_zero and (line := _publish.log_to_tensorboard(report, ctx, target, self.log_to_tensorboard, files.problem)):
+            rank_zero_info(line)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -6,6 +6,7 @@ import argparse
 import fnmatch
 import math
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     replay = sub.add_parser(
         "replay",
         help="profile a snapshot (written by ComponentBenchmark(mode='fork')) offline",
-        description=f"Profile a snapshot offline, e.g. on another machine or GPU. {_TRUST}",
+        description=f"Profile a snapshot offline, e.g. on another machine or GPU. Exit status: 0 profiled "
+        "and written, 1 profiled but the report files could not be written, 2 could not replay (the "
+        f"snapshot cannot be read, the device is not available, an invalid option). {_TRUST}",
     )
     replay.add_argument("snapshot", metavar="SNAPSHOT_DIR", type=Path, help="directory with snapshot.pt")
     replay.add_argument(
@@ -55,7 +58,12 @@ def _parser() -> argparse.ArgumentParser:
         "block does not run",
     )
 
-    report = sub.add_parser("report", help="print a saved report's summary and hotspots")
+    report = sub.add_parser(
+        "report",
+        help="print a saved report's summary and hotspots",
+        description="Print a saved report's summary and hotspots. Exit status: 0 printed, 2 no report "
+        "or one that cannot be read (not JSON, not a report's schema).",
+    )
     report.add_argument(
         "report", metavar="DIR", type=Path,
         help="directory with report.json (or the file), or a directory above reports such as a "
@@ -145,28 +153,55 @@ def _default_device(recorded: str | None) -> tuple[str, str | None]:
     return recorded, None
 
 
-def _replay(args: argparse.Namespace) -> int:
-    from cb_callback._snapshot import SnapshotError, load_snapshot, read_description
+def _device(args: argparse.Namespace) -> str | None:
+    """Where ``replay`` / ``compare`` run (printing why when not the recorded device); ``None``: not here.
 
-    description = read_description(args.snapshot)
-    recorded = description.get("metadata", {}).get("capture_device")
+    ``None`` after one line on stderr saying why the device cannot be used
+    (:func:`cb_callback._snapshot.device_problem`): CUDA missing from this
+    torch build or finding no GPU, a ``cuda:N`` that does not exist ...
+    """
+    from cb_callback._snapshot import device_problem, read_description
+
+    recorded = read_description(args.snapshot).get("metadata", {}).get("capture_device")
     device, note = (args.device, None) if args.device is not None else _default_device(recorded)
     if note is not None:
         print(f"cb: {note}")
+    problem = device_problem(device)
+    if problem is None:
+        return device
+    where = f"--device {device}" if args.device is not None else f"the capture device {device}"
+    print(f"cb: error: {where}: {problem}; pass --device cpu (or a device this machine has)", file=sys.stderr)
+    return None
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from cb_callback._snapshot import SnapshotError, load_snapshot
+
+    device = _device(args)
+    if device is None:
+        return 2
     out = args.out if args.out is not None else args.snapshot / "replay"
     print(f"cb: loading {args.snapshot} ({_TRUST.lower()})")
     try:
         snapshot = load_snapshot(args.snapshot, map_location=device, script=args.script)
-    except SnapshotError as e:
+        options = _compile_options(args)
+        snapshot.benchmark_config(device=device, **options)  # an invalid option fails here, not mid-way
+    except (SnapshotError, ValueError) as e:
         print(f"cb: error: {e}", file=sys.stderr)
-        return 1
+        return 2
     from cb_callback._files import FileReporter
     from cb_callback._plugins import ReportContext
+    from cb_callback._publish import error_line
 
-    report = snapshot.profile(device=device, output_dir=out, progress=_progress, **_compile_options(args))
+    report = snapshot.profile(device=device, output_dir=out, progress=_progress, **options)
     print(file=sys.stderr)
     step = int(snapshot.metadata.get("capture_step", 0) or 0)
-    written = FileReporter().write(report, ReportContext(output_dir=out, step=step))
+    try:
+        written = FileReporter().write(report, ReportContext(output_dir=out, step=step))
+    except OSError as e:
+        print(report.summary(top=args.top))
+        print(f"cb: error: could not write the report files to {out} ({error_line(e)})", file=sys.stderr)
+        return 1
     print(report.summary(top=args.top))
     print(f"\ncb: report written to {out} ({', '.join(p.name for p in written)})")
     return 0
@@ -176,12 +211,34 @@ def _progress(done: int, total: int, path: str) -> None:
     print(f"\rcb: profiled {done}/{total} components ({path or 'root'})\033[K", end="", file=sys.stderr)
 
 
+def _unreadable(where: Path, e: BaseException) -> str:
+    """The one line for a report at ``where`` that :meth:`Report.load` could not read."""
+    import json
+
+    if isinstance(e, ValueError) and str(e).startswith("cannot read a report at "):
+        return str(e)  # Report.load names the file and the reason itself
+    if isinstance(e, json.JSONDecodeError):
+        reason = f"not JSON ({e})"
+    elif isinstance(e, KeyError):
+        reason = f"not a report's schema: {e} missing"
+    elif isinstance(e, (TypeError, AttributeError)):
+        reason = f"not a report's schema ({type(e).__name__}: {e})"
+    else:
+        reason = str(e)
+    return f"cannot read a report at {where}: {reason}"
+
+
 def _load(path: Path) -> Report | None:
+    """The report at (or newest under) ``path``; ``None`` after one line on stderr saying why not."""
     try:
         directory, others = resolve_report_dir(path)
-        report = Report.load(directory)
-    except (OSError, ValueError, KeyError) as e:
+    except OSError as e:
         print(f"cb: error: cannot read a report at {path}: {e}", file=sys.stderr)
+        return None
+    try:
+        report = Report.load(directory)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        print(f"cb: error: {_unreadable(directory / Report.REPORT_FILE, e)}", file=sys.stderr)
         return None
     if directory != path and directory != path.parent:
         more = f" ({len(others)} older report(s) under it too)" if others else ""
@@ -203,9 +260,14 @@ def _selected(report: Report, depth: int | None, pattern: str | None) -> list[Co
 def _report(args: argparse.Namespace) -> int:
     report = _load(args.report)
     if report is None:
-        return 1
+        return 2
     directory = Path(report.metadata.pop("_directory"))
-    print(report.summary(top=args.top))
+    try:
+        summary = report.summary(top=args.top)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # values of the wrong type in a row
+        print(f"cb: error: {_unreadable(directory / Report.REPORT_FILE, e)}", file=sys.stderr)
+        return 2
+    print(summary)
     if args.sort or args.depth is not None or args.filter:
         rows = _selected(report, args.depth, args.filter)
         if args.sort:
@@ -287,27 +349,54 @@ def _takes_one_argument(fn: Any) -> bool:
     return False
 
 
+def _one_line(e: BaseException) -> str:
+    """``Type: message (at FILE:LINE in FUNCTION)``, the innermost frame's place, one line of 300 characters at most."""
+    from cb_callback._publish import error_line
+
+    text = error_line(e)
+    if len(text) > 300:
+        text = text[:297] + "..."
+    frames = traceback.extract_tb(e.__traceback__)
+    return text if not frames else f"{text} (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})"
+
+
+def _raising_side(e: BaseException, reference: Any, candidate: Any) -> str | None:
+    """``"reference"`` or ``"candidate"``: whose code raised ``e`` (``None``: neither's).
+
+    The outermost frame of the traceback that runs a method of a module (its
+    ``self``) is the module the comparison called: the reference itself, or the
+    candidate (which ``compare_components`` runs as a copy). A candidate of the
+    reference's own class is told apart by identity only, so a copy of the
+    reference (made when it must move to another device) reads as the candidate.
+    """
+    from torch import nn
+
+    tb = e.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, nn.Module):
+            if owner is reference or (type(owner) is type(reference) and type(reference) is not type(candidate)):
+                return "reference"
+            return "candidate" if isinstance(owner, type(candidate)) else None
+        tb = tb.tb_next
+    return None
+
+
 def _compare_cmd(args: argparse.Namespace) -> int:
     import torch
     from torch import nn
 
     from cb_callback._compare import compare_components
-    from cb_callback._snapshot import (
-        SnapshotError,
-        load_snapshot,
-        precision_context,
-        read_description,
-    )
+    from cb_callback._snapshot import SnapshotError, load_snapshot, precision_context
 
-    description = read_description(args.snapshot)
-    recorded = description.get("metadata", {}).get("capture_device")
-    device, note = (args.device, None) if args.device is not None else _default_device(recorded)
-    if note is not None:
-        print(f"cb: {note}")
+    device = _device(args)
+    if device is None:
+        return 2
     print(f"cb: loading {args.snapshot} ({_TRUST.lower()})")
     try:
         snapshot = load_snapshot(args.snapshot, map_location=device, script=args.script)
         factory = _candidate_factory(args.candidate)
+        cfg = snapshot.benchmark_config(device=device, output_dir=None, reporters=(), **_compile_options(args))
     except (SnapshotError, ValueError) as e:
         print(f"cb: error: {e}", file=sys.stderr)
         return 2
@@ -316,17 +405,30 @@ def _compare_cmd(args: argparse.Namespace) -> int:
         print(f"cb: error: the snapshot has no captured call of {args.path!r}; captured: {known}", file=sys.stderr)
         return 2
     reference = snapshot.model.get_submodule(args.path)
-    candidate = factory(reference) if _takes_one_argument(factory) else factory()
+    name = f"{args.path or '(root)'} ({type(reference).__name__})"
+    try:
+        candidate = factory(reference) if _takes_one_argument(factory) else factory()
+    except Exception as e:
+        print(f"cb: error: could not compare: the candidate factory {args.candidate} raised {_one_line(e)}", file=sys.stderr)
+        return 2
     if not isinstance(candidate, nn.Module):
         print(f"cb: error: {args.candidate} returned {type(candidate).__name__}, not an nn.Module", file=sys.stderr)
         return 2
-    cfg = snapshot.benchmark_config(device=device, output_dir=None, reporters=(), **_compile_options(args))
-    comparison = compare_components(
-        reference, candidate, snapshot.calls[args.path], rtol=args.rtol, atol=args.atol,
-        backward=cfg.backward and not args.no_backward, config=cfg,
-        forward_context=precision_context(snapshot.precision, torch.device(device).type),
-    )  # fmt: skip
-    print(f"cb: {args.path or '(root)'} ({type(reference).__name__}) vs {args.candidate} ({type(candidate).__name__})")
+    try:
+        comparison = compare_components(
+            reference, candidate, snapshot.calls[args.path], rtol=args.rtol, atol=args.atol,
+            backward=cfg.backward and not args.no_backward, config=cfg,
+            forward_context=precision_context(snapshot.precision, torch.device(device).type),
+        )  # fmt: skip
+    except Exception as e:
+        side = _raising_side(e, reference, candidate)
+        who = {
+            "reference": f"the reference {name}",
+            "candidate": f"the candidate {args.candidate} ({type(candidate).__name__})",
+        }.get(side or "", f"comparing {name} with {args.candidate}")
+        print(f"cb: error: could not compare: {who} raised {_one_line(e)}", file=sys.stderr)
+        return 2
+    print(f"cb: {name} vs {args.candidate} ({type(candidate).__name__})")
     print(comparison.summary())
     return 0 if comparison.equivalent else 1
 

@@ -122,15 +122,17 @@ class Fork:
 
 
 def fork_report(result: ChildResult, then: str = "") -> Report | None:
-    """The report a child ended with; a child that failed is one ``RuntimeWarning``.
+    """The report a child ended with; what went wrong is one ``RuntimeWarning``.
 
     Args:
         result: how the child ended.
         then: appended to the warning (what it means for the run).
 
     Returns:
-        The report, or ``None`` after the warning.
+        The report, or ``None`` after the warning. A child that wrote
+        ``report.json`` but not every other file (a full disk) gives both: the
+        report, and the warning that names the error and the directory.
     """
-    if result.report is None:
+    if result.error is not None or result.report is None:
         warnings.warn(f"cb_callback: {result.error}{then}", RuntimeWarning, stacklevel=3)
     return result.report

@@ -54,6 +54,7 @@ __all__ = [
     "SNAPSHOT_FILE",
     "Snapshot",
     "SnapshotError",
+    "device_problem",
     "load_snapshot",
     "precision_context",
     "save_snapshot",
@@ -79,8 +80,69 @@ _IMPORT_HINT = (
 )
 
 
+# What torch.load raises for a file that is not a (complete) torch.save zip archive.
+_FORMAT_ERRORS = ("PytorchStreamReader", "zip archive", "magic number")
+
+
 class SnapshotError(RuntimeError):
     """A snapshot cannot be written or read (the message says why and the fix)."""
+
+
+def device_problem(device: str | torch.device) -> str | None:
+    """Why ``device`` cannot be used on this machine, in words; ``None`` when it can.
+
+    Checked: that torch knows the device string, that CUDA is built into this
+    torch and finds a device, that a ``cuda:N`` index exists, and for other
+    device types (``mps``, ``xpu`` ...) their backend's ``is_available()``.
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        return f"{str(device)!r} is not a device torch knows ({e})"
+    build = f"torch {torch.__version__}"
+    if dev.type == "cuda":
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            return f"CUDA is not available: {build} is built without CUDA (torch.version.cuda is None)"
+        if not torch.cuda.is_available():
+            return (
+                f"CUDA is not available: {build} is built with CUDA {torch.version.cuda or torch.version.hip} "
+                "but finds no CUDA device (torch.cuda.is_available() is False: no GPU, its driver, or "
+                "CUDA_VISIBLE_DEVICES)"
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            return f"there is no {dev}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+        return None
+    if dev.type == "mps":
+        return None if torch.backends.mps.is_available() else f"MPS is not available in {build} on this machine"
+    is_available = getattr(getattr(torch, dev.type, None), "is_available", None)
+    if callable(is_available) and not is_available():
+        return f"{dev.type} is not available in {build} on this machine ({dev.type}.is_available() is False)"
+    return None
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """``e`` or the ``OSError`` behind it (torch turns a failed write into a ``RuntimeError``)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError):
+            return x
+        todo += [x.__cause__, x.__context__]
+    return None
+
+
+def _with_path(e: OSError, path: Path) -> OSError:
+    """``e``, naming ``path`` when it names no file (a failed ``write`` does not)."""
+    if e.filename is not None or e.errno is None:
+        return e
+    named = OSError(e.errno, e.strerror, str(path))
+    named.__cause__ = e
+    return named
 
 
 @dataclass
@@ -300,7 +362,8 @@ def save_snapshot(
     Raises:
         SnapshotError: when the model or an input cannot be pickled (a lambda, an
             open file, a class defined inside a function …), naming the object.
-        OSError: when the directory cannot be written.
+        OSError: when the directory cannot be written (a full disk: ``ENOSPC``),
+            naming the file; a partly written ``snapshot.pt.tmp`` is removed.
     """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -323,7 +386,13 @@ def save_snapshot(
     }
     tmp = out / (SNAPSHOT_FILE + ".tmp")
     try:
-        torch.save(payload, tmp)
+        with open(tmp, "wb") as f:  # a Python file: a failed write raises its OSError (ENOSPC ...)
+            torch.save(payload, f)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        if (os_error := _os_error(e)) is None:
+            raise
+        raise _with_path(os_error, tmp) from e
     except (pickle.PicklingError, AttributeError, TypeError) as e:
         tmp.unlink(missing_ok=True)
         raise SnapshotError(
@@ -347,7 +416,10 @@ def save_snapshot(
         **_main_script(),
         "warning": "snapshot.pt is a pickle: only load snapshots you trust.",
     }
-    (out / META_FILE).write_text(json.dumps(description, indent=1, default=str))
+    try:
+        (out / META_FILE).write_text(json.dumps(description, indent=1, default=str))
+    except OSError as e:
+        raise _with_path(e, out / META_FILE) from e
     return out
 
 
@@ -453,8 +525,13 @@ def load_snapshot(
         The snapshot.
 
     Raises:
-        SnapshotError: no snapshot there, a format this version does not read, or a
-            class in it cannot be imported (named, with the fix).
+        SnapshotError: no snapshot there, a file that is not a complete snapshot
+            ("truncated or not a snapshot?": only for unpickling and archive
+            errors), a format this version does not read, a class in it that
+            cannot be imported (named, with the fix), or another error of
+            ``torch.load`` (its type and message).
+        ValueError: ``map_location`` is a device this machine does not have
+            (see :func:`device_problem`), e.g. ``"cuda"`` on a CPU-only torch.
 
     Notes:
         Classes of ``__main__`` are found the way ``multiprocessing``'s ``spawn``
@@ -475,6 +552,8 @@ def load_snapshot(
         path = path / SNAPSHOT_FILE
     if not path.is_file():
         raise SnapshotError(f"no snapshot at {path}: expected a directory with {SNAPSHOT_FILE}")
+    if isinstance(map_location, (str, torch.device)) and (problem := device_problem(map_location)) is not None:
+        raise ValueError(f"map_location={str(map_location)!r}: {problem}")
     description = read_description(path.parent)
     model_class = description.get("model_class", "the model's class")
     main = _MainScript(description, script)
@@ -496,8 +575,12 @@ def load_snapshot(
             f"({type(e).__name__}: {e}). The snapshot's model is {model_class}. Its training "
             f"script: {main.describe()}. {_IMPORT_HINT}"
         ) from e
-    except (pickle.UnpicklingError, EOFError, RuntimeError) as e:
+    except (pickle.UnpicklingError, EOFError) as e:
         raise SnapshotError(f"cannot read the snapshot {path} (truncated or not a snapshot?): {e}") from e
+    except RuntimeError as e:
+        if any(marker in str(e) for marker in _FORMAT_ERRORS):
+            raise SnapshotError(f"cannot read the snapshot {path} (truncated or not a snapshot?): {e}") from e
+        raise SnapshotError(f"cannot load the snapshot {path}: {type(e).__name__}: {e}") from e
     if not isinstance(payload, dict) or "model" not in payload:
         raise SnapshotError(f"{path} is not a cb_callback snapshot")
     if payload.get("format", 0) > FORMAT:

@@ -11,6 +11,7 @@ import multiprocessing
 import shutil
 import sys
 import types
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -114,7 +115,8 @@ def test_the_report_is_picked_up_at_the_next_batch_end(tmp_path: Path, monkeypat
     assert seen == [(1, False), (2, False), (3, True), (4, True)]
     (proc,) = _InlineProcess.started
     out = Path(trainer.logger.log_dir) / "component_benchmark"
-    assert proc.args == (str(out / "snapshot"), str(out), "cpu", 1)
+    assert proc.args[:4] == (str(out / "snapshot"), str(out), "cpu", 1)
+    assert isinstance(proc.args[4], Connection)  # the pipe the child says what failed through
     assert proc.daemon is True
     assert cb.report is not None and cb.report.metadata["mode"] == "fork"
     assert cb.report.metadata["capture_device"] == "cpu"

@@ -66,9 +66,9 @@ def test_replay_of_a_broken_snapshot_fails_with_a_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / SNAPSHOT_FILE).write_bytes(b"garbage")
-    assert main(["replay", str(tmp_path), "--device", "cpu"]) == 1
+    assert main(["replay", str(tmp_path), "--device", "cpu"]) == 2  # could not replay (see the help)
     assert "cb: error: cannot read the snapshot" in capsys.readouterr().err
-    assert main(["replay", str(tmp_path / "nowhere"), "--device", "cpu"]) == 1
+    assert main(["replay", str(tmp_path / "nowhere"), "--device", "cpu"]) == 2
     assert "cb: error: no snapshot at" in capsys.readouterr().err
 
 
@@ -85,7 +85,7 @@ def test_report_prints_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture
     report.save(tmp_path)
     assert main(["report", str(tmp_path), "--top", "1"]) == 0
     assert capsys.readouterr().out == Report.load(tmp_path).summary(top=1) + "\n"
-    assert main(["report", str(tmp_path / "missing")]) == 1
+    assert main(["report", str(tmp_path / "missing")]) == 2  # no report: could not do it
     assert "cb: error: cannot read a report at" in capsys.readouterr().err
 
 

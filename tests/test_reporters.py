@@ -14,6 +14,7 @@ import cb_callback.reporters as reporters
 from cb_callback import ReportContext, Reporter
 from cb_callback._publish import (
     ERROR_FILE,
+    FilesWritten,
     TensorBoardTarget,
     log_to_tensorboard,
     open_writer,
@@ -92,16 +93,21 @@ def test_file_reporter_writes_what_the_readme_says(tmp_path: Path) -> None:
 
 def test_write_files_returns_the_directory_or_warns(tmp_path: Path) -> None:
     ctx = ReportContext(output_dir=tmp_path / "out", step=2)
-    assert write_files(_report(), ctx) == tmp_path / "out"
+    assert write_files(_report(), ctx) == FilesWritten(tmp_path / "out")
     assert (tmp_path / "out" / "report.json").is_file()
-    assert write_files(_report(), ReportContext(output_dir=None)) is None
+    assert write_files(_report(), ReportContext(output_dir=None)) == FilesWritten(None)
     blocker = tmp_path / "file"
     blocker.write_text("")
+    out = blocker / "out"
     with pytest.warns(RuntimeWarning) as record:
-        assert write_files(_report(), ReportContext(output_dir=blocker / "out")) is None
-    (message,) = _ours(record)
-    assert message.startswith(f"cb_callback: could not write the report files to {blocker / 'out'} (")
-    assert message.endswith("; the report is in ComponentBenchmark.report.")
+        files = write_files(_report(), ReportContext(output_dir=out))
+    # mkdir under a file: errno 20, ENOTDIR, and the error names the directory
+    problem = f"could not write the report files to {out} (NotADirectoryError: [Errno 20] Not a directory (ENOTDIR): '{out}')"
+    assert files == FilesWritten(None, problem)
+    assert _ours(record) == [
+        f"cb_callback: {problem}: no report.json was written, the files there may be missing or incomplete; "
+        "the report is in ComponentBenchmark.report."
+    ]
 
 
 def test_log_to_tensorboard_uses_the_targets_writer_at_the_step(no_icicles: None, tmp_path: Path) -> None:

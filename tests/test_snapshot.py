@@ -17,6 +17,7 @@ from cb_callback._snapshot import (
     META_FILE,
     SNAPSHOT_FILE,
     SnapshotError,
+    device_problem,
     load_snapshot,
     precision_context,
     save_snapshot,
@@ -178,3 +179,66 @@ def test_precision_context_mirrors_lightning_precisions() -> None:
     with true64():
         assert torch.get_default_dtype() == torch.float64
     assert torch.get_default_dtype() == torch.float32
+
+
+# --- errors that say what they are (issue 14 §4) ----------------------------------------------
+
+
+def _small_snapshot(directory: Path) -> Path:
+    model = nn.Linear(4, 2)
+    return save_snapshot(directory, model, _captured(model, torch.randn(3, 4)).calls)
+
+
+def test_loading_onto_a_device_this_machine_lacks_is_a_value_error_not_truncated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = _small_snapshot(tmp_path)
+    monkeypatch.setattr(torch.version, "cuda", None)  # a CPU-only torch build, whatever this machine has
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError) as info:
+        load_snapshot(snap, map_location="cuda")
+    assert str(info.value) == (
+        f"map_location='cuda': CUDA is not available: torch {torch.__version__} is built without CUDA "
+        "(torch.version.cuda is None)"
+    )
+    assert device_problem("cpu") is None
+
+
+def test_other_torch_load_errors_are_named_not_called_truncated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = _small_snapshot(tmp_path)
+    why = "don't know how to restore data location of torch.storage.UntypedStorage (tagged with xla:0)"
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(why)
+
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.raises(SnapshotError) as info:
+        load_snapshot(snap, map_location="cpu")
+    assert str(info.value) == f"cannot load the snapshot {snap / SNAPSHOT_FILE}: RuntimeError: {why}"
+
+
+def test_a_plain_pickle_is_still_not_a_snapshot(tmp_path: Path) -> None:
+    import pickle
+
+    (tmp_path / SNAPSHOT_FILE).write_bytes(pickle.dumps([1, 2]))  # torch.load: "Invalid magic number"
+    with pytest.raises(SnapshotError, match=r"cannot read the snapshot .* \(truncated or not a snapshot\?\)"):
+        load_snapshot(tmp_path)
+
+
+def test_a_snapshot_json_the_disk_cannot_hold_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    real = Path.write_text
+
+    def write_text(self: Path, *args: Any, **kwargs: Any) -> int:
+        if self.name == META_FILE:
+            raise OSError(errno.ENOSPC, "No space left on device")  # a failed write() names no file
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    with pytest.raises(OSError) as info:
+        _small_snapshot(tmp_path)
+    assert (info.value.errno, info.value.filename) == (errno.ENOSPC, str(tmp_path / META_FILE))
