@@ -294,7 +294,7 @@ def _fmt(value: float) -> str:
 def _diff(args: argparse.Namespace) -> int:
     a, b = _load(args.a), _load(args.b)
     if a is None or b is None:
-        return 1
+        return 2  # could not compare: as every command that could not do its work
     a.metadata.pop("_directory", None)
     b.metadata.pop("_directory", None)
     print(f"A: {args.a}  ({a.metadata.get('device_name', '?')}, {a.metadata.get('dtype', '?')})")

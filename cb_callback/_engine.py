@@ -32,6 +32,7 @@ from cb_callback._compile import (
     fill_children_separately,
 )
 from cb_callback._config import BenchmarkConfig, resolve_dtype
+from cb_callback._devices import device_problem
 from cb_callback._estimate import derive, estimate_from_children
 from cb_callback._hardware import (
     Peaks,
@@ -160,30 +161,15 @@ def _device(wanted: Any, model: nn.Module) -> torch.device:
     """The device to replay on: ``wanted`` (checked to exist here), else the model's.
 
     Raises:
-        ValueError: a device string torch does not know, or a device this machine
-            lacks (CUDA on a CPU build, a GPU index beyond the ones present), with the fix.
+        ValueError: a device this machine lacks (CUDA on a CPU build, a GPU index
+            past the visible ones, an unknown device string), with the fix.
     """
     if wanted is None:
         return model_device(model)
-    try:
-        device = torch.device(wanted)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device={wanted!r} is not a device torch knows ({e})") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-            raise ValueError(
-                f"device={wanted!r}: CUDA is not available here (torch {torch.__version__} is {build}, or no "
-                "GPU is visible); use device='cpu', or install a CUDA build of torch on a machine with a GPU"
-            )
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device={wanted!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
-    elif device.type not in ("cpu", "meta"):
-        backend = getattr(torch, device.type, None)
-        available = getattr(backend, "is_available", None)
-        if callable(available) and not available():
-            raise ValueError(f"device={wanted!r}: no {device.type} device is available here; use device='cpu'")
-    return device
+    problem = device_problem(wanted)
+    if problem is not None:
+        raise ValueError(f"device={str(wanted)!r}: {problem}; use device='cpu' or a device this machine has")
+    return torch.device(wanted)
 
 
 def _params_mb(module: nn.Module) -> float:

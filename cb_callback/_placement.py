@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from cb_callback._devices import device_problem
+
 __all__ = [
     "OUTPUT_SUBDIR",
     "RANKS",
@@ -103,11 +105,11 @@ def check_pause_device(device: str | torch.device | None) -> None:
     Any available device is fine: the engine profiles a copy of the module there.
 
     Raises:
-        ValueError: ``device`` is CUDA and CUDA is not available, with the fix.
+        ValueError: ``device`` is one this machine lacks (:func:`cb_callback._devices.device_problem`), with the fix.
     """
-    if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
+    problem = None if device is None else device_problem(device)
+    if problem is not None:
         raise ValueError(
-            f"ComponentBenchmark(device={str(device)!r}): CUDA is not available here; drop "
-            "device= to profile where the module lives, or replay the fork-mode snapshot on a GPU "
-            "machine with `cb replay`"
+            f"ComponentBenchmark(device={str(device)!r}): {problem}; drop device= to profile where the "
+            "module lives, or replay the fork-mode snapshot on a machine that has it with `cb replay`"
         )

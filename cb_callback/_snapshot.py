@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from cb_callback._config import BenchmarkConfig
+from cb_callback._devices import device_problem
 from cb_callback._engine import profile_captured
 from cb_callback._inputs import ComponentInputs
 from cb_callback._precision import AUTOCAST_DTYPES, DEFAULT_DTYPES
@@ -54,7 +55,6 @@ __all__ = [
     "SNAPSHOT_FILE",
     "Snapshot",
     "SnapshotError",
-    "device_problem",
     "load_snapshot",
     "precision_context",
     "save_snapshot",
@@ -86,39 +86,6 @@ _FORMAT_ERRORS = ("PytorchStreamReader", "zip archive", "magic number")
 
 class SnapshotError(RuntimeError):
     """A snapshot cannot be written or read (the message says why and the fix)."""
-
-
-def device_problem(device: str | torch.device) -> str | None:
-    """Why ``device`` cannot be used on this machine, in words; ``None`` when it can.
-
-    Checked: that torch knows the device string, that CUDA is built into this
-    torch and finds a device, that a ``cuda:N`` index exists, and for other
-    device types (``mps``, ``xpu`` ...) their backend's ``is_available()``.
-    """
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError) as e:
-        return f"{str(device)!r} is not a device torch knows ({e})"
-    build = f"torch {torch.__version__}"
-    if dev.type == "cuda":
-        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-            return f"CUDA is not available: {build} is built without CUDA (torch.version.cuda is None)"
-        if not torch.cuda.is_available():
-            return (
-                f"CUDA is not available: {build} is built with CUDA {torch.version.cuda or torch.version.hip} "
-                "but finds no CUDA device (torch.cuda.is_available() is False: no GPU, its driver, or "
-                "CUDA_VISIBLE_DEVICES)"
-            )
-        count = torch.cuda.device_count()
-        if dev.index is not None and dev.index >= count:
-            return f"there is no {dev}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
-        return None
-    if dev.type == "mps":
-        return None if torch.backends.mps.is_available() else f"MPS is not available in {build} on this machine"
-    is_available = getattr(getattr(torch, dev.type, None), "is_available", None)
-    if callable(is_available) and not is_available():
-        return f"{dev.type} is not available in {build} on this machine ({dev.type}.is_available() is False)"
-    return None
 
 
 def _os_error(e: BaseException) -> OSError | None:

@@ -136,7 +136,7 @@ def test_a_failing_profile_run_warns_writes_an_error_file_and_training_continues
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_pause_mode_refuses_an_unavailable_device(tmp_path: Path) -> None:
     cb = ComponentBenchmark(capture_step=1, device="cuda", **OPTS)
-    with pytest.raises(ValueError, match=r"device='cuda'.*CUDA is not available here"):
+    with pytest.raises(ValueError, match=r"device='cuda'.*CUDA is not available: "):
         run_fit(tmp_path, [cb], max_steps=2, logger=False)
 
 

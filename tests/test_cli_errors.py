@@ -269,3 +269,11 @@ def test_report_on_a_file_that_is_not_a_report_is_one_line(
     assert line.startswith(head) and len(line) > len(head)
     if reason is not None:
         assert reason in line
+
+
+def test_diff_that_cannot_read_a_report_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "report.json").write_text("{}")
+    # 2: could not compare (as cb compare and cb report say it), not 1
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "a")]) == 2
+    assert "cannot read a report at" in capsys.readouterr().err

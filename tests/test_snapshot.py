@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 from cb_callback import BenchmarkConfig, Capture, profile_components
+from cb_callback._devices import device_problem
 from cb_callback._snapshot import (
     META_FILE,
     SNAPSHOT_FILE,
     SnapshotError,
-    device_problem,
     load_snapshot,
     precision_context,
     save_snapshot,
