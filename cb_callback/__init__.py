@@ -8,7 +8,9 @@ Public surface::
 
 ``ComponentBenchmark`` (the Lightning callback) is imported lazily, so that the
 engine works without importing Lightning; so is :mod:`cb_callback.reporters`
-(the built-in reporters and renderers, which import matplotlib).
+(the built-in reporters and renderers, which import matplotlib). It is public
+(``from cb_callback import ComponentBenchmark``) but not in ``__all__``, so that
+``from cb_callback import *`` stays as light as ``import cb_callback``.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cb_callback._api import profile_components  # the engine's, writing files where output_dir says
-from cb_callback._capture import Capture
-from cb_callback._compare import Comparison, compare_components
-from cb_callback._config import BenchmarkConfig
-from cb_callback._engine import ReplicateBatch, profile_captured
-from cb_callback._gpu_registry import register_device_peaks
-from cb_callback._inputs import ComponentInputs, register_batch_rule, replicate_batch, slice_batch
-from cb_callback._isolate import (
+from cb_callback._engine.capture import Capture
+from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._engine.inputs import (
+    ComponentInputs,
+    register_batch_rule,
+    replicate_batch,
+    slice_batch,
+)
+from cb_callback._engine.isolate import (
     Instrument,
     PassContext,
     PassResult,
@@ -32,30 +36,28 @@ from cb_callback._isolate import (
     register_grad_targets,
     unobserved,
 )
-from cb_callback._metrics import (
-    FlopsMetric,
-    LatencyMetric,
-    MemoryMetric,
-    TrafficMetric,
-    register_flop_rule,
-    register_traffic_rule,
-)
-from cb_callback._plugins import (
+from cb_callback._engine.plugins import (
     ArtifactMetric,
     InstrumentingMetric,
     MeasureContext,
     MetricPlugin,
     PrepareContext,
     Preprocessor,
-    ReportContext,
-    Reporter,
 )
-from cb_callback._report import COLUMNS, STATUSES, ComponentRow, Report
-from cb_callback._state import StateGuard, register_state_saver
-from cb_callback._storage import storage_key
+from cb_callback._engine.profile import ReplicateBatch, profile_captured
+from cb_callback._engine.state import StateGuard, register_state_saver
+from cb_callback._engine.storage import storage_key
+from cb_callback._hardware.registry import register_device_peaks
+from cb_callback._metrics.flops import FlopsMetric, register_flop_rule
+from cb_callback._metrics.latency import LatencyMetric
+from cb_callback._metrics.memory import MemoryMetric
+from cb_callback._metrics.traffic import TrafficMetric, register_traffic_rule
+from cb_callback._report.context import ReportContext, Reporter
+from cb_callback._report.model import COLUMNS, STATUSES, ComponentRow, Report
+from cb_callback._whatif.compare import Comparison, compare_components
 
 if TYPE_CHECKING:
-    from cb_callback._callback import ComponentBenchmark
+    from cb_callback._lightning.callback import ComponentBenchmark as ComponentBenchmark
 
 __version__ = "0.1.0"
 
@@ -66,7 +68,6 @@ __all__ = [
     "BenchmarkConfig",
     "Capture",
     "Comparison",
-    "ComponentBenchmark",
     "ComponentInputs",
     "ComponentRow",
     "FlopsMetric",
@@ -107,7 +108,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "ComponentBenchmark":
-        from cb_callback._callback import ComponentBenchmark
+        from cb_callback._lightning.callback import ComponentBenchmark
 
         return ComponentBenchmark
     if name == "reporters":

@@ -7,9 +7,9 @@ renderers), so it does the two joins users see:
 - :func:`profile_components` is the engine's, with a file reporter added when
   an ``output_dir`` is named and the user gave no ``reporters`` of their own:
   the report is where the user asked for it.
-- :class:`~cb_callback._report.Report`'s renderers (:data:`RENDERERS`): its
-  ``summary()`` is :func:`~cb_callback._table.format_summary` and its ``save()``
-  writes ``report.html`` with :func:`~cb_callback._html.write_html`.
+- :class:`~cb_callback._report.model.Report`'s renderers (:data:`RENDERERS`): its
+  ``summary()`` is :func:`~cb_callback._report.table.format_summary` and its ``save()``
+  writes ``report.html`` with :func:`~cb_callback._report.html.write_html`.
 
 ``cb_callback/__init__.py`` imports this module, so both hold whenever the
 package is imported. The file reporter (matplotlib, for its icicles) is
@@ -25,11 +25,11 @@ from typing import Any
 
 from torch import nn
 
-from cb_callback import _engine
-from cb_callback._config import BenchmarkConfig
-from cb_callback._html import write_html
-from cb_callback._report import RENDERERS, Report
-from cb_callback._table import format_summary
+from cb_callback._engine import profile as _engine
+from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._report.html import write_html
+from cb_callback._report.model import RENDERERS, Report
+from cb_callback._report.table import format_summary
 
 __all__ = ["profile_components"]
 
@@ -54,7 +54,7 @@ def profile_components(
     output_dir = options.get("output_dir", getattr(config, "output_dir", None))
     own = "reporters" in options or bool(getattr(config, "reporters", ()))
     if output_dir is not None and not own:
-        from cb_callback._files import FileReporter
+        from cb_callback._report.files import FileReporter
 
         options = {**options, "reporters": (FileReporter(),)}
     report = _engine.profile_components(model, args, kwargs, batches=batches, config=config, **options)

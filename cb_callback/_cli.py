@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cb_callback._diff import compare_reports, format_diff
-from cb_callback._discover import resolve_report_dir
-from cb_callback._report import COLUMNS, ComponentRow, Report
-from cb_callback._table import format_rows
+from cb_callback._report.diff import compare_reports, format_diff
+from cb_callback._report.discover import resolve_report_dir
+from cb_callback._report.model import COLUMNS, ComponentRow, Report
+from cb_callback._report.table import format_rows
 
 __all__ = ["main"]
 
@@ -157,10 +157,10 @@ def _device(args: argparse.Namespace) -> str | None:
     """Where ``replay`` / ``compare`` run (printing why when not the recorded device); ``None``: not here.
 
     ``None`` after one line on stderr saying why the device cannot be used
-    (:func:`cb_callback._snapshot.device_problem`): CUDA missing from this
+    (:func:`cb_callback._whatif.snapshot.device_problem`): CUDA missing from this
     torch build or finding no GPU, a ``cuda:N`` that does not exist ...
     """
-    from cb_callback._snapshot import device_problem, read_description
+    from cb_callback._whatif.snapshot import device_problem, read_description
 
     recorded = read_description(args.snapshot).get("metadata", {}).get("capture_device")
     device, note = (args.device, None) if args.device is not None else _default_device(recorded)
@@ -175,7 +175,7 @@ def _device(args: argparse.Namespace) -> str | None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from cb_callback._snapshot import SnapshotError, load_snapshot
+    from cb_callback._whatif.snapshot import SnapshotError, load_snapshot
 
     device = _device(args)
     if device is None:
@@ -189,9 +189,9 @@ def _replay(args: argparse.Namespace) -> int:
     except (SnapshotError, ValueError) as e:
         print(f"cb: error: {e}", file=sys.stderr)
         return 2
-    from cb_callback._files import FileReporter
-    from cb_callback._plugins import ReportContext
-    from cb_callback._publish import error_line
+    from cb_callback._lightning.publish import error_line
+    from cb_callback._report.context import ReportContext
+    from cb_callback._report.files import FileReporter
 
     report = snapshot.profile(device=device, output_dir=out, progress=_progress, **options)
     print(file=sys.stderr)
@@ -281,7 +281,7 @@ def _report(args: argparse.Namespace) -> int:
         print(f"\ncomponents ({len(rows)} of {len(report.rows)}):")
         print(format_rows(rows))
     if args.html:
-        from cb_callback._html import write_html
+        from cb_callback._report.html import write_html
 
         print(f"cb: wrote {write_html(report, directory)}")
     return 0
@@ -303,7 +303,7 @@ def _diff(args: argparse.Namespace) -> int:
     keep = {r.path for r in _selected(b, args.depth, args.filter)} | {r.path for r in _selected(a, args.depth, args.filter)}
     print("\n".join(format_diff(d, sort=args.sort, paths=keep)))
     if args.html is not None:
-        from cb_callback._html import write_diff_html
+        from cb_callback._report.html import write_diff_html
 
         print(f"cb: wrote {write_diff_html(a, b, d, args.html)}")
     return 0
@@ -351,7 +351,7 @@ def _takes_one_argument(fn: Any) -> bool:
 
 def _one_line(e: BaseException) -> str:
     """``Type: message (at FILE:LINE in FUNCTION)``, the innermost frame's place, one line of 300 characters at most."""
-    from cb_callback._publish import error_line
+    from cb_callback._lightning.publish import error_line
 
     text = error_line(e)
     if len(text) > 300:
@@ -386,8 +386,8 @@ def _compare_cmd(args: argparse.Namespace) -> int:
     import torch
     from torch import nn
 
-    from cb_callback._compare import compare_components
-    from cb_callback._snapshot import SnapshotError, load_snapshot, precision_context
+    from cb_callback._whatif.compare import compare_components
+    from cb_callback._whatif.snapshot import SnapshotError, load_snapshot, precision_context
 
     device = _device(args)
     if device is None:

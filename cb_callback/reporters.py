@@ -31,8 +31,8 @@ engine or Lightning.
 
 from __future__ import annotations
 
-from cb_callback._files import FileReporter
-from cb_callback._table import format_summary, format_table
-from cb_callback._tensorboard import TensorBoardReporter
+from cb_callback._report.files import FileReporter
+from cb_callback._report.table import format_summary, format_table
+from cb_callback._report.tensorboard import TensorBoardReporter
 
 __all__ = ["FileReporter", "TensorBoardReporter", "format_summary", "format_table"]

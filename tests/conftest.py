@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-# Tests never read or write the user's kept CPU peak calibrations (cb_callback._peak_cache):
+# Tests never read or write the user's kept CPU peak calibrations (cb_callback._hardware.cache):
 # a cache of their own for this run, inherited by the processes they start; each test
 # starts from an empty one (_own_peak_cache), so a fake clock's figure never reaches the next.
 os.environ["CB_CACHE_DIR"] = tempfile.mkdtemp(prefix="cb-test-cache-")
@@ -78,7 +78,7 @@ def load_example(name: str) -> ModuleType:
 @pytest.fixture
 def cuda_name(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
     """Make ``resolve_peaks`` see a CUDA device of the given name (there is no GPU here)."""
-    import cb_callback._hardware as hw
+    import cb_callback._hardware.peaks as hw
 
     def set_name(name: str) -> None:
         monkeypatch.setattr(hw, "_cuda_device_name", lambda device: name)

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from cb_callback import BenchmarkConfig, profile_components
-from cb_callback._html import with_artifact_tables
 from cb_callback._metrics.artifacts import OPS_COLUMNS
+from cb_callback._report.html import with_artifact_tables
 
 FAST = dict(min_run_time_s=0.0, min_repeats=2, max_repeats=2, rounds=1)
 
@@ -81,7 +81,7 @@ def test_the_page_shows_each_components_top_operators(tmp_path: Path) -> None:
 
 
 def test_artifact_directories_never_collide_or_escape(tmp_path: Path) -> None:
-    from cb_callback._engine import _artifact_dir
+    from cb_callback._engine.profile import _artifact_dir
 
     cfg = BenchmarkConfig(output_dir=str(tmp_path))
     assert _artifact_dir(cfg, "") == tmp_path / "artifacts" / "root"
@@ -98,3 +98,10 @@ def test_the_page_reads_no_ops_table_outside_the_report(tmp_path: Path) -> None:
                                      {"path": "a", "details": {"artifacts": {"ops": str(secret)}}}]}
     out = with_artifact_tables(data, tmp_path / "rep")
     assert all("ops_top" not in r["details"] for r in out["rows"])
+
+
+def test_every_artifact_kind_the_config_accepts_has_its_plugin() -> None:
+    from cb_callback._engine.config import ARTIFACT_KINDS
+    from cb_callback._metrics.artifacts import artifact_plugins
+
+    assert [p.name for p in artifact_plugins(ARTIFACT_KINDS)] == [f"{k}_artifact" for k in ARTIFACT_KINDS]

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from cb_callback import Capture, profile_components
-from cb_callback._batches import input_signature, merge_batches, p90
-from cb_callback._inputs import ComponentInputs
-from cb_callback._report import ComponentRow
+from cb_callback._engine.batches import input_signature, merge_batches, p90
+from cb_callback._engine.inputs import ComponentInputs
+from cb_callback._report.model import ComponentRow
 from cb_callback.reporters import format_table
 from tests.conftest import FAST
 

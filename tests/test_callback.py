@@ -12,11 +12,11 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import cb_callback._callback as callback_module
+import cb_callback._lightning.callback as callback_module
 from cb_callback import BenchmarkConfig, ComponentBenchmark, Report
-from cb_callback._progress import ProgressBar
-from cb_callback._step import step_capture
-from cb_callback._tensorboard import SCALAR_METRICS, scalar_rows
+from cb_callback._lightning.progress import ProgressBar
+from cb_callback._lightning.step import step_capture
+from cb_callback._report.tensorboard import SCALAR_METRICS, scalar_rows
 from tests._callback_models import (
     BATCH,
     CLASSES,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cb_callback import ComponentBenchmark
-from cb_callback._snapshot import load_snapshot
+from cb_callback._whatif.snapshot import load_snapshot
 from tests._callback_models import BATCH, FEATURES, VAR_LENGTHS, VarLenModule, run_fit
 from tests.conftest import FAST
 from tests.test_callback import _assert_same_training
@@ -88,7 +88,7 @@ def test_capture_batches_is_validated() -> None:
 
 
 def test_step_captures_takes_consecutive_steps_on_every_rank() -> None:
-    from cb_callback._step import StepCaptures
+    from cb_callback._lightning.step import StepCaptures
 
     steps = StepCaptures(3, 2)
     assert not steps.take(2) and steps.take(3) and steps.last_step == 4

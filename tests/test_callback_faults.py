@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-import cb_callback._callback as callback_module
-import cb_callback._tensorboard as tensorboard_module
+import cb_callback._lightning.callback as callback_module
+import cb_callback._report.tensorboard as tensorboard_module
 from cb_callback import ComponentBenchmark
 from tests._callback_models import GatedModule, MLPModule, run_fit
 from tests.conftest import FAST

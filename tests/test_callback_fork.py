@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-import cb_callback._callback as callback_module
-import cb_callback._child as child_module
+import cb_callback._lightning.callback as callback_module
+import cb_callback._lightning.child as child_module
 from cb_callback import ComponentBenchmark
-from cb_callback._snapshot import SnapshotError
-from cb_callback._spawn import spawn_problem
+from cb_callback._lightning.spawn import spawn_problem
+from cb_callback._whatif.snapshot import SnapshotError
 from tests._callback_models import CrashingChildModule, MLPModule, run_fit
 from tests.conftest import FAST
 

@@ -12,22 +12,22 @@ import pytest
 import torch
 from torch import nn
 
-import cb_callback._child as child_module
+import cb_callback._lightning.child as child_module
 from cb_callback import BenchmarkConfig, Capture
-from cb_callback._callback_args import ENGINE_OPTIONS, check_callback_args
-from cb_callback._child import ChildResult
-from cb_callback._fork import SNAPSHOT_DIR, Fork, fork_report
-from cb_callback._placement import (
+from cb_callback._engine.precision import AUTOCAST_DTYPES, DEFAULT_DTYPES, PRECISIONS, peak_dtype
+from cb_callback._lightning.args import ENGINE_OPTIONS, check_callback_args
+from cb_callback._lightning.child import ChildResult
+from cb_callback._lightning.fork import SNAPSHOT_DIR, Fork, fork_report
+from cb_callback._lightning.placement import (
     check_pause_device,
     check_writable,
     output_dir,
     profiles_on_rank,
     time_bound_s,
 )
-from cb_callback._precision import AUTOCAST_DTYPES, DEFAULT_DTYPES, PRECISIONS, peak_dtype
-from cb_callback._progress import ProgressBar
-from cb_callback._report import ComponentRow, Report
-from cb_callback._step import capture_warnings, never_reached, plan, unreachable
+from cb_callback._lightning.progress import ProgressBar
+from cb_callback._lightning.step import capture_warnings, never_reached, plan, unreachable
+from cb_callback._report.model import ComponentRow, Report
 
 # --- placement -------------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ from torch import nn
 
 from cb_callback import BenchmarkConfig, Capture, ComponentRow, Report
 from cb_callback._cli import _default_device, main
-from cb_callback._diff import compare_reports, format_diff
-from cb_callback._snapshot import SNAPSHOT_FILE, save_snapshot
+from cb_callback._report.diff import compare_reports, format_diff
+from cb_callback._whatif.snapshot import SNAPSHOT_FILE, save_snapshot
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e11, peak_bandwidth=1e10)

@@ -9,7 +9,7 @@ import pytest
 
 from cb_callback import ComponentRow, Report
 from cb_callback._cli import main
-from cb_callback._diff import compare_reports, format_diff
+from cb_callback._report.diff import compare_reports, format_diff
 
 
 def _report(values: dict[str, tuple[float, float]], calls: dict[str, int] | None = None) -> Report:

@@ -20,7 +20,7 @@ from torch import nn
 
 from cb_callback import BenchmarkConfig, Capture
 from cb_callback._cli import _parser, main
-from cb_callback._snapshot import SNAPSHOT_FILE, save_snapshot
+from cb_callback._whatif.snapshot import SNAPSHOT_FILE, save_snapshot
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e11, peak_bandwidth=1e10)

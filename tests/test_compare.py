@@ -15,8 +15,8 @@ from torch import nn
 import cb_callback
 from cb_callback import BenchmarkConfig, Capture, Comparison, ComponentInputs, compare_components
 from cb_callback._cli import main
-from cb_callback._compare import DEFAULT_TOLERANCES
-from cb_callback._snapshot import save_snapshot
+from cb_callback._whatif.compare import DEFAULT_TOLERANCES
+from cb_callback._whatif.snapshot import save_snapshot
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e11, peak_bandwidth=1e10)
@@ -378,7 +378,7 @@ def test_equal_infinities_are_equivalent_and_an_infinity_replaced_by_a_number_is
 
 
 def test_nan_against_nan_is_equal_and_nan_against_a_number_is_not() -> None:
-    from cb_callback._tolerances import compare_tensors
+    from cb_callback._whatif.tolerances import compare_tensors
 
     nan, inf = math.nan, math.inf
     ref = torch.tensor([nan, inf, -inf, 1.0])
@@ -413,7 +413,7 @@ def test_int64_outputs_near_2_to_60_that_differ_by_one_are_not_equivalent() -> N
 
 
 def test_integer_differences_are_exact_even_at_the_ends_of_int64() -> None:
-    from cb_callback._tolerances import compare_tensors
+    from cb_callback._whatif.tolerances import compare_tensors
 
     lo, hi = -(2**63), 2**63 - 1
     got = compare_tensors(torch.tensor([lo, 5]), torch.tensor([hi, 5]), 0.0, 0.0)

@@ -18,8 +18,8 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 from cb_callback import BenchmarkConfig, compare_components, profile_components
-from cb_callback._compile import children_separately
-from cb_callback._report import ComponentRow, Report
+from cb_callback._report.model import ComponentRow, Report
+from cb_callback._whatif.compile import children_separately
 from tests.conftest import FAST
 
 EAGER = {"backend": "eager"}
@@ -326,7 +326,7 @@ def test_the_output_check_never_touches_the_global_seed(monkeypatch: pytest.Monk
 def test_compile_stops_when_the_longest_what_if_no_longer_fits(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    import cb_callback._engine as engine
+    import cb_callback._engine.profile as engine
 
     def slow(items: Any, sampler: Any, **kwargs: Any) -> tuple[float, dict[str, Any]]:
         time.sleep(0.5)
@@ -466,14 +466,14 @@ def test_a_module_counting_its_calls_compiles_with_the_same_outputs_and_is_left_
 
 
 def _replays(module: nn.Module, *args: Any) -> Any:
-    from cb_callback._inputs import ComponentInputs
-    from cb_callback._isolate import Replay
+    from cb_callback._engine.inputs import ComponentInputs
+    from cb_callback._engine.isolate import Replay
 
     return Replay(module, ComponentInputs(args=args, kwargs={}, training=False), device=torch.device("cpu"))
 
 
 def test_the_output_check_restores_the_state_between_and_after_its_forwards() -> None:
-    from cb_callback._compile import outputs_agree
+    from cb_callback._whatif.compile import outputs_agree
 
     model = _Counter()
     eager = _replays(model, torch.ones(2, 3))
@@ -499,7 +499,7 @@ def test_an_infinity_replaced_by_a_number_is_an_error_of_inf_not_the_largest_flo
 
 
 def test_the_output_check_compares_int64_exactly_and_number_leaves_under_the_tolerances() -> None:
-    from cb_callback._compile import outputs_agree
+    from cb_callback._whatif.compile import outputs_agree
 
     class Hash(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -28,9 +28,9 @@ from cb_callback import (
     storage_key,
     unobserved,
 )
-from cb_callback._inputs import ComponentInputs
-from cb_callback._plugins import validate_plugin
-from cb_callback._storage import unique_storage_bytes
+from cb_callback._engine.inputs import ComponentInputs
+from cb_callback._engine.plugins import validate_plugin
+from cb_callback._engine.storage import unique_storage_bytes
 from tests.conftest import FAST
 
 # --- an observing plugin written against the contract ---------------------------------

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from cb_callback import BenchmarkConfig, ComponentBenchmark, ComponentRow, profile_components
-from cb_callback._engine import _below_cold, _levels
-from cb_callback._tree import Node
+from cb_callback._engine.profile import _below_cold, _levels
+from cb_callback._engine.tree import Node
 from tests.conftest import FAST
 
 # Three timed runs per component in two rounds: medians, not single runs, decide.

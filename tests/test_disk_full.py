@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
-import cb_callback._snapshot as snapshot_module
+import cb_callback._whatif.snapshot as snapshot_module
 from cb_callback import ComponentBenchmark, Report
-from cb_callback._child import RESERVE_FILE
-from cb_callback._publish import error_line
+from cb_callback._lightning.child import RESERVE_FILE
+from cb_callback._lightning.publish import error_line
 from tests._callback_models import run_fit
 from tests.conftest import FAST
 from tests.test_callback_fork import _InlineProcess, _use

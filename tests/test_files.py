@@ -10,9 +10,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from cb_callback._files import FileReporter
-from cb_callback._plugins import ReportContext, Reporter
-from cb_callback._report import COLUMNS, ComponentRow, Report
+from cb_callback._report.context import ReportContext, Reporter
+from cb_callback._report.files import FileReporter
+from cb_callback._report.model import COLUMNS, ComponentRow, Report
 
 NAN = math.nan
 

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from cb_callback import _calibration
-from cb_callback import _hardware as hw
-from cb_callback._hardware import Peaks, gpu_spec, resolve_peaks
+from cb_callback._hardware import calibration as _calibration
+from cb_callback._hardware import peaks as hw
+from cb_callback._hardware.peaks import Peaks, gpu_spec, resolve_peaks
 
 
 @pytest.fixture(autouse=True)

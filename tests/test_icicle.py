@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.image import imread
 from matplotlib.patches import Rectangle
 
-from cb_callback._icicle import (
+from cb_callback._report.icicle import (
     colour_range,
     fit_label,
     icicle_figure,
@@ -21,7 +21,7 @@ from cb_callback._icicle import (
     save_icicles,
     short_names,
 )
-from cb_callback._report import ComponentRow, Report
+from cb_callback._report.model import ComponentRow, Report
 
 NAN = math.nan
 

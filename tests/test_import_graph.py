@@ -1,13 +1,12 @@
-"""The package's import structure: no module-level import cycle, layers kept, Lightning in one file.
+"""The package's import structure: no import cycle of any kind, the layers kept, Lightning in one file.
 
 Every module of ``cb_callback`` (and ``cb_callback.integrations``) is parsed with
-``ast``; an edge ``a -> b`` is an import of ``b`` that runs when ``a`` is
-imported: at module level or in a class body, inside ``if``/``try``/``with``,
-but not under ``if TYPE_CHECKING:`` and not inside a function (a lazy import
-runs when called, after both modules exist). ``from pkg import name`` is an
-edge to ``pkg.name`` when that is a module, else to ``pkg``. The implicit
-import of a module's parent packages is not an edge: every submodule would
-otherwise sit in a cycle with its package's ``__init__``.
+``ast``; an edge ``a -> b`` is any import of ``b`` written in ``a``, wherever it
+stands: at module level, in a function (a lazy import), under ``if
+TYPE_CHECKING:``. ``from pkg import name`` is an edge to ``pkg.name`` when that
+is a module, else to ``pkg``. The implicit import of a module's parent packages
+is not an edge: every submodule would otherwise sit in a cycle with its
+package's ``__init__`` (the folders' ``__init__`` files import nothing).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import ast
 import importlib.util
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,6 @@ import pytest
 import cb_callback
 
 Graph = dict[str, set[str]]
-_TRY = tuple(t for t in (getattr(ast, "Try", None), getattr(ast, "TryStar", None)) if t is not None)
 
 
 def _modules(root: Path, package: str) -> dict[str, Path]:
@@ -47,33 +44,6 @@ def _package_modules() -> dict[str, Path]:
     return found
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _import_time_nodes(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements that run when the module body runs."""
-    for node in body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        elif isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
-                yield from _import_time_nodes(node.body)
-            yield from _import_time_nodes(node.orelse)
-        elif isinstance(node, ast.ClassDef):
-            yield from _import_time_nodes(node.body)
-        elif isinstance(node, _TRY):
-            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                yield from _import_time_nodes(block)
-        elif isinstance(node, (ast.With, ast.AsyncWith, ast.For, ast.AsyncFor, ast.While)):
-            yield from _import_time_nodes(node.body)
-            yield from _import_time_nodes(getattr(node, "orelse", []))
-
-
 def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: set[str]) -> set[str]:
     if isinstance(node, ast.Import):
         return {alias.name for alias in node.names if alias.name in known}
@@ -93,15 +63,16 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, k
 
 
 def import_graph(modules: dict[str, Path]) -> Graph:
-    """The module-level import edges among ``modules`` (see the module docstring)."""
+    """Every import edge among ``modules``, wherever the import stands (see the module docstring)."""
     known = set(modules)
     graph: Graph = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         is_package = path.name == "__init__.py"
         graph[name] = set()
-        for node in _import_time_nodes(tree.body):
-            graph[name] |= _targets(node, name, is_package, known) - {name}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                graph[name] |= _targets(node, name, is_package, known) - {name}
     return graph
 
 
@@ -170,47 +141,98 @@ def _closure(graph: Graph, start: str) -> set[str]:
 
 GRAPH = import_graph(_package_modules())
 
+#: Each module's layer, by the longest matching prefix; a module may import its own layer or lower.
+#: DESIGN.md's layers: the model of results at the bottom (beside the hardware tables), the engine
+#: (its metrics and the compile what-if, a phase of it) and the renderers above it, then the
+#: what-ifs that drive the engine, the Lightning wing, the entry points and the integrations.
+LAYERS: dict[str, int] = {
+    "cb_callback._report.schema": 0,
+    "cb_callback._report.model": 0,
+    "cb_callback._report.context": 0,
+    "cb_callback._hardware": 0,
+    "cb_callback._report": 1,
+    "cb_callback._engine": 1,
+    "cb_callback._metrics": 1,
+    "cb_callback._whatif.compile": 1,
+    "cb_callback._whatif.tolerances": 1,
+    "cb_callback._whatif": 2,
+    "cb_callback._lightning": 3,
+    "cb_callback._api": 4,
+    "cb_callback._cli": 4,
+    "cb_callback.reporters": 4,
+    "cb_callback": 5,
+    "cb_callback.integrations": 6,
+}
 
-def test_the_package_has_no_module_level_import_cycle() -> None:
+
+def _layer(module: str) -> int:
+    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    return LAYERS[best]
+
+
+def test_there_is_no_import_cycle_of_any_kind() -> None:
     found = cycles(GRAPH)
-    assert not found, "module-level import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+    assert not found, "import cycles (every import counts):\n" + "\n".join(" -> ".join(c) for c in found)
 
 
-def test_the_graph_sees_the_package() -> None:
+def test_the_graph_sees_the_package_and_every_kind_of_import() -> None:
     # A checker that parsed nothing would pass the test above: pin what it must see.
-    assert {"cb_callback", "cb_callback._callback", "cb_callback.reporters", "cb_callback.integrations.torchrec"} <= set(GRAPH)
-    assert "cb_callback._schema" in GRAPH["cb_callback._report"]  # STATUSES, from the leaf module
-    assert "cb_callback._schema" in GRAPH["cb_callback._table"]
-    assert "cb_callback._report" not in GRAPH["cb_callback._table"]  # only under TYPE_CHECKING there
-    assert "cb_callback._table" not in GRAPH["cb_callback._report"]  # Report.summary calls it via RENDERERS
+    assert {"cb_callback", "cb_callback._lightning.callback", "cb_callback.reporters",
+            "cb_callback.integrations.torchrec", "cb_callback._engine.profile"} <= set(GRAPH)  # fmt: skip
+    assert "cb_callback._report.schema" in GRAPH["cb_callback._report.model"]
+    assert "cb_callback._report.model" in GRAPH["cb_callback._report.table"]  # under TYPE_CHECKING there
     assert "cb_callback" in GRAPH["cb_callback.integrations.torchrec._fused"]  # `import cb_callback`
-    assert GRAPH["cb_callback._schema"] == set()
+    assert GRAPH["cb_callback._report.schema"] == set()
 
 
-def test_the_checker_finds_a_cycle_and_prints_it(tmp_path: Path) -> None:
+def test_the_checker_counts_lazy_and_type_checking_imports(tmp_path: Path) -> None:
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from pkg import b\n")
     (pkg / "b.py").write_text("from . import c\n")
-    (pkg / "c.py").write_text("import pkg.a\n")
-    (pkg / "d.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n"
-        "def f():\n    from pkg import a\n"
-    )
+    (pkg / "c.py").write_text("def f():\n    import pkg.a\n")
+    (pkg / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
     graph = import_graph(_modules(pkg, "pkg"))
-    assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.c"}, "pkg.c": {"pkg.a"}, "pkg.d": set()}
+    assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.c"}, "pkg.c": {"pkg.a"}, "pkg.d": {"pkg.a"}}
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
 
 
-def test_reporters_import_only_the_model_of_results_layer() -> None:
+def test_every_import_goes_to_its_own_layer_or_below() -> None:
+    upward = sorted(
+        f"{a} ({_layer(a)}) -> {b} ({_layer(b)})" for a, bs in GRAPH.items() for b in bs if _layer(b) > _layer(a)
+    )
+    assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
+
+
+def test_the_results_model_and_the_hardware_tables_import_only_their_own_folder() -> None:
+    for module, deps in GRAPH.items():
+        if module.startswith(("cb_callback._report.", "cb_callback._hardware.")):
+            folder = module.rsplit(".", 1)[0]
+            assert all(d.startswith(folder + ".") for d in deps), (module, deps)
+
+
+def test_the_results_model_imports_no_renderer() -> None:
+    assert GRAPH["cb_callback._report.model"] == {"cb_callback._report.schema"}
+
+
+def test_integrations_use_the_public_surface_only() -> None:
+    public = {"cb_callback", "cb_callback.reporters"}
+    for module, deps in GRAPH.items():
+        if module.startswith("cb_callback.integrations"):
+            assert {d for d in deps if not d.startswith("cb_callback.integrations")} <= public, (module, deps)
+
+
+def test_the_package_folders_import_nothing_themselves() -> None:
+    for module, path in _package_modules().items():
+        if path.name == "__init__.py" and module.count(".") == 1 and module.startswith("cb_callback._"):
+            assert GRAPH[module] == set(), module
+
+
+def test_reporters_import_only_the_reporting_folder() -> None:
     # Rendering is the last layer: nothing the public reporters import reaches the engine.
-    reached = _closure(GRAPH, "cb_callback.reporters")
-    assert reached == {
-        "cb_callback.reporters", "cb_callback._files", "cb_callback._icicle", "cb_callback._table",
-        "cb_callback._tensorboard", "cb_callback._schema",
-        "cb_callback._html",  # issue 9: FileReporter writes report.html (a renderer, same layer)
-    }  # fmt: skip
+    reached = _closure(GRAPH, "cb_callback.reporters") - {"cb_callback.reporters"}
+    assert reached and all(m.startswith("cb_callback._report.") for m in reached), sorted(reached)
 
 
 def test_only_the_callback_module_imports_lightning() -> None:
@@ -222,11 +244,13 @@ def test_only_the_callback_module_imports_lightning() -> None:
                 names = [node.module or ""]
             if any(n.split(".")[0] in ("lightning", "pytorch_lightning") for n in names):
                 importers.add(name)
-    assert importers == {"cb_callback._callback"}
+    assert importers == {"cb_callback._lightning.callback"}
 
 
-@pytest.mark.parametrize("module", ["cb_callback", "cb_callback.reporters"])
-def test_importing_does_not_import_lightning(module: str) -> None:
-    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
+@pytest.mark.parametrize(
+    "statement", ["import cb_callback", "import cb_callback.reporters", "from cb_callback import *"]
+)
+def test_importing_does_not_import_lightning(statement: str) -> None:
+    code = f"import sys\n{statement}\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -12,12 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from cb_callback import _calibration as cal
-from cb_callback import _hardware as hw
-from cb_callback import _peak_cache, profile_components
-from cb_callback._hardware import CacheLevel, Peaks, bandwidth_ceiling
-from cb_callback._quality import LoadProbe, assess
-from cb_callback._report import ComponentRow
+from cb_callback import profile_components
+from cb_callback._engine.quality import LoadProbe, assess
+from cb_callback._hardware import cache as _peak_cache
+from cb_callback._hardware import calibration as cal
+from cb_callback._hardware import peaks as hw
+from cb_callback._hardware.peaks import CacheLevel, Peaks, bandwidth_ceiling
+from cb_callback._report.model import ComponentRow
 from tests.conftest import FAST
 
 BEST_GEMM = 2 * 2048**3  # FLOPs of the largest calibration GEMM: all four sizes fit when each call takes <= 1 ms

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import cb_callback
-from cb_callback import _calibration
-from cb_callback import _gpu_registry as registry
-from cb_callback import _hardware as hw
-from cb_callback._hardware import GPU_SPECS, gpu_spec, resolve_peaks
+from cb_callback._hardware import calibration as _calibration
+from cb_callback._hardware import peaks as hw
+from cb_callback._hardware import registry
+from cb_callback._hardware.peaks import GPU_SPECS, gpu_spec, resolve_peaks
 
 
 @pytest.fixture(autouse=True)

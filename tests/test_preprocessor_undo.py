@@ -177,7 +177,7 @@ def test_reduce_hash_size_takes_its_hooks_off_after_the_run() -> None:
 
 def test_a_snapshot_holds_the_users_model_and_only_the_preprocessors_option(tmp_path: Path) -> None:
     ebc, kjt = _ebc_and_kjt()
-    from cb_callback._snapshot import load_snapshot, save_snapshot
+    from cb_callback._whatif.snapshot import load_snapshot, save_snapshot
     from cb_callback.integrations.torchrec import ReduceHashSize
 
     pre = ReduceHashSize(MAX_ROWS)

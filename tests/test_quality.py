@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from cb_callback import BenchmarkConfig, profile_components
-from cb_callback._quality import (
+from cb_callback._engine.quality import (
     FLAGS,
     NOISY_THRESHOLD,
     SWITCHES_PER_S_THRESHOLD,
@@ -24,9 +24,9 @@ from cb_callback._quality import (
     assess,
     quantum_ms,
 )
-from cb_callback._report import ComponentRow, Report
-from cb_callback._table import format_summary
-from cb_callback._timing import Sample, SampleSet, interleave
+from cb_callback._engine.timing import Sample, SampleSet, interleave
+from cb_callback._report.model import ComponentRow, Report
+from cb_callback._report.table import format_summary
 
 FAST = dict(min_run_time_s=0.0, min_repeats=3, max_repeats=50, warmup=1, rounds=3)
 
@@ -247,7 +247,7 @@ def test_a_child_made_slower_than_its_parent_is_remeasured_and_flagged() -> None
 
 
 def test_injected_contention_flags_every_timed_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    import cb_callback._timing as timing
+    import cb_callback._engine.timing as timing
 
     counter = iter(range(0, 10**9, 1000))  # 1000 involuntary switches per reading
     monkeypatch.setattr(timing, "_involuntary_switches", lambda: next(counter))
@@ -270,8 +270,8 @@ def test_share_is_time_over_the_step_as_a_fraction_of_the_root() -> None:
 
 
 def test_an_unsure_calibration_is_repeated_and_keeps_the_best(monkeypatch: pytest.MonkeyPatch) -> None:
-    import cb_callback._calibration as cal
-    import cb_callback._hardware as hw
+    import cb_callback._hardware.calibration as cal
+    import cb_callback._hardware.peaks as hw
 
     hw._clear_caches()
     state = {"best": 2e-3, "spread": 0.5, "calls": 0}
@@ -299,8 +299,8 @@ def test_an_unsure_calibration_is_repeated_and_keeps_the_best(monkeypatch: pytes
 
 
 def test_a_component_above_a_measured_peak_is_flagged_never_made_the_peak(monkeypatch: pytest.MonkeyPatch) -> None:
-    import cb_callback._calibration as cal
-    import cb_callback._hardware as hw
+    import cb_callback._hardware.calibration as cal
+    import cb_callback._hardware.peaks as hw
 
     hw._clear_caches()
     # A calibration that read 1 FLOP/s (as under heavy load): every component runs above it.
@@ -320,7 +320,7 @@ def test_a_component_above_a_measured_peak_is_flagged_never_made_the_peak(monkey
 
 
 def test_a_wide_spread_with_many_runs_has_a_sure_median() -> None:
-    from cb_callback._quality import is_noisy
+    from cb_callback._engine.quality import is_noisy
 
     # totals alternate 1 and 2 ms: quartiles 1 and 2, median 1.5 -> noise 0.667 > 0.2
     wide = [Sample(t, 0.0, t, 0.0) for t in [1.0, 2.0] * 500]
@@ -334,7 +334,7 @@ def test_a_wide_spread_with_many_runs_has_a_sure_median() -> None:
 
 
 def test_steal_time_counts_as_a_busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    import cb_callback._quality as quality
+    import cb_callback._engine.quality as quality
 
     ticks = iter([(100, 10_000), (400, 12_000)])  # 300 of 2000 jiffies stolen: 15 %
     monkeypatch.setattr(quality, "_cpu_ticks", lambda: next(ticks))

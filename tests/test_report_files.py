@@ -27,11 +27,11 @@ from cb_callback import (
     Capture,
     ComponentRow,
     ReportContext,
-    _engine,
     profile_captured,
     profile_components,
 )
-from cb_callback._report import Report
+from cb_callback._engine import profile as _engine
+from cb_callback._report.model import Report
 from tests.conftest import FAST
 
 # User peaks: no CPU calibration.
@@ -119,7 +119,7 @@ def test_profile_captured_adds_no_reporter(tmp_path: Path) -> None:
 
 def test_the_callback_writes_its_files_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from cb_callback import ComponentBenchmark
-    from cb_callback._files import FileReporter
+    from cb_callback._report.files import FileReporter
     from tests._callback_models import run_fit
 
     calls: list[Path | None] = []
@@ -289,4 +289,4 @@ def test_the_results_model_imports_no_renderer_anywhere() -> None:
         elif isinstance(node, ast.Import):
             imported |= {a.name for a in node.names}
     package = {m for m in imported if m.startswith("cb_callback")}
-    assert package == {"cb_callback._schema"}
+    assert package == {"cb_callback._report.schema"}

@@ -9,10 +9,10 @@ import pytest
 from matplotlib.figure import Figure
 
 import cb_callback
-import cb_callback._tensorboard as tensorboard_module
+import cb_callback._report.tensorboard as tensorboard_module
 import cb_callback.reporters as reporters
 from cb_callback import ReportContext, Reporter
-from cb_callback._publish import (
+from cb_callback._lightning.publish import (
     ERROR_FILE,
     FilesWritten,
     TensorBoardTarget,
@@ -21,8 +21,8 @@ from cb_callback._publish import (
     report_failure,
     write_files,
 )
-from cb_callback._report import ComponentRow, Report
-from cb_callback._table import markdown_table
+from cb_callback._report.model import ComponentRow, Report
+from cb_callback._report.table import markdown_table
 
 
 def _report() -> Report:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from cb_callback._engine import _artifact_targets, _below_cold, _step_cost_ms
-from cb_callback._report import ComponentRow, Report
-from cb_callback._tree import Node
+from cb_callback._engine.profile import _artifact_targets, _below_cold, _step_cost_ms
+from cb_callback._engine.tree import Node
+from cb_callback._report.model import ComponentRow, Report
 
 # Two batches, a 1-row one (b0) and a 16,384-row one (b1), in ms of fwd + bwd per call (calls 1):
 #   root  b0 1.00  b1 10.00   -> over the batches 11.00

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from cb_callback import profile_components
-from cb_callback._capture import Capture
-from cb_callback._tree import build_tree, component_paths
+from cb_callback._engine.capture import Capture
+from cb_callback._engine.tree import build_tree, component_paths
 
 # One Linear(16, 16) forward on a [4, 16] input: 2 * 4 * 16 * 16 FLOPs (bias adds are not counted).
 LIN_FLOPS = 2 * 4 * 16 * 16

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from cb_callback import BenchmarkConfig, Capture, profile_components
-from cb_callback._devices import device_problem
-from cb_callback._snapshot import (
+from cb_callback._hardware.devices import device_problem
+from cb_callback._whatif.snapshot import (
     META_FILE,
     SNAPSHOT_FILE,
     SnapshotError,

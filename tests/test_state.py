@@ -113,7 +113,7 @@ def test_weights_updated_inside_backward_are_restored() -> None:
     try:
         report = profile_components(model, (torch.randn(3, 4, requires_grad=True),), **FAST)
     finally:
-        from cb_callback import _state
+        from cb_callback._engine import state as _state
 
         _state._SAVERS.remove(save_steps)
     assert report.row("").status == "ok"
@@ -135,7 +135,8 @@ def test_guard_restores_after_an_exception() -> None:
 
 
 def test_registered_grad_targets_reach_hidden_tensors() -> None:
-    from cb_callback import _isolate, register_grad_targets
+    from cb_callback import register_grad_targets
+    from cb_callback._engine import isolate as _isolate
 
     class Hidden(nn.Module):
         """Uses a tensor that is not one of its parameters (kept in a plain list)."""

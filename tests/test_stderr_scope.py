@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from cb_callback import profile_components
-from cb_callback._stderr import kineto_lines_dropped
+from cb_callback._engine.stderr import kineto_lines_dropped
 from tests.conftest import FAST
 
 KINETO = b"USDT:2026-12-01 16:16:59 17147:17147 SyncActivityProfilerHandler.cpp:52] profiler_start\n"

@@ -5,8 +5,13 @@ from __future__ import annotations
 import math
 import re
 
-from cb_callback._report import ComponentRow, Report
-from cb_callback._table import MARKDOWN_HEADERS, SUMMARY_HEADERS, format_summary, markdown_table
+from cb_callback._report.model import ComponentRow, Report
+from cb_callback._report.table import (
+    MARKDOWN_HEADERS,
+    SUMMARY_HEADERS,
+    format_summary,
+    markdown_table,
+)
 
 NAN = math.nan
 NB2 = "\u00a0\u00a0"  # two non-breaking spaces: one depth level

@@ -12,11 +12,11 @@ from matplotlib.figure import Figure
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
-import cb_callback._tensorboard as tensorboard_module
+import cb_callback._report.tensorboard as tensorboard_module
 from cb_callback import BenchmarkConfig
-from cb_callback._plugins import ReportContext, Reporter
-from cb_callback._report import ComponentRow, Report
-from cb_callback._tensorboard import (
+from cb_callback._report.context import ReportContext, Reporter
+from cb_callback._report.model import ComponentRow, Report
+from cb_callback._report.tensorboard import (
     SCALAR_METRICS,
     TensorBoardReporter,
     log_report,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cb_callback._timing import time_fn
+from cb_callback._engine.timing import time_fn
 
 
 class FakeClock:
@@ -42,7 +42,7 @@ def test_min_and_max_repeats() -> None:
 
 
 def test_median_and_iqr_of_known_samples() -> None:
-    from cb_callback._timing import Timing
+    from cb_callback._engine.timing import Timing
 
     t = Timing(device_ms=[1.0, 2.0, 3.0, 4.0, 100.0], host_ms=[1.0] * 5)
     assert t.median == 3.0

@@ -17,7 +17,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, Keyed
 
 import cb_callback
 from cb_callback import profile_components, replicate_batch, slice_batch
-from cb_callback._inputs import clone_tree, leading_batch_size, to_device
+from cb_callback._engine.inputs import clone_tree, leading_batch_size, to_device
 from cb_callback.integrations.torchrec import register, take_kjt
 from tests.conftest import FAST
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import nn
 
-import cb_callback._inputs as inputs_mod
+import cb_callback._engine.inputs as inputs_mod
 from cb_callback import BenchmarkConfig, Capture, profile_components
-from cb_callback._engine import profile_captured
-from cb_callback._inputs import ComponentInputs, copy_call
-from cb_callback._isolate import Replay
-from cb_callback._snapshot import load_snapshot, save_snapshot
+from cb_callback._engine.inputs import ComponentInputs, copy_call
+from cb_callback._engine.isolate import Replay
+from cb_callback._engine.profile import profile_captured
+from cb_callback._whatif.snapshot import load_snapshot, save_snapshot
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e12, peak_bandwidth=1e11)

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-import cb_callback._engine as engine_module
+import cb_callback._engine.profile as engine_module
 import cb_callback._metrics.flops as flops_module
 import cb_callback._metrics.memory as memory_module
 from cb_callback import (
@@ -29,13 +29,13 @@ from cb_callback import (
     Phase,
     ReplayInputs,
     Report,
-    _calibration,
     profile_components,
     register_flop_rule,
 )
-from cb_callback import _hardware as hw
-from cb_callback._config import resolve_dtype
-from cb_callback._tree import filter_reasons
+from cb_callback._engine.config import resolve_dtype
+from cb_callback._engine.tree import filter_reasons
+from cb_callback._hardware import calibration as _calibration
+from cb_callback._hardware import peaks as hw
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e11, peak_bandwidth=1e10)
@@ -176,7 +176,7 @@ def test_dtype_keys_and_the_typo_guard() -> None:
 
 def test_lightning_64_true_keeps_its_report(tmp_path: Path) -> None:
     from cb_callback import ComponentBenchmark
-    from cb_callback._callback import _precision_dtype
+    from cb_callback._lightning.callback import _precision_dtype
     from tests._callback_models import run_fit
 
     assert (_precision_dtype("64-true"), _precision_dtype("64")) == ("fp64", "fp64")
@@ -399,7 +399,7 @@ import torch
 from torch import nn
 
 from cb_callback import BenchmarkConfig, Capture
-from cb_callback._snapshot import save_snapshot
+from cb_callback._whatif.snapshot import save_snapshot
 from helpers import HIDDEN
 
 LOG = Path(__file__).with_name("imports.log")

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from cb_callback import profile_components
-from cb_callback._html import HTML_FILE, render_html, write_html
-from cb_callback._report import ComponentRow, Report
+from cb_callback._report.html import HTML_FILE, render_html, write_html
+from cb_callback._report.model import ComponentRow, Report
 from tests._browser import browser, new_page
 
 __all__ = ["browser"]  # the fixture
@@ -154,8 +154,8 @@ def test_script_end_tags_in_the_data_cannot_break_the_page() -> None:
 
 
 def test_the_diff_page_colours_by_change(browser: object, tmp_path: Path) -> None:
-    from cb_callback._diff import compare_reports
-    from cb_callback._html import write_diff_html
+    from cb_callback._report.diff import compare_reports
+    from cb_callback._report.html import write_diff_html
 
     torch.manual_seed(0)
     a = profile_components(Net(), (torch.randn(4, 16),), **FAST)

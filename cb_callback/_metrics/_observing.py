@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cb_callback._isolate import Instrument, instrumented_pass
-from cb_callback._plugins import MeasureContext
+from cb_callback._engine.isolate import Instrument, instrumented_pass
+from cb_callback._engine.plugins import MeasureContext
 
 __all__ = ["ObservingMetric"]
 

@@ -41,14 +41,11 @@ from typing import Any
 
 import torch
 
-from cb_callback._isolate import PassContext, Phase
-from cb_callback._plugins import MeasureContext
-from cb_callback._stderr import quiet_session
+from cb_callback._engine.isolate import PassContext, Phase
+from cb_callback._engine.plugins import MeasureContext
+from cb_callback._engine.stderr import quiet_session
 
-__all__ = ["ARTIFACT_KINDS", "MemoryArtifact", "OpsArtifact", "TraceArtifact", "artifact_plugins"]
-
-#: The built-in artifact kinds, as ``BenchmarkConfig.artifacts`` names them.
-ARTIFACT_KINDS: tuple[str, ...] = ("trace", "ops", "memory")
+__all__ = ["MemoryArtifact", "OpsArtifact", "TraceArtifact", "artifact_plugins"]
 
 #: Operator-table columns (``ops.csv``), in order.
 OPS_COLUMNS: tuple[str, ...] = (
@@ -196,6 +193,7 @@ class MemoryArtifact:
         return _Memory(ctx, "memory", profile_memory=True)
 
 
+#: One plugin per kind of ``cb_callback._engine.config.ARTIFACT_KINDS`` (a test checks they agree).
 _BY_KIND = {"trace": TraceArtifact, "ops": OpsArtifact, "memory": MemoryArtifact}
 
 

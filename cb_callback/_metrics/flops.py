@@ -15,9 +15,9 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
-from cb_callback._isolate import PassContext, Phase
+from cb_callback._engine.isolate import PassContext, Phase
+from cb_callback._engine.plugins import MeasureContext
 from cb_callback._metrics._observing import ObservingMetric
-from cb_callback._plugins import MeasureContext
 
 __all__ = ["FlopsMetric", "register_flop_rule"]
 

@@ -10,11 +10,11 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from cb_callback._isolate import PassContext, Phase
+from cb_callback._engine.isolate import PassContext, Phase
+from cb_callback._engine.plugins import MeasureContext
+from cb_callback._engine.stderr import quiet_session
+from cb_callback._engine.storage import storage_key
 from cb_callback._metrics._observing import ObservingMetric
-from cb_callback._plugins import MeasureContext
-from cb_callback._stderr import quiet_session
-from cb_callback._storage import storage_key
 
 __all__ = ["MemoryMetric"]
 

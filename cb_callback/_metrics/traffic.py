@@ -10,10 +10,10 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cb_callback._isolate import PassContext, Phase, unobserved
+from cb_callback._engine.isolate import PassContext, Phase, unobserved
+from cb_callback._engine.plugins import MeasureContext
+from cb_callback._engine.storage import storage_key
 from cb_callback._metrics._observing import ObservingMetric
-from cb_callback._plugins import MeasureContext
-from cb_callback._storage import storage_key
 
 __all__ = ["TrafficMetric", "register_traffic_rule", "tensor_bytes"]
 

@@ -1,0 +1,457 @@
+"""Measurement quality: per-row flags, the run's verdict, and what to do about it.
+
+A measurement knows its own uncertainty and says so in words. Each timed row
+gets ``details["flags"]``, a list drawn from :data:`FLAGS`; the report's
+``metadata["quality"]`` counts them, records the machine's load before and
+after, and gives a verdict with advice. A clean run has no flags and an empty
+advice list.
+
+The vocabulary (thresholds are module constants, recorded in the metadata):
+
+- ``noisy``: the row's ``noise`` (IQR ÷ median of its fwd + bwd runs) exceeds
+  :data:`NOISY_THRESHOLD` and its median is unsure: the boxplot notch
+  ``1.57 · IQR / √runs`` is more than :data:`MEDIAN_UNCERTAINTY` of the median
+  (a tiny component timed a thousand times can spread widely around a sure
+  median; see :func:`is_noisy`).
+- ``slower_than_parent``: a measured child's ``total_ms × calls`` per call of
+  its measured parent exceeds the parent's ``total_ms`` by more than
+  :data:`PARENT_MARGIN` (and :data:`PARENT_SLACK_MS`): one of them is wrong.
+  Both rows are flagged.
+- ``over_peak``: ``mfu`` above 1 (the FLOP/s peak is too low, or the time too
+  short to be true), or ``gbps`` above the bandwidth ceiling of the row's
+  working set (``details["bw_ceiling"]``: the cache level its data fit, measured
+  on CPU; DRAM's when it fits none): an in-cache ReLU beating the DRAM copy is
+  not over its peak. Where no levels are known (a GPU), ``bw_util`` above 1.
+- ``contention``: evidence that the machine was busy while the row was timed:
+  the row's runs are slowed by whole multiples of one scheduling quantum (see
+  :func:`quantum_ms`), or the run as a whole shows a busy machine (more than
+  :data:`SWITCHES_PER_S_THRESHOLD` involuntary context switches per second
+  per thread, a load average above our own threads, a calibration that
+  disagreed with itself, a VM's steal time above :data:`STEAL_THRESHOLD`, a
+  reference GEMM slower than the process's best by :data:`SLOWDOWN_THRESHOLD`) and
+  the scheduler took the CPU away from this row
+  more often than that threshold too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cb_callback._engine.timing import SampleSet
+from cb_callback._hardware.load import LOAD_EXCESS_PER_CPU, available_cpus, load_average
+from cb_callback._hardware.peaks import CALIBRATION_SPREAD_LIMIT
+from cb_callback._report.model import ComponentRow
+
+__all__ = [
+    "FLAGS",
+    "NOISY_THRESHOLD",
+    "PARENT_MARGIN",
+    "SWITCHES_PER_S_THRESHOLD",
+    "Assessment",
+    "LoadProbe",
+    "assess",
+    "inconsistent_pairs",
+    "is_noisy",
+    "quantum_ms",
+]
+
+#: Every flag a row can carry, in the order they are listed.
+FLAGS: tuple[str, ...] = ("noisy", "slower_than_parent", "over_peak", "contention")
+
+#: ``noise`` above this is ``noisy`` (IQR ÷ median; 0.2 ≈ a standard deviation of
+#: 15 % of the median for normally distributed runs).
+NOISY_THRESHOLD = 0.20
+
+#: ... and its median uncertain by more than this fraction (boxplot notch ÷ median).
+MEDIAN_UNCERTAINTY = 0.05
+
+#: A child more than this fraction slower than its parent is ``slower_than_parent``.
+PARENT_MARGIN = 0.10
+
+#: ... and slower by at least this many ms (sub-clock-resolution differences are not news).
+PARENT_SLACK_MS = 0.02
+
+#: Involuntary context switches per second of sampling and per torch thread above
+#: which the whole run counts as timed under ``contention`` (and a row with such a
+#: rate is flagged when the run is). Measured on the 2-vCPU development VM
+#: (docs/quality.md): quiet, a whole profile sees 20-30 per second per thread (a
+#: tiny component's runs up to 80: kernel threads preempt the spinning OpenMP
+#: workers, cheaply); with a second busy process on the machine, 120-130.
+SWITCHES_PER_S_THRESHOLD = 60.0
+
+#: Candidate scheduling quanta searched by :func:`quantum_ms`, in ms.
+_QUANTA_MS = tuple(q / 4 for q in range(8, 81))  # 2.0, 2.25, ... 20.0 ms
+_QUANTUM_SCORE = 0.8
+_QUANTUM_MIN_VALUES = 12
+
+#: Steal time (a VM's CPUs given to other guests) above this fraction counts as a busy machine.
+STEAL_THRESHOLD = 0.05
+
+#: A reference GEMM this much slower (median of the run ÷ fastest seen in the process)
+#: counts as a busy machine.
+SLOWDOWN_THRESHOLD = 1.25
+
+
+def quantum_ms(excess_ms: Sequence[float]) -> float | None:
+    """The scheduling quantum that runs were slowed by, if they look quantised.
+
+    Args:
+        excess_ms: per timed run, its time minus the fastest run of the same
+            component, ms.
+
+    Returns:
+        The candidate quantum ``q`` (2 to 20 ms, in 0.25 ms steps) at whose
+        whole multiples the excesses of at least 1 ms sit best: the highest
+        mean of ``cos(2π·e/q)``, if it is at least 0.8 over at least 12 of
+        them; else ``None``.
+
+    Notes:
+        A run preempted by another process waits whole time slices, so on a
+        contended machine the slow runs of every component sit at
+        ``fastest + n·q``; ordinary variation spreads them out and scores near 0.
+        Jitter lowers the score of ``q``'s divisors more than ``q``'s own, so the
+        best score is the fundamental.
+    """
+    values = [e for e in excess_ms if e >= 1.0 and math.isfinite(e)]
+    if len(values) < _QUANTUM_MIN_VALUES:
+        return None
+    best: tuple[float, float] | None = None
+    for q in _QUANTA_MS:
+        near = [e for e in values if e >= q / 2]
+        if len(near) < _QUANTUM_MIN_VALUES:
+            continue
+        score = sum(math.cos(2 * math.pi * e / q) for e in near) / len(near)
+        if score >= _QUANTUM_SCORE and (best is None or (score, q) > best):
+            best = (score, q)
+    return None if best is None else best[1]
+
+
+def is_noisy(samples: SampleSet) -> bool:
+    """Whether a row's runs spread too much for its median to be trusted.
+
+    ``noise > NOISY_THRESHOLD`` and ``1.57 · noise / √runs > MEDIAN_UNCERTAINTY``:
+    the spread is large *and* there are too few runs to pin the median down
+    (1.57·IQR/√n is the half-width of a boxplot's notch, a ~95 % interval of
+    the median).
+    """
+    noise, n = samples.noise, len(samples.samples)
+    if not math.isfinite(noise) or n == 0:
+        return False
+    return noise > NOISY_THRESHOLD and 1.57 * noise / math.sqrt(n) > MEDIAN_UNCERTAINTY
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """``(steal, total)`` jiffies of all CPUs from ``/proc/stat`` (Linux), else ``None``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    values = [int(v) for v in fields[1:]]
+    return values[7], sum(values[:8])
+
+
+@dataclass
+class LoadProbe:
+    """The machine's 1-minute load average before and after profiling.
+
+    Attributes:
+        before: load average when profiling started (``None`` where unknown).
+        after: when it ended.
+        cpus: CPUs this process may run on.
+        steal: fraction of the machine's CPU time the hypervisor gave to other
+            guests meanwhile (``/proc/stat``'s steal column; ``None`` where unknown).
+    """
+
+    before: float | None = field(default_factory=load_average)
+    after: float | None = None
+    cpus: int = field(default_factory=available_cpus)
+    steal: float | None = None
+    _ticks: tuple[int, int] | None = field(default_factory=lambda: _cpu_ticks(), repr=False)
+
+    def stop(self) -> None:
+        """Read the load average and the steal time again."""
+        self.after = load_average()
+        now = _cpu_ticks()
+        if now is not None and self._ticks is not None and now[1] > self._ticks[1]:
+            self.steal = (now[0] - self._ticks[0]) / (now[1] - self._ticks[1])
+
+
+@dataclass
+class Assessment:
+    """Flags per row path and the run's quality summary (``metadata["quality"]``)."""
+
+    flags: dict[str, list[str]]
+    quality: dict[str, Any]
+
+
+def inconsistent_pairs(
+    rows: Mapping[str, ComponentRow], medians: Mapping[str, float]
+) -> list[tuple[str, str]]:
+    """``(child, parent)`` paths whose timed medians say the child is slower than its parent.
+
+    Args:
+        rows: the rows by path (for parents and calls).
+        medians: ``total_ms`` medians of the timed rows by path.
+    """
+    out = []
+    for path, t in medians.items():
+        row = rows[path]
+        parent = row.parent
+        if parent is None or parent not in medians:
+            continue
+        per_parent_call = t * max(row.calls, 1) / max(rows[parent].calls, 1)
+        limit = medians[parent] * (1 + PARENT_MARGIN)
+        if per_parent_call > limit and per_parent_call - medians[parent] > PARENT_SLACK_MS:
+            out.append((path, parent))
+    return out
+
+
+def _row_quantised(s: SampleSet, q: float) -> bool:
+    """Whether at least a quarter of the row's runs (and 2) sit one or more quanta above its fastest."""
+    totals = [x.total_ms for x in s.samples]
+    if not totals:
+        return False
+    fastest = min(totals)
+    hits = 0
+    for t in totals:
+        e = t - fastest
+        n = round(e / q)
+        if n >= 1 and abs(e - n * q) <= 0.15 * q:
+            hits += 1
+    return hits >= 2 and hits >= len(totals) / 4
+
+
+def assess(
+    rows: Sequence[ComponentRow],
+    samples: Mapping[str, SampleSet],
+    *,
+    load: LoadProbe,
+    threads: int,
+    config: Any = None,
+    calibration_spread: float | None = None,
+    slowdown: float | None = None,
+    pairs: Iterable[tuple[str, str]] | None = None,
+    peaks: Mapping[str, Any] | None = None,
+) -> Assessment:
+    """Flag the rows and judge the run.
+
+    Args:
+        rows: every row, after estimation and derived metrics.
+        samples: the sample sets of the timed rows, by path.
+        load: the load average before and after.
+        threads: torch's intra-op threads during timing.
+        config: the run's :class:`~cb_callback.BenchmarkConfig` (for the advice).
+        calibration_spread: how much a CPU peak calibration disagreed with itself
+            (median ÷ best - 1 of its runs), when one ran.
+        slowdown: the run's median time of a fixed reference GEMM (timed
+            before every round) over the fastest this process has seen: above
+            :data:`SLOWDOWN_THRESHOLD` the whole machine was slower than it can
+            be, although the components' own runs may agree with each other.
+        pairs: the ``(child, parent)`` pairs to flag ``slower_than_parent``;
+            ``None``: :func:`inconsistent_pairs` of the rows' ``total_ms`` (with
+            several batches the engine compares child and parent batch by batch).
+        peaks: the report's ``metadata["peaks"]``, for the advice on a measured
+            peak that a component exceeded or that was calibrated on a busy machine.
+
+    Returns:
+        The flags of each flagged row and the ``quality`` metadata: ``flags``
+        (count per flag), ``flagged_rows``, ``load_before``, ``load_after``,
+        ``cpus``, ``threads``, ``switches_per_s`` (whole run, per thread),
+        ``quantum_ms``, ``calibration_spread``, ``thresholds``, ``verdict``
+        (``"clean"``, ``"noisy"``, ``"inconsistent"``, ``"over_peak"`` or
+        ``"contended"``) and ``advice`` (sentences; empty when clean).
+    """
+    by_path = {r.path: r for r in rows}
+    flags: dict[str, list[str]] = {}
+
+    def add(path: str, flag: str) -> None:
+        have = flags.setdefault(path, [])
+        if flag not in have:
+            have.append(flag)
+
+    timed = {p: s for p, s in samples.items() if s.samples and p in by_path and by_path[p].status == "ok"}
+    for path, s in timed.items():
+        if is_noisy(s):
+            add(path, "noisy")
+    medians = {p: by_path[p].total_ms for p in timed if math.isfinite(by_path[p].total_ms)}
+    for child, parent in inconsistent_pairs(by_path, medians) if pairs is None else pairs:
+        add(child, "slower_than_parent")
+        add(parent, "slower_than_parent")
+    over_flops = []
+    for r in rows:
+        if r.status == "ok" and (_over_flops(r) or _over_bandwidth(r)):
+            add(r.path, "over_peak")
+            if _over_flops(r):
+                over_flops.append(r)
+
+    per_thread = max(threads, 1)
+    excess = []
+    for s in timed.values():
+        totals = [x.total_ms for x in s.samples]
+        excess += [t - min(totals) for t in totals]
+    quantum = quantum_ms(excess)
+    total_switches = sum(s.switches for s in timed.values())
+    total_s = sum(s.timed_s for s in timed.values())
+    run_rate = total_switches / total_s / per_thread if total_s > 0 else math.nan
+    own = min(per_thread, load.cpus)
+    loads = [x for x in (load.before, load.after) if x is not None]
+    busy_load = bool(loads) and max(loads) - own > LOAD_EXCESS_PER_CPU * load.cpus
+    unsure_calibration = calibration_spread is not None and calibration_spread > CALIBRATION_SPREAD_LIMIT
+    stolen = load.steal is not None and load.steal > STEAL_THRESHOLD
+    slowed = slowdown is not None and slowdown > SLOWDOWN_THRESHOLD
+    busy = (
+        busy_load
+        or stolen
+        or slowed
+        or (math.isfinite(run_rate) and run_rate > SWITCHES_PER_S_THRESHOLD)
+        or quantum is not None
+        or unsure_calibration
+    )
+    for path, s in timed.items():
+        rate = s.switches_per_s / per_thread
+        preempted = busy and math.isfinite(rate) and rate > SWITCHES_PER_S_THRESHOLD
+        if preempted or (quantum is not None and _row_quantised(s, quantum)):
+            add(path, "contention")
+
+    counts = {f: sum(f in v for v in flags.values()) for f in FLAGS}
+    contended = counts["contention"] > 0 or busy
+    verdict = "clean"
+    if counts["over_peak"]:
+        verdict = "over_peak"
+    if counts["noisy"]:
+        verdict = "noisy"
+    if counts["slower_than_parent"]:
+        verdict = "inconsistent"
+    if contended:
+        verdict = "contended"
+    advice = _advice(counts, contended, load, run_rate, quantum, threads, config, busy_load, calibration_spread, slowdown)
+    advice += _peak_advice(over_flops, peaks or {}, counts["over_peak"] - len(over_flops))
+    quality = {
+        "verdict": verdict,
+        "flags": counts,
+        "flagged_rows": len(flags),
+        "load_before": load.before,
+        "load_after": load.after,
+        "cpus": load.cpus,
+        "threads": threads,
+        "switches_per_s": run_rate,
+        "quantum_ms": quantum,
+        "calibration_spread": calibration_spread,
+        "steal": load.steal,
+        "slowdown": slowdown,
+        "thresholds": {
+            "noisy": NOISY_THRESHOLD,
+            "median_uncertainty": MEDIAN_UNCERTAINTY,
+            "slower_than_parent": PARENT_MARGIN,
+            "switches_per_s_per_thread": SWITCHES_PER_S_THRESHOLD,
+            "load_excess_per_cpu": LOAD_EXCESS_PER_CPU,
+            "steal": STEAL_THRESHOLD,
+            "slowdown": SLOWDOWN_THRESHOLD,
+        },
+        "advice": advice,
+    }
+    return Assessment({p: [f for f in FLAGS if f in v] for p, v in flags.items()}, quality)
+
+
+def _advice(
+    counts: Mapping[str, int],
+    contended: bool,
+    load: LoadProbe,
+    run_rate: float,
+    quantum: float | None,
+    threads: int,
+    config: Any,
+    busy_load: bool,
+    calibration_spread: float | None,
+    slowdown: float | None,
+) -> list[str]:
+    out = []
+    if contended:
+        evidence = []
+        if busy_load:
+            shown = ", ".join(f"{x:.1f}" for x in (load.before, load.after) if x is not None)
+            evidence.append(f"load average {shown} on {load.cpus} CPUs")
+        if math.isfinite(run_rate) and run_rate > SWITCHES_PER_S_THRESHOLD:
+            evidence.append(f"{run_rate:.0f} involuntary context switches/s per thread")
+        if quantum is not None:
+            evidence.append(f"runs slowed by multiples of a {quantum:g} ms scheduling quantum")
+        if slowdown is not None and slowdown > SLOWDOWN_THRESHOLD:
+            evidence.append(
+                f"a reference GEMM ran {slowdown - 1:.0%} slower than the fastest seen in this process"
+            )
+        if load.steal is not None and load.steal > STEAL_THRESHOLD:
+            evidence.append(f"the hypervisor took {load.steal:.0%} of the CPU time (steal)")
+        if calibration_spread is not None and calibration_spread > CALIBRATION_SPREAD_LIMIT:
+            evidence.append(f"the peak calibration disagreed with itself by {calibration_spread:.0%}")
+        if counts["contention"] and not evidence:
+            evidence.append(f"{counts['contention']} rows timed while the CPU was taken away")
+        fewer = " or fewer threads (torch.set_num_threads)" if threads > 1 else ""
+        out.append(
+            "the machine was busy while profiling (" + "; ".join(evidence) + "): times, MFU and the "
+            f"hotspot ranking may be off; profile on a quiet machine{fewer}"
+        )
+    if counts["noisy"]:
+        min_run = getattr(config, "min_run_time_s", None)
+        rounds = getattr(config, "rounds", None)
+        now = f" (now {min_run:g} s and {rounds})" if min_run is not None and rounds is not None else ""
+        out.append(
+            f"{counts['noisy']} components vary by more than {NOISY_THRESHOLD:.0%} between runs, too "
+            f"much for their few runs: raise min_run_time_s or rounds{now}"
+        )
+    if counts["slower_than_parent"]:
+        out.append(
+            f"{counts['slower_than_parent']} rows are a child measured slower than its parent (or that "
+            "parent): noise or isolation overhead; treat those times as uncertain"
+        )
+    return out
+
+
+def _over_flops(r: ComponentRow) -> bool:
+    return math.isfinite(r.mfu) and r.mfu > 1.0 + 1e-9
+
+
+def _over_bandwidth(r: ComponentRow) -> bool:
+    """``gbps`` above the row's working-set ceiling; without one, ``bw_util`` above 1."""
+    ceiling = r.details.get("bw_ceiling")
+    if isinstance(ceiling, Mapping) and isinstance(ceiling.get("gbps"), (int, float)):
+        return math.isfinite(r.gbps) and r.gbps > ceiling["gbps"] * (1.0 + 1e-9)
+    return math.isfinite(r.bw_util) and r.bw_util > 1.0 + 1e-9
+
+
+def _peak_advice(over_flops: Sequence[ComponentRow], peaks: Mapping[str, Any], over_bandwidth: int) -> list[str]:
+    """What to do about rows above a peak, and about a CPU peak calibrated on a busy machine."""
+    out = []
+    measured = peaks.get("flops_source") == "measured"
+    notes = peaks.get("calibration") or {}
+    flops_note: Mapping[str, Any] = next((v for k, v in notes.items() if k.startswith("gemm")), {})
+    if over_flops:
+        worst = max(over_flops, key=lambda r: r.mfu)
+        if measured:
+            busy = " (the machine was busy while it calibrated)" if flops_note.get("machine") == "busy" else ""
+            out.append(
+                f"{len(over_flops)} components run above the measured CPU peak ({worst.path or 'root'} at "
+                f"{worst.mfu:.0%} MFU): the GEMM calibration read low{busy}; the best figure is kept per "
+                "machine, so a run on a quiet machine raises it (CB_CACHE_DIR), or pass peak_flops="
+            )
+        else:
+            out.append(
+                f"{len(over_flops)} components run above the device's FLOP/s peak ({worst.path or 'root'} at "
+                f"{worst.mfu:.0%}): the peak is too low for this dtype (see metadata['peaks']); pass peak_flops="
+            )
+    elif measured and flops_note.get("machine") == "busy" and flops_note.get("used") == "measured":
+        out.append(
+            "the CPU FLOP/s peak was calibrated on a busy machine with no better figure kept for it: MFU may read "
+            "too high; profile once on a quiet machine (the best calibration is kept) or pass peak_flops="
+        )
+    if over_bandwidth:
+        out.append(
+            f"{over_bandwidth} components move bytes faster than the ceiling of the memory level their data fit "
+            "(details['bw_ceiling']): the ceiling is too low or the time too short to be true; pass peak_bandwidth="
+        )
+    return out

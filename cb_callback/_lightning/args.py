@@ -1,0 +1,78 @@
+"""Validation of ``ComponentBenchmark``'s own arguments (the engine's are ``BenchmarkConfig``'s).
+
+Each bad value raises a ``ValueError`` that names the argument and what it
+expects, when the callback is built (before any training).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._lightning.placement import RANKS
+
+__all__ = ["ENGINE_OPTIONS", "FLAGS", "MODES", "check_callback_args"]
+
+#: ``"pause"``: profile in-process; ``"fork"``: in a spawned child.
+MODES = ("pause", "fork")
+
+#: The callback's boolean arguments.
+FLAGS = ("log_to_tensorboard", "stop_after", "enabled")
+
+#: The engine's options the callback takes as arguments (all but what it owns).
+ENGINE_OPTIONS = frozenset(f.name for f in dataclasses.fields(BenchmarkConfig)) - {"progress", "output_dir"}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_callback_args(args: Mapping[str, Any]) -> BenchmarkConfig:
+    """Check ``ComponentBenchmark``'s arguments; build the engine's options from them.
+
+    Args:
+        args: every argument by name (the engine's options among them).
+
+    Returns:
+        The :class:`BenchmarkConfig` of the engine's options.
+
+    Raises:
+        ValueError: ``ComponentBenchmark(<name>=<value>): expected ...`` for the
+            callback's own arguments, ``ComponentBenchmark: <BenchmarkConfig's message>``
+            for the engine's.
+    """
+    capture_step, capture_batch_size = args["capture_step"], args["capture_batch_size"]
+    fork_timeout_s, output_dir = args["fork_timeout_s"], args["output_dir"]
+    if not _is_int(capture_step) or capture_step < 0:
+        raise ValueError(f"ComponentBenchmark(capture_step={capture_step!r}): expected an integer >= 0")
+    if not _is_int(args["capture_batches"]) or args["capture_batches"] < 1:
+        raise ValueError(f"ComponentBenchmark(capture_batches={args['capture_batches']!r}): expected an integer >= 1")
+    for name, allowed in (("mode", MODES), ("ranks", RANKS)):
+        if args[name] not in allowed:
+            raise ValueError(f"ComponentBenchmark({name}={args[name]!r}): expected one of {allowed}")
+    if capture_batch_size is not None and (not _is_int(capture_batch_size) or capture_batch_size < 1):
+        raise ValueError(
+            f"ComponentBenchmark(capture_batch_size={capture_batch_size!r}): expected an integer >= 1 or None"
+        )
+    for name in FLAGS:
+        if not isinstance(args[name], bool):
+            raise ValueError(f"ComponentBenchmark({name}={args[name]!r}): expected True or False")
+    if fork_timeout_s is not None and (
+        isinstance(fork_timeout_s, bool)
+        or not isinstance(fork_timeout_s, (int, float))
+        or not math.isfinite(fork_timeout_s)
+        or fork_timeout_s < 0
+    ):
+        raise ValueError(
+            f"ComponentBenchmark(fork_timeout_s={fork_timeout_s!r}): expected a finite number >= 0 or None"
+        )
+    if output_dir is not None and not isinstance(output_dir, (str, os.PathLike)):
+        raise ValueError(f"ComponentBenchmark(output_dir={output_dir!r}): expected a path or None")
+    try:
+        return BenchmarkConfig(**{name: value for name, value in args.items() if name in ENGINE_OPTIONS})
+    except ValueError as e:
+        raise ValueError(f"ComponentBenchmark: {e}") from None

@@ -1,0 +1,388 @@
+"""What changed between two reports: per component, over the step, with the noise in mind.
+
+Each metric is judged by what it is (:func:`metric_kind`):
+
+- **Exact** (:data:`EXACT_METRICS`: ``fwd_flops``, ``bwd_flops``, ``bytes``,
+  ``params_mb``, ``activation_mb``, ``peak_mem_mb``, ``intensity``, ``calls``):
+  counted or sized, not timed; the same component on the same inputs gives the
+  same value every run. Equal values are *unchanged* (``0 -> 0`` included) and
+  any difference is a change: ``1e9 -> 1.2e9`` FLOPs is ``B/A = 1.2``, never
+  "within noise".
+- **Timed** (every ``*_ms`` column, and the rates derived from a time,
+  :data:`RATE_METRICS`: ``tflops``, ``mfu``, ``gbps``, ``bw_util``, ``share``,
+  ``compile_speedup``): a change smaller than the runs' own spread is *within
+  noise*: the larger of the two rows' ``noise × value``, times
+  :data:`NOISE_FACTOR`, bounds what two runs of the same model differ by.
+
+Whether ``× calls`` applies (:data:`OVER_STEP_METRICS`): what adds up over the
+step's calls is compared over the step, ``metric × calls`` (time, FLOPs, bytes,
+and ``activation_mb``, since every call's saved activations are held until the
+backward), so a component that got faster per call but is called twice as often
+reads as slower. Sizes and peaks (``params_mb``: the same parameters whatever
+the call count; ``peak_mem_mb``: one call's peak), rates, fractions,
+``intensity`` and ``calls`` are compared per call as the row holds them.
+
+Two reports that look like different models (:func:`model_mismatch`: the root
+modules' types differ, or fewer than half of the smaller report's components
+match the other's by path and type) are still compared, under a warning line.
+The text also shows both reports' quality verdicts and advice
+(``metadata["quality"]``), as the html page does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cb_callback._report.model import ComponentRow, Report
+
+__all__ = [
+    "EXACT_METRICS",
+    "MATCH_FRACTION",
+    "NOISE_FACTOR",
+    "OVER_STEP_METRICS",
+    "RATE_METRICS",
+    "UNKNOWN_NOISE",
+    "Change",
+    "Comparison",
+    "compare_reports",
+    "format_diff",
+    "metric_kind",
+    "model_mismatch",
+]
+
+#: A change within this many times the larger IQR of the two rows is not significant.
+NOISE_FACTOR = 2.0
+
+#: Without a measured noise (estimated rows), a change within this fraction of the larger
+#: value is not significant (timed metrics only).
+UNKNOWN_NOISE = 0.05
+
+#: Counted or sized, not timed: judged exactly (equal is unchanged, any difference a change).
+EXACT_METRICS = frozenset(
+    {"fwd_flops", "bwd_flops", "bytes", "params_mb", "activation_mb", "peak_mem_mb", "intensity", "calls"}
+)
+
+#: Rates and fractions of a timed run: compared per call (a rate times a call count means
+#: nothing), judged by the timing noise.
+RATE_METRICS = frozenset({"mfu", "bw_util", "tflops", "gbps", "share", "compile_speedup"})
+
+#: Besides every ``*_ms`` column, what adds up over the step's calls: compared as ``metric × calls``.
+OVER_STEP_METRICS = frozenset({"fwd_flops", "bwd_flops", "bytes", "activation_mb"})
+
+#: Fractions, shown in percent.
+_PERCENT = frozenset({"mfu", "bw_util", "share"})
+
+#: Whole numbers, shown without decimals (every digit, so a change by one shows).
+_INTEGER = frozenset({"fwd_flops", "bwd_flops", "bytes", "calls"})
+
+#: A report pair whose matching components are fewer than this fraction of the smaller
+#: report's looks like two different models.
+MATCH_FRACTION = 0.5
+
+
+def metric_kind(metric: str) -> tuple[bool, bool]:
+    """``(exact, over_step)`` of a metric: judged exactly?, multiplied by ``calls``?
+
+    Raises:
+        ValueError: ``metric`` is not a column :func:`compare_reports` can compare.
+    """
+    timed = metric.endswith("_ms") or metric in RATE_METRICS
+    if not timed and metric not in EXACT_METRICS:
+        known = [*sorted(EXACT_METRICS | RATE_METRICS), "*_ms"]
+        raise ValueError(f"metric={metric!r} cannot be compared; one of {', '.join(known)}")
+    return metric in EXACT_METRICS, metric.endswith("_ms") or metric in OVER_STEP_METRICS
+
+
+@dataclass(frozen=True)
+class Change:
+    """One component in A and/or B.
+
+    Attributes:
+        path: the dotted path (``""`` the root).
+        module_type: its class name.
+        depth: its depth.
+        a: the metric in A, ``× calls`` where it adds up over the step (see the
+            module docstring; NaN when missing or not measured).
+        b: the same in B.
+        change: ``b - a`` (NaN unless both are known).
+        ratio: ``b / a`` (NaN when ``a`` is 0).
+        noise: the change two runs of the same component may show: ``NOISE_FACTOR
+            × max(noise_a × a, noise_b × b)`` for a timed metric (NaN when neither
+            row has a noise); 0 for an exact one.
+        only_in: ``"A"`` or ``"B"`` when the component is in one report only.
+        exact: the metric is counted, not timed (:data:`EXACT_METRICS`).
+    """
+
+    path: str
+    module_type: str
+    depth: int
+    a: float
+    b: float
+    change: float
+    ratio: float
+    noise: float
+    only_in: str | None
+    exact: bool = False
+
+    @property
+    def effective(self) -> float:
+        """The change over the step, counting a component only in A as ``-a`` and only in B as ``+b``."""
+        if math.isfinite(self.change):
+            return self.change
+        if self.only_in == "A" and math.isfinite(self.a):
+            return -self.a
+        if self.only_in == "B" and math.isfinite(self.b):
+            return self.b
+        return math.nan
+
+    @property
+    def unchanged(self) -> bool:
+        """An exact metric with the same value in A and B (``0 -> 0`` included)."""
+        return self.exact and math.isfinite(self.change) and self.a == self.b
+
+    @property
+    def significant(self) -> bool:
+        """Whether the change is real.
+
+        An exact metric: any difference. A timed one: a change beyond what noise
+        explains, the bound :attr:`noise` or, where neither row measured one (an
+        estimated parent), :data:`UNKNOWN_NOISE` of the larger value.
+        """
+        if not math.isfinite(self.change):
+            return self.only_in is not None
+        if self.exact:
+            return self.a != self.b
+        bound = self.noise if math.isfinite(self.noise) else UNKNOWN_NOISE * max(abs(self.a), abs(self.b))
+        return abs(self.change) > bound
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Every component's change, and the whole model's.
+
+    Attributes:
+        metric: the compared column.
+        changes: one per path in A or B (A's order, then B's new paths).
+        mismatch: why A and B look like different models (:func:`model_mismatch`), or ``None``.
+        quality: ``{"A": ..., "B": ...}``, each report's ``metadata["quality"]``
+            (``verdict`` and ``advice``), ``None`` where it has none.
+    """
+
+    metric: str
+    changes: list[Change]
+    mismatch: str | None = None
+    quality: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+
+    @property
+    def root(self) -> Change | None:
+        return next((c for c in self.changes if c.path == ""), None)
+
+    @property
+    def exact(self) -> bool:
+        """The metric is counted, not timed."""
+        return metric_kind(self.metric)[0]
+
+
+def model_mismatch(a: Report, b: Report) -> str | None:
+    """Why ``a`` and ``b`` look like different models, or ``None``.
+
+    They do when their roots (path ``""``) are of different types, or when fewer
+    than :data:`MATCH_FRACTION` of the smaller report's components match a
+    component of the other by path *and* type (a report profiled deeper than
+    the other, or a model with one component re-authored, still matches).
+
+    Returns:
+        ``"root Foo vs Bar; 3 of 12 components match by path and type (A has
+        40, B 12)"`` (the root part only when the types differ).
+    """
+    types_a = {r.path: r.module_type for r in a.rows}
+    types_b = {r.path: r.module_type for r in b.rows}
+    if not types_a or not types_b:
+        return None
+    matching = sum(1 for p, t in types_a.items() if types_b.get(p) == t)
+    smaller = min(len(types_a), len(types_b))
+    root_a, root_b = types_a.get(""), types_b.get("")
+    roots_differ = root_a is not None and root_b is not None and root_a != root_b
+    if not roots_differ and matching >= MATCH_FRACTION * smaller:
+        return None
+    parts = [f"root {root_a} vs {root_b}"] if roots_differ else []
+    parts.append(
+        f"{matching} of {smaller} components match by path and type (A has {len(types_a)}, B {len(types_b)})"
+    )
+    return "; ".join(parts)
+
+
+def _value(row: ComponentRow | None, metric: str, over_step: bool) -> float:
+    if row is None or row.status not in ("ok", "estimated"):
+        return math.nan
+    v = float(getattr(row, metric))
+    if not math.isfinite(v):
+        return math.nan
+    return v * max(row.calls, 1) if over_step else v
+
+
+def _quality(report: Report) -> Mapping[str, Any] | None:
+    q = report.metadata.get("quality")
+    return q if isinstance(q, Mapping) and q.get("verdict") is not None else None
+
+
+def compare_reports(a: Report, b: Report, metric: str = "total_ms") -> Comparison:
+    """The per-component changes of ``metric`` from ``a`` to ``b``.
+
+    ``metric × calls`` where the metric adds up over the step (times, FLOPs,
+    bytes, activations), the row's value otherwise (sizes, peaks, rates,
+    fractions); exact metrics judged exactly, timed ones by the noise: see the
+    module docstring.
+
+    Raises:
+        ValueError: ``metric`` is not a comparable column.
+    """
+    exact, over_step = metric_kind(metric)
+    rows_a = {r.path: r for r in a.rows}
+    rows_b = {r.path: r for r in b.rows}
+    paths = [r.path for r in a.rows] + [r.path for r in b.rows if r.path not in rows_a]
+    out = []
+    for path in paths:
+        ra, rb = rows_a.get(path), rows_b.get(path)
+        va, vb = _value(ra, metric, over_step), _value(rb, metric, over_step)
+        spreads = [
+            r.noise * v for r, v in ((ra, va), (rb, vb)) if r is not None and math.isfinite(r.noise) and math.isfinite(v)
+        ]
+        either = ra if ra is not None else rb
+        assert either is not None
+        both = math.isfinite(va) and math.isfinite(vb)
+        noise = 0.0 if exact else (NOISE_FACTOR * max(spreads) if spreads else math.nan)
+        out.append(Change(
+            path=path,
+            module_type=either.module_type,
+            depth=either.depth,
+            a=va,
+            b=vb,
+            change=vb - va if both else math.nan,
+            ratio=vb / va if both and va != 0 else math.nan,
+            noise=noise,
+            only_in=None if (ra is not None and rb is not None) else ("A" if ra is not None else "B"),
+            exact=exact,
+        ))
+    return Comparison(metric, out, model_mismatch(a, b), {"A": _quality(a), "B": _quality(b)})
+
+
+def _num(v: float, digits: int = 3, sign: bool = False) -> str:
+    if not math.isfinite(v):
+        return "-"
+    return f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}"
+
+
+def _sort_key(sort: str) -> Callable[[Change], Any]:
+    if sort == "path":
+        return lambda c: c.path
+    if sort in ("a", "b"):
+        return lambda c: -getattr(c, sort) if math.isfinite(getattr(c, sort)) else math.inf
+    if sort == "ratio":
+        return lambda c: -abs(math.log(c.ratio)) if math.isfinite(c.ratio) and c.ratio > 0 else math.inf
+    return lambda c: -abs(c.effective) if math.isfinite(c.effective) else math.inf
+
+
+def _quality_lines(d: Comparison) -> list[str]:
+    """``quality: A clean, B contended (...)`` and each report's advice; none when neither has a quality."""
+    if not any(d.quality.get(k) for k in ("A", "B")):
+        return []
+    verdicts = {k: (q.get("verdict") if q else None) for k, q in ((k, d.quality.get(k)) for k in ("A", "B"))}
+    line = "quality: " + ", ".join(f"{k} {v if v is not None else 'not measured'}" for k, v in verdicts.items())
+    if not d.exact and any(v not in ("clean", None) for v in verdicts.values()):
+        line += " (a timed change may be the machine's, not the model's)"
+    lines = [line]
+    for k in ("A", "B"):
+        q = d.quality.get(k)
+        for advice in (q.get("advice") if q else None) or []:
+            lines.append(f"  {k}: {advice}")
+    return lines
+
+
+def format_diff(d: Comparison, *, sort: str = "change", paths: Iterable[str] | None = None) -> list[str]:
+    """The warnings, a one-line summary, then one aligned line per component.
+
+    Args:
+        d: the comparison.
+        sort: ``change`` (largest absolute change first, a component in one
+            report only counting as its whole value), ``path``, ``a``, ``b``, ``ratio``.
+        paths: only these components (all by default).
+
+    Returns:
+        Lines: ``warning: A and B look like different models: ...`` when they
+        do (:func:`model_mismatch`); ``quality: A <verdict>, B <verdict>`` and
+        each report's advice when either has a quality; ``whole model: A … -> B …
+        (±x %)``; ``biggest movers: …``; a header, then the components. For a
+        timed metric a change within noise is marked ``~`` in the ``sig``
+        column (not significant) and its ratio is not printed as a speed-up or
+        slow-down; for an exact one every difference is a change and equal
+        values are marked ``unchanged``.
+    """
+    exact, over_step = metric_kind(d.metric)
+    unit = "ms" if d.metric.endswith("_ms") else ("%" if d.metric in _PERCENT else "")
+    scale = 100.0 if d.metric in _PERCENT else 1.0
+    digits = 0 if d.metric in _INTEGER else 3
+    suffix = f" {unit}" if unit else ""
+    label = f"{d.metric}×calls" if over_step else d.metric
+    if d.metric in _PERCENT:
+        label = f"{d.metric} %"
+    keep = set(paths) if paths is not None else None
+    changes = [c for c in d.changes if keep is None or c.path in keep]
+    lines = []
+    if d.mismatch:
+        lines.append(
+            f"warning: A and B look like different models: {d.mismatch}; the changes below pair unrelated components"
+        )
+    lines += _quality_lines(d)
+    root = d.root
+    if root is not None and math.isfinite(root.a) and math.isfinite(root.b):
+        if root.unchanged:
+            how = "unchanged"
+        else:
+            pct = (root.b - root.a) / root.a * 100 if root.a else math.nan
+            how = f"{_num(pct, 1, True)} %" + ("" if root.significant else ", within noise")
+        a_text, b_text = _num(root.a * scale, digits) + suffix, _num(root.b * scale, digits) + suffix
+        lines.append(f"whole model: A {a_text} -> B {b_text} ({how})")
+    movers = sorted(
+        (c for c in d.changes if c.path != "" and c.significant and math.isfinite(c.effective)),
+        key=lambda c: -abs(c.effective),
+    )[:3]
+    if movers:
+        lines.append("biggest movers: " + ", ".join(
+            f"{c.path} {_num(c.effective * scale, digits, True)}{suffix}"
+            + (f" (only in {c.only_in})" if c.only_in else "")
+            for c in movers
+        ))
+    header = ("path", "type", f"A {label}", f"B {label}", "change", "B/A", "sig")
+    table = [header]
+    for c in sorted(changes, key=_sort_key(sort)):
+        if c.only_in:
+            note = f"only in {c.only_in}"
+        elif not math.isfinite(c.change):  # not measured in A or B: nothing to judge
+            note = ""
+        elif c.unchanged:
+            note = "unchanged"
+        else:
+            note = "" if c.significant else "~"
+        ratio = _num(c.ratio) if c.significant or c.unchanged or not math.isfinite(c.change) else "~"
+        table.append((
+            c.path or "(root)", c.module_type, _num(c.a * scale, digits), _num(c.b * scale, digits),
+            _num(c.effective * scale, digits, True), ratio, note,
+        ))
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for i, row in enumerate(table):
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
+        cells += [v.rjust(w) for v, w in zip(row[2:6], widths[2:6], strict=True)]
+        cells.append(row[6].ljust(widths[6]))
+        lines.append("  ".join(cells).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if exact:
+        lines.append(f"({d.metric} is a count or a size, not a time: any difference is a change; "
+                     "unchanged: the same value in A and B)")
+    else:
+        lines.append("(~: the change is within the two runs' noise, 2 x the larger IQR: not significant)")
+    return lines

@@ -1,0 +1,193 @@
+"""``report.html``: the interactive report, one self-contained page.
+
+The page (``viewer_assets/``: an HTML template, a stylesheet and a script)
+embeds the report's JSON once and draws an icicle of the component tree with
+plotly, a table linked to it (sort, filter, roll-ups, CSV export) and the
+details of the selected component. Written beside ``report.json`` it inlines
+plotly.js, so it opens offline by double-click; the TensorBoard plugin serves
+the same page with plotly from one of its routes instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from functools import lru_cache
+from importlib.resources import files
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cb_callback._report.model import Report
+
+__all__ = ["HTML_FILE", "plotly_js", "render_html", "viewer_js", "write_diff_html", "write_html"]
+
+_MARKER = re.compile(r"__(?:SCRIPT_ORIGINS|TITLE|CSS|CONFIG|DATA|JS|PLOTLY)__")
+
+#: The file name of the interactive report, beside ``report.json``.
+HTML_FILE = "report.html"
+
+
+def _asset(name: str) -> str:
+    return files("cb_callback._report").joinpath("viewer_assets").joinpath(name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
+def plotly_js() -> str:
+    """plotly.js as shipped inside the ``plotly`` Python package (for offline use).
+
+    Raises:
+        ImportError: naming the fix when ``plotly`` is not installed.
+    """
+    try:
+        import plotly
+    except ImportError as e:  # pragma: no cover - plotly is a dependency
+        raise ImportError("report.html needs plotly: pip install plotly") from e
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    return path.read_text(encoding="utf-8")
+
+
+def viewer_js() -> str:
+    """The viewer's script (served on its own by the TensorBoard plugin)."""
+    return _asset("viewer.js")
+
+
+def _json_for_script(value: Any) -> str:
+    """JSON that can sit inside a ``<script>`` element (no ``</script>`` early end)."""
+    text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def render_html(
+    report: Report | dict[str, Any],
+    *,
+    title: str | None = None,
+    plotly_src: str | None = None,
+    viewer_src: str | None = None,
+    artifact_base: str = "",
+    diff: dict[str, Any] | None = None,
+) -> str:
+    """The interactive page of ``report``.
+
+    Args:
+        report: a :class:`Report` or its :meth:`Report.to_dict`.
+        title: the page title; default "cb_callback components" and the device.
+        plotly_src: a URL the page loads plotly.js from (the TensorBoard plugin's
+            route); ``None`` inlines plotly.js, so the page needs nothing else.
+        viewer_src: a URL the page loads the viewer's script from; ``None``
+            inlines it. With both given the page has no inline script to run
+            (a server's Content-Security-Policy need not allow any).
+        artifact_base: prefix of the artifact links (``row.details["artifacts"]``
+            holds paths relative to the report's directory).
+        diff: for a diff page (:func:`write_diff_html`): what was compared; the
+            rows carry ``details["diff"]`` and the icicle is coloured by change.
+
+    Returns:
+        The HTML text.
+    """
+    data = report if isinstance(report, dict) else report.to_dict()
+    meta = data.get("metadata") or {}
+    if title is None:
+        device = meta.get("device_name")
+        title = "cb_callback components" + (f" \u2014 {device}" if device else "")
+    if plotly_src is None:
+        plotly_tag = "<script>\n" + plotly_js().replace("</script", "<\\/script") + "\n</script>"
+    else:
+        plotly_tag = f'<script src="{_attr(plotly_src)}"></script>'
+    if viewer_src is None:
+        viewer_tag = "<script>\n" + _asset("viewer.js") + "\n</script>"
+    else:
+        viewer_tag = f'<script src="{_attr(viewer_src)}"></script>'
+    origins = ""
+    values = {
+        "__SCRIPT_ORIGINS__": origins,
+        "__TITLE__": _text(title),
+        "__CSS__": _asset("viewer.css"),
+        "__CONFIG__": _json_for_script({"artifactBase": artifact_base, "diff": diff}),
+        "__DATA__": _json_for_script(data),
+        "__JS__": viewer_tag,
+        "__PLOTLY__": plotly_tag,
+    }
+    # One pass: what is substituted (plotly.js, the report) is never scanned again.
+    return _MARKER.sub(lambda m: values[m.group(0)], _asset("viewer.html"))
+
+
+def read_ops_table(path: str | Path, top: int = 15) -> list[dict[str, str]]:
+    """The first ``top`` rows of an ``ops`` artifact (``ops.csv``), as the page shows them."""
+    with Path(path).open(newline="") as f:
+        return [row for _, row in zip(range(top), csv.DictReader(f), strict=False)]
+
+
+def with_artifact_tables(data: dict[str, Any], directory: str | Path, top: int = 15) -> dict[str, Any]:
+    """``data`` (a report's dict) with each row's ``ops`` artifact read into ``details["ops_top"]``.
+
+    The page shows the ``top`` operators of a component from its ``ops.csv``
+    (written by the ``ops`` artifact, relative to ``directory``); a file that
+    cannot be read, or that lies outside ``directory``, is skipped.
+    ``report.json`` itself is not changed.
+    """
+    rows = []
+    for row in data.get("rows") or []:
+        arts = (row.get("details") or {}).get("artifacts") or {}
+        if "ops" in arts:
+            home = Path(directory).resolve()
+            target = (home / str(arts["ops"])).resolve()
+            table = None
+            if target.is_relative_to(home):  # never a file outside the report's directory
+                try:
+                    table = read_ops_table(target, top)
+                except (OSError, ValueError):
+                    table = None
+            if table:
+                row = {**row, "details": {**row["details"], "ops_top": table}}
+        rows.append(row)
+    return {**data, "rows": rows}
+
+
+def write_html(report: Report, directory: str | Path) -> Path:
+    """Write ``report.html`` (plotly inlined) into ``directory``; returns its path.
+
+    Each component's operator table (its ``ops`` artifact, if any) is shown in
+    its details.
+    """
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / HTML_FILE
+    path.write_text(render_html(with_artifact_tables(report.to_dict(), out)), encoding="utf-8")
+    return path
+
+
+def write_diff_html(a: Report, b: Report, comparison: Any, path: str | Path) -> Path:
+    """A page of B's tree coloured by the change from A (blue faster, red slower, grey within noise).
+
+    Args:
+        a: the baseline report.
+        b: the report compared with it.
+        comparison: :func:`cb_callback._report.diff.compare_reports` of the two.
+        path: the HTML file to write.
+    """
+    data = b.to_dict()
+    only_a = [r for r in a.to_dict()["rows"] if r["path"] not in {row["path"] for row in data["rows"]}]
+    data["rows"] = data["rows"] + only_a
+    by_path = {c.path: c for c in comparison.changes}
+    for row in data["rows"]:
+        c = by_path.get(row["path"])
+        if c is None:
+            continue
+        finite = {k: (v if isinstance(v, float) and v == v and abs(v) != float("inf") else None)
+                  for k, v in (("a", c.a), ("b", c.b), ("change", c.change), ("ratio", c.ratio), ("noise", c.noise))}
+        row.setdefault("details", {})["diff"] = {**finite, "significant": c.significant, "only_in": c.only_in}
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    title = f"cb_callback diff \u2014 {comparison.metric} \u00d7 calls, B vs A"
+    out.write_text(render_html(data, title=title, diff={"metric": comparison.metric}), encoding="utf-8")
+    return out
+
+
+def _text(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _attr(s: str) -> str:
+    return _text(s).replace('"', "&quot;")

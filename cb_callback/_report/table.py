@@ -1,0 +1,419 @@
+"""Plain-text and markdown tables of a :class:`~cb_callback._report.model.Report`.
+
+A renderer: it reads rows and metadata only (``Report`` is imported for types).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from cb_callback._report.schema import STATUSES
+
+if TYPE_CHECKING:
+    from cb_callback._report.model import ComponentRow, Report
+
+__all__ = [
+    "HOTSPOTS_ARE",
+    "MARKDOWN_HEADERS",
+    "P90_HEADER",
+    "SUMMARY_HEADERS",
+    "format_rows",
+    "format_summary",
+    "format_table",
+    "markdown_table",
+    "quality_lines",
+]
+
+_P90 = 7  # where P90_HEADER goes: after "total ms" in both tables
+
+#: Columns of :func:`format_table`, in order (a contract: TensorBoard shows them).
+MARKDOWN_HEADERS: tuple[str, ...] = (
+    "path", "type", "status", "calls", "fwd ms", "bwd ms", "total ms",
+    "share %", "TFLOP/s", "MFU %", "MB", "bound",
+)  # fmt: skip
+
+#: Columns of the component lines of :func:`format_summary`, in order.
+SUMMARY_HEADERS: tuple[str, ...] = (
+    "path", "type", "status", "calls", "fwd ms", "bwd ms", "total ms", "share %",
+    "GFLOP", "TFLOP/s", "MFU %", "peak MB", "GB/s", "bound",
+)  # fmt: skip
+
+#: What the hotspots of :func:`format_summary` are (:meth:`Report.hotspots`): measured
+#: (``ok``/``estimated``) rows none of whose children was measured.
+HOTSPOTS_ARE = "leaf-most: measured, no child measured"
+
+_RANKINGS = {"share": "share over the batches", "total_ms x calls": "total ms x calls"}
+
+#: With several captured batches a column after ``total ms``: the 90th percentile of the
+#: row's per-batch ``fwd_ms + bwd_ms`` (``details["p90_ms"]``); ``total ms`` is then a median.
+P90_HEADER = "p90 ms"
+
+_MISSING = "-"
+_ROOT_LABEL = "(root)"
+_NBSP = "\u00a0"
+_ERROR_CHARS = 120
+
+
+def _num(value: Any, digits: int, scale: float = 1.0) -> str:
+    """``value * scale`` with ``digits`` decimals; ``"-"`` for None, NaN and inf."""
+    if value is None:
+        return _MISSING
+    v = float(value)
+    if not math.isfinite(v):
+        return _MISSING
+    return f"{v * scale:.{digits}f}"
+
+
+def _total_flops(row: ComponentRow) -> float:
+    """Forward plus backward FLOPs per call; a missing pass counts 0, both missing is NaN."""
+    passes = [v for v in (row.fwd_flops, row.bwd_flops) if math.isfinite(v)]
+    return math.fsum(passes) if passes else math.nan
+
+
+def _path_label(row: ComponentRow) -> str:
+    return row.path if row.path else _ROOT_LABEL
+
+
+def _roots(report: Report) -> list[ComponentRow]:
+    """Rows with no parent in the report (normally the single root, path ``""``)."""
+    paths = {r.path for r in report.rows}
+    return [r for r in report.rows if r.parent is None or r.parent not in paths]
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def _multi(report: Report) -> bool:
+    """Whether the report measured several batches (``metadata["batches"] > 1``)."""
+    n = report.metadata.get("batches")
+    return isinstance(n, int) and n > 1
+
+
+def _p90(row: ComponentRow) -> str:
+    value = row.details.get("p90_ms")
+    return _num(value, 3) if isinstance(value, (int, float)) else _MISSING
+
+
+def _with_p90(cells: list[str], row: ComponentRow | None, multi: bool) -> list[str]:
+    """``cells`` with the p90 cell (or :data:`P90_HEADER`, for ``row=None``) inserted when ``multi``."""
+    if not multi:
+        return cells
+    return [*cells[:_P90], P90_HEADER if row is None else _p90(row), *cells[_P90:]]
+
+
+def _summary_cells(row: ComponentRow) -> list[str]:
+    return [
+        _path_label(row),
+        row.module_type,
+        row.status,
+        str(row.calls),
+        _num(row.fwd_ms, 3),
+        _num(row.bwd_ms, 3),
+        _num(row.total_ms, 3),
+        _num(row.share, 1, 100.0),
+        _num(_total_flops(row), 3, 1e-9),
+        _num(row.tflops, 3),
+        _num(row.mfu, 1, 100.0),
+        _num(row.peak_mem_mb, 1),
+        _num(row.gbps, 1),
+        row.bound or _MISSING,
+    ]
+
+
+def _aligned(header: Sequence[str], lines: Sequence[Sequence[str]]) -> list[str]:
+    """Left-align the first three columns (names), right-align the numbers."""
+    widths = [max(len(c) for c in col) for col in zip(header, *lines, strict=True)]
+
+    def one(cells: Sequence[str]) -> str:
+        out = [
+            c.ljust(w) if i < 3 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(out).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return [one(header), rule, *(one(cells) for cells in lines)]
+
+
+def _metadata_lines(metadata: dict[str, Any]) -> list[str]:
+    lines = []
+    device = metadata.get("device_name")
+    dtype = metadata.get("dtype")
+    if device is not None or dtype is not None:
+        parts = []
+        if device is not None:
+            parts.append(f"device: {device}")
+        if dtype is not None:
+            parts.append(f"dtype: {dtype}")
+        lines.append("  ".join(parts))
+    peaks = metadata.get("peaks")
+    if isinstance(peaks, dict):
+        parts = []
+        for key, unit, scale in (("flops", "TFLOP/s", 1e-12), ("bandwidth", "GB/s", 1e-9)):
+            value = peaks.get(key)
+            if value is None:
+                continue
+            text = f"{_num(value, 1, scale)} {unit}"
+            source = peaks.get(f"{key}_source")
+            if source:
+                text += f" ({source})"
+            parts.append(text)
+        if parts:
+            lines.append("peak: " + ", ".join(parts))
+    return lines
+
+
+def format_summary(report: Report, top: int = 10) -> str:
+    """A human plain-text summary: metadata, the whole model, then the hotspots.
+
+    Args:
+        report: the report to summarise.
+        top: how many hotspots (:meth:`Report.hotspots`) to list.
+
+    Returns:
+        Lines of text: device, dtype and peaks (with their sources) when the
+        metadata has them; the row counts by status; the root row; the ``top``
+        hotspots (:meth:`Report.hotspots`: the leaf-most measured rows, those
+        none of whose children was measured, their header says so and by what
+        they rank), most expensive over the step first; under ``errors:`` the
+        rows that hold an ``error`` (a real failure; an ``ok`` row with one
+        failed on some of several batches), one line each; and, when any row is flagged or
+        the verdict is not clean, the quality section (:func:`quality_lines`).
+        Missing values show as ``"-"``. With several captured batches a
+        ``batches:`` line says so and the component tables gain
+        :data:`P90_HEADER` after ``total ms``.
+
+    Notes:
+        Times, FLOPs, memory and bandwidth are per call; ``calls`` says how many
+        calls the real step made (a hotspot's rank is ``total ms * calls``).
+        ``share %`` is the row's time over the step in percent of the root's
+        (``share``, what to compare first; over every batch with several).
+        ``GFLOP`` is forward plus backward; ``MFU %`` is percent of the peak.
+        A row's ``note`` (how an estimate was built, "a container") is not an
+        error: a container estimated from its children is not listed.
+        With ``compile=True`` a compile what-if section follows
+        (:func:`compile_lines`).
+    """
+    lines = ["cb_callback component benchmark", *_metadata_lines(report.metadata)]
+    counts = Counter(r.status for r in report.rows)
+    order = [s for s in STATUSES if counts[s]] + sorted(s for s in counts if s not in STATUSES)
+    lines.append(
+        f"components: {len(report.rows)}"
+        + (" (" + ", ".join(f"{counts[s]} {s}" for s in order) + ")" if order else "")
+    )
+
+    multi = _multi(report)
+    if multi:
+        lines.append(
+            f"batches: {report.metadata['batches']} (each row is its median batch by fwd + bwd; "
+            f"{P90_HEADER}: the 90th percentile of its per-batch fwd + bwd)"
+        )
+    header = _with_p90(list(SUMMARY_HEADERS), None, multi)
+    roots = _roots(report)
+    if roots:
+        lines += [
+            "",
+            "whole model:",
+            *_aligned(header, [_with_p90(_summary_cells(r), r, multi) for r in roots]),
+        ]
+    hot = report.hotspots(top)
+    if hot:
+        ranking = report.hotspot_ranking()
+        lines += [
+            "",
+            f"top {len(hot)} hotspots ({HOTSPOTS_ARE}; by {_RANKINGS.get(ranking, ranking)}):",
+            *_aligned(header, [_with_p90(_summary_cells(r), r, multi) for r in hot]),
+        ]
+
+    # Only ``error`` counts: a row that has just a note is a normal container, not a failure.
+    # An ``ok`` row with an error was measured on some batches and failed on others.
+    troubled = [r for r in report.rows if r.status in ("failed", "estimated", "ok") and r.error]
+    if troubled:
+        lines += ["", "errors:"]
+        for r in troubled:
+            error = " ".join(str(r.error).split())
+            if len(error) > _ERROR_CHARS:
+                error = error[: _ERROR_CHARS - 3] + "..."
+            lines.append(f"  {_path_label(r)} [{r.status}]: {error}")
+    what_if = compile_lines(report)
+    if what_if:
+        lines += ["", *what_if]
+    lines += quality_lines(report)
+    return "\n".join(lines)
+
+
+def _saved(r: ComponentRow) -> tuple[int, float]:
+    """The sort key of a compiled row, most saved first: ``share × (1 − compiled ÷ eager)``, the
+    eager time its what-if's own rounds' (else ``total_ms``); rows without a share after those
+    with one, by ms saved over the step."""
+    info = r.details["compile"]
+    same = info.get("eager_ms_same_rounds")
+    eager = same if _finite(same) else r.total_ms
+    if math.isfinite(r.share):
+        return (0, -r.share * (1.0 - r.compiled_ms / eager))
+    return (1, -(eager - r.compiled_ms) * max(r.calls, 1))
+
+
+def _g(value: Any) -> str:
+    """``value`` to 3 significant digits; ``"-"`` when missing (a saved report's NaN is ``None``)."""
+    return f"{value:.3g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else _MISSING
+
+
+def compile_lines(report: Report, top: int = 5) -> list[str]:
+    """The summary's compile what-if: the ``top`` components by time saved over the step.
+
+    Saved time over the step is ``share × (1 − compiled_ms ÷ eager)``, the eager
+    time being the one measured in the what-if's own rounds (robust to load that
+    came and went between the eager timing and the what-if), else ``total_ms``;
+    with several batches ``share`` counts every batch.
+
+    One line each: ``compiling <path> whole: A → B ms (×s; ×p against eager in
+    the same rounds)``, for a parent ``; its children separately: A → C ms``,
+    then graph breaks, recompiles and ``outputs differ`` when the compiled
+    forward did not match the eager one; then each component that could not
+    compile with its error. Empty when nothing was compiled.
+    """
+    tried = [r for r in report.rows if isinstance(r.details.get("compile"), Mapping)]
+    if not tried:
+        return []
+    done = [r for r in tried if _finite(r.compiled_ms) and _finite(r.total_ms)]
+    done.sort(key=_saved)
+    out = [
+        f"compile what-if (torch.compile per component, alone; top {min(top, len(done))} by time saved over "
+        "the step; x below 1: slower compiled):"
+    ]
+    for r in done[:top]:
+        info = r.details["compile"]
+        same = info.get("eager_ms_same_rounds")
+        paired = f"; x{same / r.compiled_ms:.2f} against eager in the same rounds" if _finite(same) else ""
+        line = (
+            f"  compiling {r.path or 'root'} whole: {r.total_ms:.3g} -> {r.compiled_ms:.3g} ms "
+            f"(x{r.total_ms / r.compiled_ms:.2f}{paired})"
+        )
+        if "children_separately_ms" in info:
+            line += (
+                f"; its children separately: {r.total_ms:.3g} -> {_g(info['children_separately_ms'])} ms "
+                f"({info.get('children_compiled')} compiled)"
+            )
+        if info.get("graph_breaks"):
+            line += f"; {info['graph_breaks']} graph break(s)"
+        if info.get("recompiles"):
+            line += f"; {info['recompiles']} recompile(s)"
+        if info.get("outputs_close") is False:
+            line += f"; outputs differ from eager (max abs error {_g(info.get('max_abs_error'))})"
+        out.append(line)
+    failed = [r for r in tried if "error" in r.details["compile"]]
+    for r in failed[:5]:
+        error = " ".join(str(r.details["compile"]["error"]).split())
+        error = error if len(error) <= _ERROR_CHARS else error[: _ERROR_CHARS - 3] + "..."
+        out.append(f"  could not compile {r.path or 'root'}: {error}")
+    if len(failed) > 5:
+        out.append(f"  ... and {len(failed) - 5} more that could not compile (details['compile']['error'])")
+    return out
+
+
+def format_rows(rows: Sequence[ComponentRow]) -> str:
+    """The component lines of :func:`format_summary` (same columns) for any ``rows``, aligned."""
+    return "\n".join(_aligned(SUMMARY_HEADERS, [_summary_cells(r) for r in rows]))
+
+
+_QUALITY_ROWS_SHOWN = 5
+
+
+def quality_lines(report: Report) -> list[str]:
+    """The "quality" section: what was flagged, the machine's load, what to do.
+
+    Empty on a clean run (verdict ``"clean"`` and no row flagged) and for
+    reports written before quality was measured.
+    """
+    quality = report.metadata.get("quality")
+    flagged = [r for r in report.rows if r.details.get("flags")]
+    if not isinstance(quality, dict) or (quality.get("verdict") in (None, "clean") and not flagged):
+        return []
+    counts = quality.get("flags") or {}
+    shown = ", ".join(f"{n} {flag}" for flag, n in counts.items() if n)
+    lines = ["", f"quality: {quality.get('verdict')}" + (f" ({shown})" if shown else "")]
+    machine = []
+    before, after = quality.get("load_before"), quality.get("load_after")
+    if before is not None or after is not None:
+        machine.append(f"load average {_num(before, 2)} -> {_num(after, 2)} on {quality.get('cpus')} CPUs")
+    rate = quality.get("switches_per_s")
+    if rate is not None and math.isfinite(float(rate)):
+        machine.append(f"{float(rate):.0f} involuntary context switches/s per thread")
+    if quality.get("quantum_ms") is not None:
+        machine.append(f"runs quantised at {quality['quantum_ms']:g} ms")
+    if machine:
+        lines.append("  machine: " + "; ".join(machine))
+    for r in flagged[:_QUALITY_ROWS_SHOWN]:
+        noise = f" (noise {_num(r.noise, 0, 100.0)} %)" if math.isfinite(r.noise) else ""
+        lines.append(f"  {_path_label(r)}: {', '.join(r.details['flags'])}{noise}")
+    if len(flagged) > _QUALITY_ROWS_SHOWN:
+        lines.append(f"  ... and {len(flagged) - _QUALITY_ROWS_SHOWN} more flagged rows")
+    for advice in quality.get("advice") or []:
+        lines.append(f"  what to do: {advice}")
+    return lines
+
+
+def _md_cell(text: str) -> str:
+    """One markdown table cell: pipes escaped, line breaks folded."""
+    return " ".join(text.split("\n")).replace("|", "\\|")
+
+
+_MARKDOWN_CELLS: tuple[Callable[[ComponentRow], str], ...] = (
+    lambda r: _NBSP * (2 * r.depth) + _path_label(r),
+    lambda r: r.module_type,
+    lambda r: r.status,
+    lambda r: str(r.calls),
+    lambda r: _num(r.fwd_ms, 3),
+    lambda r: _num(r.bwd_ms, 3),
+    lambda r: _num(r.total_ms, 3),
+    lambda r: _num(r.share, 1, 100.0),
+    lambda r: _num(r.tflops, 3),
+    lambda r: _num(r.mfu, 1, 100.0),
+    lambda r: _num(r.peak_mem_mb, 1),
+    lambda r: r.bound or _MISSING,
+)
+
+
+def format_table(report: Report) -> str:
+    """A markdown table of every row, in report order.
+
+    Args:
+        report: the report to show.
+
+    Returns:
+        A header line with :data:`MARKDOWN_HEADERS`, a separator, then one line
+        per row: the full dotted path (``(root)`` for the root) indented by two
+        non-breaking spaces per depth level, the module type, the status,
+        ``calls``, ``fwd_ms``, ``bwd_ms`` and ``total_ms`` (3 decimals),
+        ``share`` in percent (1 decimal), ``tflops`` (3 decimals), ``mfu`` in
+        percent (1 decimal: ``12.5`` under ``MFU %``), ``peak_mem_mb``
+        (1 decimal) and ``bound``. Missing values show as ``"-"``; ``|`` in a
+        cell is escaped as ``\\|``. With several captured batches
+        (``metadata["batches"] > 1``) :data:`P90_HEADER` follows ``total ms``.
+
+    Notes:
+        Times, FLOP/s and memory are per call; ``calls`` is how often the real
+        step called the component and ``share %`` its time over the step
+        (``total_ms * calls``) in percent of the root's. The data keeps ``mfu``
+        and ``share`` as fractions; only this text shows percents, as
+        :func:`format_summary` does.
+    """
+    multi = _multi(report)
+    header = _with_p90(list(MARKDOWN_HEADERS), None, multi)
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(":---" if i < 3 else "---:" for i in range(len(header))) + "|",
+    ]
+    for row in report.rows:
+        cells = _with_p90([cell(row) for cell in _MARKDOWN_CELLS], row, multi)
+        lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+#: The former name of :func:`format_table`.
+markdown_table = format_table

@@ -1,0 +1,179 @@
+"""The TensorBoard "Components" tab: the interactive report, served from the log directory.
+
+Registered under the ``tensorboard_plugins`` entry point (``plugin_name =
+"components"``). It is active when the log directory holds a component report
+(a ``report.json`` written by :class:`cb_callback.ComponentBenchmark` or
+``Report.save``). Its tab lists the reports (runs and capture steps) and shows
+the same page as ``report.html`` (:func:`cb_callback._report.html.render_html`), with
+plotly.js, the viewer's script and each row's artifacts served by the
+plugin's own routes. No TensorFlow is needed.
+
+Routes, under ``data/plugin/components/``:
+
+- ``index.js``: the tab (an ES module TensorBoard imports into an iframe);
+- ``runs``: JSON list of the reports: ``run`` (the report's directory relative to
+  the log directory), ``step``, ``created_at``, ``device_name``, ``components``;
+- ``report?run=RUN``: the page of one report;
+- ``plotly.js``, ``viewer.js``: the page's scripts;
+- ``artifact?run=RUN&path=PATH``: a file of that report's directory (artifact
+  links are relative to it; nothing outside it is served).
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from tensorboard.backend import http_util
+from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
+
+from cb_callback._report.discover import REPORT_FILE, find_reports
+from cb_callback._report.html import plotly_js, render_html, viewer_js, with_artifact_tables
+
+__all__ = ["ComponentsPlugin", "find_reports"]
+
+_REPORT_FILE = REPORT_FILE
+_CACHE_S = 10.0
+
+
+_INDEX_JS = r"""
+// The "Components" tab: pick a report, see it. URLs are relative to this module's,
+// so they reach the plugin's routes however TensorBoard loads the tab.
+const base = new URL(".", import.meta.url);
+export async function render() {
+  document.body.style.margin = "0";
+  document.body.style.fontFamily = "system-ui, sans-serif";
+  const bar = document.createElement("div");
+  bar.style.cssText = "padding:6px 10px;border-bottom:1px solid #ddd;font-size:13px";
+  const label = document.createElement("label");
+  label.textContent = "component report: ";
+  const select = document.createElement("select");
+  select.id = "cb-run";
+  bar.append(label, select);
+  const frame = document.createElement("iframe");
+  frame.id = "cb-report";
+  frame.style.cssText = "border:0;width:100%;height:calc(100vh - 40px)";
+  document.body.append(bar, frame);
+  const runs = await (await fetch(new URL("runs", base))).json();
+  if (!runs.length) {
+    bar.textContent = "No component report in this log directory yet.";
+    frame.remove();
+    return;
+  }
+  for (const r of runs) {
+    const o = document.createElement("option");
+    o.value = r.run;
+    o.textContent = `${r.run || "."}  (step ${r.step ?? "?"}, ${r.components} components, ${r.device_name || ""})`;
+    select.append(o);
+  }
+  const show = () => { frame.src = new URL("report?run=" + encodeURIComponent(select.value), base).href; };
+  select.addEventListener("change", show);
+  show();
+}
+"""
+
+
+class ComponentsPlugin(base_plugin.TBPlugin):
+    """TensorBoard plugin serving component reports found in the log directory."""
+
+    plugin_name = "components"
+
+    def __init__(self, context: base_plugin.TBContext) -> None:
+        self._logdir = Path(context.logdir or ".")
+        self._cache: tuple[float, list[Path]] | None = None
+
+    def _reports(self) -> list[Path]:
+        now = time.monotonic()
+        if self._cache is None or now - self._cache[0] > _CACHE_S:
+            self._cache = (now, find_reports(self._logdir))
+        return self._cache[1]
+
+    def is_active(self) -> bool:
+        """Whether the log directory holds a component report (cached for 10 s)."""
+        return bool(self._reports())
+
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
+        return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="Components")
+
+    def get_plugin_apps(self) -> dict[str, Any]:
+        handlers = {
+            "/index.js": self._serve_index,
+            "/runs": self._serve_runs,
+            "/report": self._serve_report,
+            "/plotly.js": self._serve_plotly,
+            "/viewer.js": self._serve_viewer,
+            "/artifact": self._serve_artifact,
+        }
+        return {route: wrappers.Request.application(fn) for route, fn in handlers.items()}
+
+    def _run_dir(self, run: str) -> Path | None:
+        for d in self._reports():
+            if self._name(d) == run:
+                return d
+        return None
+
+    def _name(self, directory: Path) -> str:
+        rel = directory.relative_to(self._logdir).as_posix()
+        return "" if rel == "." else rel
+
+    def _serve_index(self, request: wrappers.Request) -> wrappers.Response:
+        return http_util.Respond(request, _INDEX_JS, "application/javascript")
+
+    def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
+        out = []
+        for d in self._reports():
+            try:
+                data = json.loads((d / _REPORT_FILE).read_text())
+            except (OSError, ValueError):
+                continue
+            meta = data.get("metadata") or {}
+            out.append({
+                "run": self._name(d),
+                "step": meta.get("capture_step", meta.get("step")),
+                "created_at": meta.get("created_at"),
+                "device_name": meta.get("device_name"),
+                "components": len(data.get("rows") or []),
+            })
+        return http_util.Respond(request, out, "application/json")
+
+    def _serve_report(self, request: wrappers.Request) -> wrappers.Response:
+        run = request.args.get("run", "")
+        d = self._run_dir(run)
+        if d is None:
+            return http_util.Respond(request, f"no component report {run!r}", "text/plain", code=404)
+        try:
+            # NaN/Infinity (written by other tools) become null, as Report.to_dict writes them.
+            raw = json.loads((d / _REPORT_FILE).read_text(), parse_constant=lambda _: None)
+            page = render_html(
+                with_artifact_tables(raw, d),
+                plotly_src="plotly.js",
+                viewer_src="viewer.js",
+                artifact_base=f"artifact?run={quote(run, safe='')}&path=",
+            )
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            return http_util.Respond(request, f"cannot show {run!r}: {e}", "text/plain", code=422)
+        return http_util.Respond(request, page, "text/html")
+
+    def _serve_plotly(self, request: wrappers.Request) -> wrappers.Response:
+        return http_util.Respond(request, plotly_js(), "application/javascript", expires=3600)
+
+    def _serve_viewer(self, request: wrappers.Request) -> wrappers.Response:
+        return http_util.Respond(request, viewer_js(), "application/javascript")
+
+    def _serve_artifact(self, request: wrappers.Request) -> wrappers.Response:
+        d = self._run_dir(request.args.get("run", ""))
+        rel = request.args.get("path", "")
+        if d is None or not rel:
+            return http_util.Respond(request, "no such artifact", "text/plain", code=404)
+        target = (d / rel).resolve()
+        if not target.is_relative_to(d.resolve()) or not target.is_file():
+            return http_util.Respond(request, "no such artifact", "text/plain", code=404)
+        ctype = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        if target.suffix == ".gz":
+            ctype = "application/gzip"
+        return http_util.Respond(request, target.read_bytes(), ctype)
