@@ -43,10 +43,13 @@ from cb_callback._engine.plugins import (
     MetricPlugin,
     PrepareContext,
     Preprocessor,
+    TimedMetric,
 )
-from cb_callback._engine.profile import ReplicateBatch, profile_captured
+from cb_callback._engine.preprocess import ReplicateBatch
+from cb_callback._engine.profile import profile_captured
 from cb_callback._engine.state import StateGuard, register_state_saver
 from cb_callback._engine.storage import storage_key
+from cb_callback._engine.timing import Sample, SampleSet
 from cb_callback._hardware.registry import register_device_peaks
 from cb_callback._metrics.flops import FlopsMetric, register_flop_rule
 from cb_callback._metrics.latency import LatencyMetric
@@ -88,7 +91,10 @@ __all__ = [
     "Report",
     "ReportContext",
     "Reporter",
+    "Sample",
+    "SampleSet",
     "StateGuard",
+    "TimedMetric",
     "TrafficMetric",
     "compare_components",
     "profile_captured",

@@ -81,7 +81,7 @@ def test_the_page_shows_each_components_top_operators(tmp_path: Path) -> None:
 
 
 def test_artifact_directories_never_collide_or_escape(tmp_path: Path) -> None:
-    from cb_callback._engine.profile import _artifact_dir
+    from cb_callback._engine.component import artifact_dir as _artifact_dir
 
     cfg = BenchmarkConfig(output_dir=str(tmp_path))
     assert _artifact_dir(cfg, "") == tmp_path / "artifacts" / "root"

@@ -326,7 +326,7 @@ def test_the_output_check_never_touches_the_global_seed(monkeypatch: pytest.Monk
 def test_compile_stops_when_the_longest_what_if_no_longer_fits(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    import cb_callback._engine.profile as engine
+    import cb_callback._engine.component as engine
 
     def slow(items: Any, sampler: Any, **kwargs: Any) -> tuple[float, dict[str, Any]]:
         time.sleep(0.5)

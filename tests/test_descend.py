@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from cb_callback import BenchmarkConfig, ComponentBenchmark, ComponentRow, profile_components
-from cb_callback._engine.profile import _below_cold, _levels
+from cb_callback._engine.descend import below_cold as _below_cold
+from cb_callback._engine.descend import levels as _levels
 from cb_callback._engine.tree import Node
 from tests.conftest import FAST
 

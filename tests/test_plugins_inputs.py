@@ -195,7 +195,7 @@ def test_embedding_bag_with_offsets_is_replicated_by_bag() -> None:
     # _embedding_bag: ids (14 int64) + offsets (7 int64) + rows read (14 x 4 fp32)
     # + outputs: pooled [7,4] fp32, offset2bag (empty in sum mode), bag_size and max_indices (7 int64)
     assert row.details["fwd_bytes"] == 14 * 8 + 7 * 8 + 14 * 4 * 4 + (7 * 4 * 4 + 0 + 7 * 8 + 7 * 8)
-    from cb_callback._engine.profile import _replicate_bags
+    from cb_callback._engine.preprocess import _replicate_bags
 
     rep = _replicate_bags(ComponentInputs((values, offsets), {}), 3, 7)
     assert rep is not None

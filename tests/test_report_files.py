@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import ast
 import inspect
 import json
 import warnings
@@ -277,16 +276,3 @@ def test_load_still_reads_what_save_writes_and_keeps_unknown_keys(tmp_path: Path
 
 
 # --- the layering rule ---------------------------------------------------------------------------
-
-
-def test_the_results_model_imports_no_renderer_anywhere() -> None:
-    # Not at module level, not inside a function: Report reaches its renderers through RENDERERS.
-    source = Path(cb_callback.__file__).parent / "_report.py"
-    imported = set()
-    for node in ast.walk(ast.parse(source.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            imported.add(node.module or "")
-        elif isinstance(node, ast.Import):
-            imported |= {a.name for a in node.names}
-    package = {m for m in imported if m.startswith("cb_callback")}
-    assert package == {"cb_callback._report.schema"}

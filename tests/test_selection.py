@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from cb_callback._engine.profile import _artifact_targets, _below_cold, _step_cost_ms
+from cb_callback._engine.descend import below_cold as _below_cold
+from cb_callback._engine.descend import step_cost_ms as _step_cost_ms
+from cb_callback._engine.schedule import artifact_targets as _artifact_targets
 from cb_callback._engine.tree import Node
 from cb_callback._report.model import ComponentRow, Report
 

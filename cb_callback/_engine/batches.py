@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from cb_callback._engine.inputs import ComponentInputs
+from cb_callback._engine.inputs import ComponentInputs, leading_batch_size
 from cb_callback._report.model import ComponentRow
 
-__all__ = ["MEASURED_COLUMNS", "input_signature", "median_batch", "merge_batches", "merged_calls", "p90"]
+__all__ = ["MEASURED_COLUMNS", "batch_size_of", "input_signature", "median_batch", "merge_batches", "merged_calls", "p90"]
 
 #: The measured columns a multi-batch row takes from its median batch.
 MEASURED_COLUMNS = (
@@ -163,3 +163,9 @@ def merge_batches(row: ComponentRow, per_batch: Mapping[int, ComponentRow], shap
         "shapes": distinct,
     }
     return mid
+
+
+def batch_size_of(calls: Mapping[str, ComponentInputs]) -> int | None:
+    """The leading batch size of a batch's first captured call (its capture's ``batch_size``)."""
+    first = min(calls.values(), key=lambda c: c.order, default=None)
+    return None if first is None else leading_batch_size((first.args, first.kwargs))

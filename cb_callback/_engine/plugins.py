@@ -13,7 +13,9 @@ When each metric hook runs, per component (see the README, "Plugins"):
 1. :meth:`InstrumentingMetric.instrument` before the component's first run;
    the :class:`~cb_callback.Instrument` observes the one pass that all of them
    share (it is also the first warm-up);
-2. the timed runs of every component, interleaved (``LatencyMetric``);
+2. the timed runs of every component, interleaved in rounds: the runs a
+   :class:`TimedMetric` times (the built-in ``LatencyMetric``, or a user's),
+   then :meth:`TimedMetric.values` from each component's samples;
 3. :meth:`MetricPlugin.measure` of the plugins that replay on their own;
 4. :meth:`ArtifactMetric.artifacts` when ``output_dir`` is set: each in a pass
    of its own, after every component's timed runs and ``measure``.
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from cb_callback._engine.config import BenchmarkConfig
     from cb_callback._engine.inputs import ComponentInputs
     from cb_callback._engine.isolate import Instrument, Replay
+    from cb_callback._engine.timing import Sample, SampleSet
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -49,6 +52,7 @@ __all__ = [
     "MetricPlugin",
     "PrepareContext",
     "Preprocessor",
+    "TimedMetric",
     "checked_values",
     "load_entry_point_plugins",
     "models_restored",
@@ -272,9 +276,40 @@ class ArtifactMetric(Protocol):
     def artifacts(self, ctx: MeasureContext) -> Instrument: ...
 
 
+@runtime_checkable
+class TimedMetric(Protocol):
+    """Times one component's runs; the engine schedules them with every other component's.
+
+    ``sampler(ctx)`` runs once per component whose shared instrumented pass
+    succeeded, right after it: the callable it returns times one run (a
+    forward on fresh inputs and the backward of that forward's graph) and
+    returns a :class:`cb_callback._engine.timing.Sample`. The engine calls it
+    ``config.warmup - 1`` times untimed (the instrumented pass was the first
+    warm-up), then in ``config.rounds`` interleaved rounds across all
+    components, each component's runs in a round adding up to its share of
+    ``budget_s(ctx)`` (at least ``config.min_repeats`` runs in all); a
+    component that comes out noisy or slower than its parent gets as many
+    rounds again. ``values(samples, ctx)`` then turns the component's
+    :class:`~cb_callback._engine.timing.SampleSet` into row values (under
+    :meth:`MetricPlugin.measure`'s rules). The compile what-if calls
+    ``sampler`` again with the compiled replay (``ctx.replay`` swapped).
+
+    One timing plugin runs: the built-in ``LatencyMetric``, unless a user
+    metric plugin implements this contract, which then replaces it.
+    """
+
+    name: str
+
+    def sampler(self, ctx: MeasureContext) -> Callable[[], Sample]: ...
+
+    def budget_s(self, ctx: MeasureContext) -> float: ...
+
+    def values(self, samples: SampleSet, ctx: MeasureContext) -> Mapping[str, Any]: ...
+
+
 #: Each kind's hooks: a metric plugin needs one of its hooks, the other kinds all of theirs.
 _KINDS: dict[str, tuple[str, ...]] = {
-    "metric": ("measure", "instrument", "artifacts"),
+    "metric": ("measure", "instrument", "artifacts", "sampler"),
     "reporter": ("write",),
     "preprocessor": ("prepare_model", "process_inputs"),
 }
@@ -290,7 +325,13 @@ def validate_plugin(plugin: Any, kind: str) -> Any:
     if isinstance(plugin, type):
         raise TypeError(f"{kind} plugin {label!r} is a class; pass an instance ({label}())")
     if kind == "metric" and not any(callable(getattr(plugin, h, None)) for h in _KINDS[kind]):
-        raise TypeError(f"metric plugin {label!r} has no callable measure() hook (nor instrument(), artifacts())")
+        raise TypeError(
+            f"metric plugin {label!r} has no callable measure() hook (nor instrument(), artifacts(), sampler())"
+        )
+    if kind == "metric" and callable(getattr(plugin, "sampler", None)):  # a TimedMetric needs all three
+        for hook in ("budget_s", "values"):
+            if not callable(getattr(plugin, hook, None)):
+                raise TypeError(f"timing plugin {label!r} has sampler() but no callable {hook}() hook")
     for hook in _KINDS[kind] if kind != "metric" else ():  # a metric plugin needs one of its hooks
         fn = getattr(plugin, hook, None)
         if fn is None or not callable(fn):

@@ -80,7 +80,7 @@ class _PassSampler:
 
 
 class LatencyMetric:
-    """Median time of the isolated forward and backward, and their spread.
+    """Median time of the isolated forward and backward, and their spread (a :class:`TimedMetric`).
 
     Fills ``fwd_ms``, ``bwd_ms``, ``cpu_ms`` (host time of both passes),
     ``device_ms`` (device time of both passes; wall time on CPU) and ``noise``
@@ -107,19 +107,8 @@ class LatencyMetric:
     name = "latency"
 
     def sampler(self, ctx: MeasureContext) -> Callable[[], Sample]:
-        """A callable that times one run (forward + backward) of ``ctx``'s component."""
+        """A callable that times one run (forward + backward) of ``ctx``'s component (no warm-up)."""
         return _PassSampler(ctx.replay, backward=ctx.config.backward, device=ctx.device)
-
-    def warmed_sampler(self, ctx: MeasureContext) -> Callable[[], Sample]:
-        """:meth:`sampler`, after the rest of the warm-up: call it after the component's observed pass.
-
-        That pass was the first of ``config.warmup`` warm-up runs; this makes
-        the other ``warmup - 1``.
-        """
-        run = self.sampler(ctx)
-        for _ in range(max(ctx.config.warmup - 1, 0)):
-            run()
-        return run
 
     def budget_s(self, ctx: MeasureContext) -> float:
         """Timed seconds to aim for: ``min_run_time_s`` per pass."""
@@ -155,7 +144,9 @@ class LatencyMetric:
         alone in ``config.rounds`` rounds (as the engine does for all of them)."""
         cfg = ctx.config
         instrumented_pass(ctx.replay, [], cfg.backward, path=ctx.path)
-        run = self.warmed_sampler(ctx)
+        run = self.sampler(ctx)
+        for _ in range(max(cfg.warmup - 1, 0)):  # the observed pass was the first warm-up run
+            run()
         (samples,) = interleave(
             [run],
             budgets_s=[self.budget_s(ctx)],

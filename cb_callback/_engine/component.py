@@ -1,0 +1,369 @@
+"""One component's lifecycle in a run: its instrumented pass, its row from its samples, its artifacts."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import torch
+from torch import nn
+
+from cb_callback._engine.collectives import CollectiveInReplay, refuse_collectives
+from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._engine.inputs import ComponentInputs
+from cb_callback._engine.isolate import Replay, instrumented_pass
+from cb_callback._engine.plugins import (
+    ArtifactMetric,
+    InstrumentingMetric,
+    MeasureContext,
+    MetricPlugin,
+    PrepareContext,
+    Preprocessor,
+    TimedMetric,
+    checked_values,
+)
+from cb_callback._engine.storage import unique_storage_bytes
+from cb_callback._engine.timing import Sample, SampleSet
+from cb_callback._metrics.artifacts import artifact_plugins
+from cb_callback._metrics.builtin import builtin_metrics
+from cb_callback._report.model import ComponentRow
+from cb_callback._report.model import error_text as _error_text
+from cb_callback._whatif.compile import WhatIfInput, compile_what_if
+
+__all__ = ["ComponentRun", "Pending", "artifact_dir", "params_mb"]
+
+_MIB = 1024.0 * 1024.0
+
+
+def params_mb(module: nn.Module) -> float:
+    """Parameters and buffers of ``module``'s subtree, unique storages, MiB."""
+    return unique_storage_bytes([*module.parameters(), *module.buffers()]) / _MIB
+
+
+def collective_in(e: BaseException) -> CollectiveInReplay | None:
+    """The :class:`CollectiveInReplay` behind ``e`` (itself, its cause or context), if any."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, CollectiveInReplay):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def artifact_dir(cfg: BenchmarkConfig, path: str) -> Path | None:
+    """``<output_dir>/artifacts/<path or "root">`` (not created), ``None`` without an ``output_dir``.
+
+    The path is percent-encoded (a ``ModuleDict`` key may hold ``/``), and a
+    top-level component literally named ``root`` gets ``%72oot`` so it cannot
+    share the root's directory.
+    """
+    if cfg.output_dir is None:
+        return None
+    name = quote(path, safe="._-") if path else "root"
+    if path == "root":
+        name = "%72oot"
+    return Path(cfg.output_dir) / "artifacts" / name
+
+
+def artifact_files(plugin: Any, found: Mapping[str, Any], artifact_dir: Path, report_dir: Path) -> dict[str, str]:
+    """An artifact plugin's ``{kind: file}``, each file relative to the report's directory.
+
+    Raises:
+        ValueError: a kind that is not a string, or a file that does not exist
+            or lies outside ``artifact_dir`` (naming the plugin).
+    """
+    home = artifact_dir.resolve()
+    out: dict[str, str] = {}
+    for kind, where in found.items():
+        file = Path(where)
+        file = (file if file.is_absolute() else artifact_dir / file).resolve()
+        if not isinstance(kind, str) or not file.exists() or not file.is_relative_to(home):
+            raise ValueError(
+                f"artifact plugin {plugin.name!r} returned {kind!r}: {str(where)!r}; expected "
+                f"{{kind: a file it wrote under {artifact_dir}}}"
+            )
+        out[kind] = file.relative_to(report_dir.resolve()).as_posix()
+    return out
+
+
+@dataclass
+class Pending:
+    """A component whose instrumented pass ran, waiting for its timed runs."""
+
+    row: ComponentRow
+    ctx: MeasureContext
+    values: dict[str, Any]
+    sampler: Callable[[], Sample]
+    budget_s: float
+    #: What its timed runs will cost at least, for ``max_total_time_s``: the timing
+    #: budget, or ``min_repeats`` runs at the instrumented pass's speed when slower.
+    committed_s: float = 0.0
+    #: Which captured batch it replays (0 with one batch).
+    batch: int = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.row.path, self.batch)
+
+
+class ComponentRun:
+    """How one run measures each component: replay it once observed, then fill its row from its samples.
+
+    The schedule (:mod:`cb_callback._engine.schedule`) decides which components and
+    when; this class does each one's lifecycle: :meth:`start` (inputs, replay, the
+    one instrumented pass every :class:`InstrumentingMetric` observes, the warm-up),
+    :meth:`finish` (the timing plugin's values, then the plugins that replay on
+    their own), and after every timed run :meth:`record_artifacts` and :meth:`compile`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        calls: Mapping[str, ComponentInputs],
+        cfg: BenchmarkConfig,
+        device: torch.device,
+        prepare_ctx: PrepareContext,
+        preprocessors: Sequence[Preprocessor],
+        metrics: Sequence[Any],
+        forward_context: Callable[[], AbstractContextManager[Any]] | None,
+        batch_sizes: Sequence[int | None] = (),
+    ) -> None:
+        self.model = model
+        #: Each captured batch's batch size (for ``ReplicateBatch``); empty: the run's one.
+        self.batch_sizes = list(batch_sizes)
+        self.calls = calls
+        self.cfg = cfg
+        self.device = device
+        self.prepare_ctx = prepare_ctx
+        self.preprocessors = preprocessors
+        self.user_metrics = list(metrics)
+        # One timing plugin: a user's TimedMetric replaces the built-in LatencyMetric.
+        user_timing = next((p for p in self.user_metrics if isinstance(p, TimedMetric)), None)
+        self.builtin = [p for p in builtin_metrics() if user_timing is None or not isinstance(p, TimedMetric)]
+        plugins: list[Any] = [*self.builtin, *self.user_metrics]
+        #: Times every component's runs, interleaved by the schedule.
+        self.timing: TimedMetric = next(p for p in plugins if isinstance(p, TimedMetric))
+        #: Observe the one shared pass (FLOPs, bytes, memory, and users' instruments).
+        self.observing = [p for p in plugins if isinstance(p, InstrumentingMetric) and p is not self.timing]
+        #: Replay on their own after the timed runs.
+        self.replaying = [
+            p for p in plugins
+            if isinstance(p, MetricPlugin) and p not in self.observing and p is not self.timing
+        ]
+        #: Observe a pass of their own each, after every component's timed runs.
+        self.artifact_plugins = [
+            *artifact_plugins(cfg.artifacts), *(p for p in plugins if isinstance(p, ArtifactMetric))
+        ]
+        if cfg.artifacts and cfg.output_dir is None:
+            warnings.warn(
+                f"cb_callback: artifacts={list(cfg.artifacts)} need an output_dir; none are written",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        self.forward_context = forward_context
+        self.warned: set[str] = set()
+
+    def inputs_for(
+        self, path: str, module: nn.Module, calls: Mapping[str, ComponentInputs] | None = None, batch: int = 0
+    ) -> ComponentInputs:
+        inputs = (self.calls if calls is None else calls)[path]
+        ctx = dataclasses.replace(self.prepare_ctx, path=path, module=module)
+        if batch < len(self.batch_sizes):
+            ctx = dataclasses.replace(ctx, batch_size=self.batch_sizes[batch])
+        for p in self.preprocessors:
+            inputs = p.process_inputs(inputs, ctx)
+        return inputs
+
+    def start(
+        self, row: ComponentRow, module: nn.Module, calls: Mapping[str, ComponentInputs] | None = None, batch: int = 0
+    ) -> Pending | None:
+        """Replay one component once, observed; ``None`` when it failed (``row`` says why).
+
+        ``calls`` is the batch's captured calls (default: the run's first batch).
+
+        One instrumented forward + backward is observed by every
+        :class:`InstrumentingMetric` (FLOPs, bytes, memory) and serves as the
+        first warm-up. The timed runs come later, interleaved with the other
+        components' (:meth:`finish` takes their samples).
+        """
+        calls = self.calls if calls is None else calls
+        captured = calls[row.path]
+        if captured.capture_error is not None:  # the capture hook could not copy the call
+            row.status, row.error = "failed", captured.capture_error
+            if captured.unknown_leaves:
+                row.details["unknown_leaves"] = list(captured.unknown_leaves)
+            return None
+        try:
+            inputs = self.inputs_for(row.path, module, calls, batch)
+        except Exception as e:
+            row.status, row.error = "failed", f"preprocessing inputs raised {_error_text(e)}"
+            return None
+        # Forward-only replays keep the caller's no_grad (profile_components under no_grad/inference_mode),
+        # and a component the real step ran under no_grad (a frozen encoder) replays without grad.
+        replay = Replay(
+            module, inputs, device=self.device, seed=self.cfg.seed, forward_context=self.forward_context,
+            grad_enabled=captured.grad_enabled and (self.cfg.backward or torch.is_grad_enabled()),
+        )
+        ctx = MeasureContext(
+            row.path, module, replay, self.cfg, self.device, {}, artifact_dir=artifact_dir(self.cfg, row.path)
+        )
+        try:
+            instruments = [p.instrument(ctx) for p in self.observing]
+            pass0 = time.perf_counter()
+            with refuse_collectives():  # under DDP: a collective would wait forever for the other ranks
+                result = instrumented_pass(replay, instruments, self.cfg.backward, path=row.path)
+            pass_s = time.perf_counter() - pass0
+        except CollectiveInReplay as e:
+            self._communicates(row, module, e)
+            return None
+        except Exception as e:
+            self._after_error(e)
+            wrapped = collective_in(e)
+            if wrapped is not None:  # user code re-raised it as something else
+                self._communicates(row, module, wrapped)
+                return None
+            try:
+                with refuse_collectives():  # never a real collective on one rank
+                    replay.probe(self.cfg.backward)
+            except Exception as plain:
+                wrapped = collective_in(plain)
+                if wrapped is not None:
+                    self._communicates(row, module, wrapped)
+                    return None
+                self._after_error(plain)
+                row.status, row.error = "failed", f"replay raised {_error_text(plain)}"
+                return None
+            row.status, row.error = "failed", f"instrumented pass raised {_error_text(e)}"
+            return None
+        values: dict[str, Any] = {}
+        for plugin, ins in zip(self.observing, instruments, strict=True):
+            try:
+                values.update(checked_values(plugin, ins.values()))
+            except Exception as e:
+                if self._plugin_error(row, plugin, e):
+                    return None
+        values["mutates_inputs"] = result.mutates_inputs
+        del result  # holds a forward-only pass's output (and its graph)
+        if inputs.unknown_leaves:
+            values["unknown_leaves"] = inputs.unknown_leaves
+        try:
+            sampler = self.timing.sampler(ctx)
+            for _ in range(max(self.cfg.warmup - 1, 0)):  # the instrumented pass was the first warm-up run
+                sampler()
+            budget = self.timing.budget_s(ctx)
+        except Exception as e:
+            self._plugin_error(row, self.timing, e)
+            return None
+        # The instrumented pass runs under counting modes (slower than a plain run): an upper estimate.
+        committed = max(budget, max(self.cfg.min_repeats, 1) * pass_s)
+        return Pending(row, ctx, values, sampler, budget, committed, batch)
+
+    def _communicates(self, row: ComponentRow, module: nn.Module, e: CollectiveInReplay) -> None:
+        """Not replayed (and never probed): a container is estimated from its other children."""
+        row.status = "estimated" if any(True for _ in module.children()) else "skipped"
+        row.note = str(e)
+        row.details["collective"] = e.op
+
+    def finish(self, pending: Pending, samples: SampleSet) -> None:
+        """Fill the row from its samples, then run the plugins that replay on their own."""
+        row, ctx, values = pending.row, pending.ctx, pending.values
+        if samples.error is not None:
+            self._plugin_error(row, self.timing, samples.error)
+            return
+        plugins: list[Any] = [self.timing, *self.replaying]
+        for plugin in plugins:
+            ctx.values = dict(values)
+            try:
+                if plugin is self.timing:
+                    found = self.timing.values(samples, ctx)
+                else:
+                    with refuse_collectives():  # a user plugin's own replays
+                        found = plugin.measure(ctx)
+                values.update(checked_values(plugin, found))
+            except Exception as e:
+                if self._plugin_error(row, plugin, e):
+                    return
+        ctx.values = dict(values)
+        columns = {f for f in ComponentRow.__dataclass_fields__ if f != "details"}
+        for key, value in values.items():
+            if key in columns:
+                setattr(row, key, value)
+            else:
+                row.details[key] = value
+        row.status = "ok"
+
+    def record_artifacts(self, pending: Pending) -> None:
+        """Run each artifact plugin in a pass of its own; record its files in ``details["artifacts"]``.
+
+        Only for a measured (``ok``) component with an ``artifact_dir``. A plugin
+        that raises, returns what is not a file it wrote, or a kind recorded
+        already lands in ``details["metric_errors"]``; the row's measurements stand.
+        """
+        row, ctx, home = pending.row, pending.ctx, pending.ctx.artifact_dir
+        if row.status != "ok" or home is None or self.cfg.output_dir is None:
+            return
+        for plugin in self.artifact_plugins:
+            try:
+                ins = plugin.artifacts(ctx)
+                with refuse_collectives():
+                    instrumented_pass(ctx.replay, [ins], self.cfg.backward, path=row.path)
+                files = artifact_files(plugin, ins.values(), home, Path(self.cfg.output_dir))
+                recorded = row.details.get("artifacts", {})
+                again = sorted(set(files) & set(recorded))
+                if again:
+                    raise ValueError(f"artifact plugin {plugin.name!r} returned kind(s) {again}, recorded already")
+                if files:
+                    row.details["artifacts"] = {**recorded, **files}
+            except Exception as e:
+                self._plugin_error(row, plugin, e, fatal=False)
+
+    def compile(self, row: ComponentRow, pending: Sequence[Pending], canary: Callable[[], float] | None) -> None:
+        """The compile what-if of one measured component (``pending``: its measured batches).
+
+        Fills ``row.compiled_ms`` and ``row.details["compile"]``. A compile error
+        leaves the row ``ok`` (its eager numbers stand) with the error in
+        ``details["compile"]["error"]``.
+        """
+        ctx = pending[0].ctx
+        items = [WhatIfInput(p.ctx.replay, p.sampler, p.budget_s, p.batch) for p in pending]
+        compiled_ms, info = compile_what_if(
+            items, lambda r: self.timing.sampler(dataclasses.replace(ctx, replay=r)), config=self.cfg,
+            canary=canary, report_batch=row.details.get("median_batch"),
+        )  # fmt: skip
+        row.compiled_ms = compiled_ms
+        row.details["compile"] = info
+
+    def _plugin_error(self, row: ComponentRow, plugin: Any, e: BaseException, fatal: bool | None = None) -> bool:
+        """Record a plugin's error; return whether the component has failed.
+
+        ``fatal`` (default: the plugin is a built-in) fails the component;
+        otherwise the error lands in ``details["metric_errors"]``.
+        """
+        self._after_error(e)
+        if fatal is None:
+            fatal = any(plugin is b for b in self.builtin)
+        if fatal:
+            row.status, row.error = "failed", f"{plugin.name} metric raised {_error_text(e)}"
+            return True
+        row.details.setdefault("metric_errors", {})[plugin.name] = _error_text(e)
+        if plugin.name not in self.warned:
+            self.warned.add(plugin.name)
+            warnings.warn(
+                f"cb_callback: metric plugin {plugin.name!r} raised on {row.path or 'root'!r}: {e}",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return False
+
+    def _after_error(self, e: BaseException) -> None:
+        if isinstance(e, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
+            torch.cuda.empty_cache()

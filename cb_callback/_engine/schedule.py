@@ -1,0 +1,307 @@
+"""The schedule of a run: which components start, level by level, their interleaved timed runs,
+then the compile what-ifs and the artifact passes, and what ``max_total_time_s`` allows."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from cb_callback._engine.batches import input_signature, merge_batches
+from cb_callback._engine.component import ComponentRun, Pending, params_mb
+from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._engine.descend import (
+    below_cold,
+    descendants_called,
+    levels,
+    not_descended_note,
+    step_cost_ms,
+)
+from cb_callback._engine.inputs import ComponentInputs
+from cb_callback._engine.quality import inconsistent_pairs, is_noisy
+from cb_callback._engine.timing import SampleSet, cpu_canary, interleave
+from cb_callback._engine.tree import Node, filter_reasons
+from cb_callback._report.model import ComponentRow
+
+__all__ = ["Schedule", "artifact_targets", "budget_note"]
+
+
+class Schedule:
+    """The components of one run, started and timed level by level.
+
+    With ``descend="all"`` every node is one level, timed in one interleaving;
+    with ``"hotspots"`` each depth is a level, and a level's components start
+    only below those whose share of the root's time was at least
+    ``descend_share`` (:func:`cb_callback._engine.descend.below_cold`). With
+    several captured batches a component starts once per batch it ran in, each
+    with a row of its own (``per_batch``), merged into its median batch after
+    its level is timed.
+
+    Attributes:
+        rows: every node's row, by path, as far as filled.
+        per_batch: with several batches, each component's row per batch.
+        samples: the timed samples the quality checks read (the row's batch's).
+        pending: every started component (of every batch), in start order.
+        canary_s: the CPU reference GEMM's time before each round.
+    """
+
+    def __init__(
+        self,
+        run: ComponentRun,
+        nodes: Sequence[Node],
+        modules: Mapping[str, nn.Module],
+        batches: Sequence[Mapping[str, ComponentInputs]],
+        calls: Mapping[str, ComponentInputs],
+        cfg: BenchmarkConfig,
+        device: torch.device,
+        budget0: float,
+    ) -> None:
+        self.run, self.nodes, self.modules, self.cfg, self.device = run, nodes, modules, cfg, device
+        self.batches, self.calls, self.budget0 = list(batches), calls, budget0
+        self.multi = len(self.batches) > 1
+        self.by_path = {n.path: n for n in nodes}
+        self.rows: dict[str, ComponentRow] = {}
+        self.per_batch: dict[str, dict[int, ComponentRow]] = {}
+        self.samples: dict[str, SampleSet] = {}
+        self.pending: list[Pending] = []
+        self.canary_s: list[float] = []
+        self._called = descendants_called(list(nodes), calls)
+        self._filtered = filter_reasons([n.path for n in nodes], cfg.include, cfg.exclude)
+        self._not_descended: dict[str, tuple[str, float]] = {}  # path -> (ancestor not descended, its share)
+        self._levels = [list(nodes)] if cfg.descend == "all" else levels(nodes)
+        self._steps = len(nodes) + cfg.rounds * len(self._levels)
+        self._done = 0
+
+    def run_levels(self) -> None:
+        """Start and time every level, shallowest first."""
+        for level in self._levels:
+            started: list[Pending] = []
+            for node in level:
+                self._done += 1
+                self._start(node, started)
+                if self.cfg.progress is not None:
+                    self.cfg.progress(self._done, self._steps, node.path)
+            timed = time_interleaved(started, self.rows, self.cfg, self._done, self._steps, self.device, self.canary_s)
+            self._done += self.cfg.rounds
+            self._finish(level, started, timed)
+            self.pending += started
+            if self.cfg.descend == "hotspots":
+                cold = below_cold(level, self.by_path, self.rows, self.cfg.descend_share, self._not_descended, self.per_batch)
+                self._not_descended.update(cold)
+
+    def cost(self, path: str) -> float | None:
+        """What every selection ranks by: :func:`cb_callback._engine.descend.step_cost_ms`."""
+        return step_cost_ms(path, self.by_path, self.rows, self.per_batch)
+
+    def _row(self, node: Node) -> ComponentRow:
+        row = ComponentRow(
+            path=node.path, module_type=node.module_type, depth=node.depth, parent=node.parent,
+            calls=self.calls[node.path].calls if node.path in self.calls else 0,
+            params_mb=params_mb(self.modules[node.path]),
+        )  # fmt: skip
+        if node.aliases:
+            row.details["aliases"] = list(node.aliases)
+        if node.shared_with:
+            row.details["shared_with"] = list(node.shared_with)
+        self.rows[node.path] = row
+        return row
+
+    def _start(self, node: Node, started: list[Pending]) -> None:
+        """Make the node's row; start it (each batch it ran in), or say why not."""
+        row, cfg, path = self._row(node), self.cfg, node.path
+        reason = self._filtered.get(path)
+        if reason is None and path in self._not_descended and self._called[path]:
+            reason = not_descended_note(node, *self._not_descended[path], cfg.descend_share)
+        # The timed runs come later: count the budget they will take.
+        spent = time.perf_counter() - self.budget0
+        committed = sum(p.committed_s for p in started)
+        over = cfg.max_total_time_s is not None and spent + committed >= cfg.max_total_time_s
+        if reason is not None:
+            row.status, row.note = "skipped", reason
+        elif over and (path != "" or cfg.max_total_time_s == 0):
+            row.status, row.note = "skipped", budget_note(cfg.max_total_time_s or 0.0, spent, committed, len(started))
+        elif path in self.calls and not self.multi:
+            begun = self.run.start(row, self.modules[path])
+            if begun is not None:
+                started.append(begun)
+        elif path in self.calls:  # every batch it ran in, each with a row of its own
+            for b, batch_calls in enumerate(self.batches):
+                if path in batch_calls:
+                    row_b = dataclasses.replace(row, calls=batch_calls[path].calls, details={})
+                    self.per_batch.setdefault(path, {})[b] = row_b
+                    begun = self.run.start(row_b, self.modules[path], batch_calls, b)
+                    if begun is not None:
+                        started.append(begun)
+        elif self._called[path]:
+            row.status, row.note = "estimated", "never called itself (a container)"
+        else:
+            row.status, row.note = "not_run", "neither it nor a descendant ran in the captured forward"
+
+    def _finish(self, level: Sequence[Node], started: Sequence[Pending], timed: Mapping[tuple[str, int], SampleSet]) -> None:
+        """Fill the level's rows from their samples; merge each component's batches into its median one."""
+        for p in started:
+            self.run.finish(p, timed[p.key])
+            if not self.multi:
+                self.samples[p.row.path] = timed[p.key]
+        replayed = {p.key: p.ctx.replay.inputs for p in started}  # after preprocessing (batch_size)
+        for node in level:
+            if node.path not in self.per_batch:
+                continue
+            shapes = {
+                b: input_signature(replayed.get((node.path, b), self.batches[b][node.path]))
+                for b in self.per_batch[node.path]
+            }  # fmt: skip
+            mid = merge_batches(self.rows[node.path], self.per_batch[node.path], shapes)
+            if mid is not None and (node.path, mid) in timed:  # the quality checks: its batch's
+                self.samples[node.path] = timed[(node.path, mid)]
+
+    def compile_phase(self) -> None:
+        """The compile what-if of the measured components, most expensive first.
+
+        Most expensive by :meth:`cost` (``total_ms × calls`` summed over the
+        batches a component ran in, as ``share`` counts it). ``compile_top``
+        limits it to the first ``K``; with ``max_total_time_s`` a component is
+        compiled only while the budget left covers the longest what-if so far
+        (the first is not bounded: a compile cannot be interrupted); the others'
+        ``details["compile"]["skipped"]`` says so. Dynamo is reset after each.
+        """
+        cfg = self.cfg
+        measured: dict[str, list[Pending]] = {}
+        for p in self.pending:
+            if p.row.status == "ok":
+                measured.setdefault(p.row.path, []).append(p)
+        over = {path: self.cost(path) or 0.0 for path in measured}
+        ok = [self.rows[path] for path in measured if self.rows[path].status == "ok"]
+        ok.sort(key=lambda r: over[r.path], reverse=True)
+        chosen = ok if cfg.compile_top is None else ok[: cfg.compile_top]
+        canary = cpu_canary() if self.device.type == "cpu" and chosen else None
+        longest = 0.0  # the longest what-if so far: what the next one is expected to take at most
+        for i, row in enumerate(chosen):
+            elapsed = time.perf_counter() - self.budget0
+            if cfg.max_total_time_s is not None and elapsed + longest >= cfg.max_total_time_s:
+                for r in chosen[i:]:
+                    r.details["compile"] = {
+                        "skipped": f"max_total_time_s={cfg.max_total_time_s} spent ({elapsed:.2f} s elapsed, "
+                        f"{longest:.2f} s for the longest compile what-if so far)"
+                    }
+                return
+            t0 = time.perf_counter()
+            self.run.compile(row, measured[row.path], canary)
+            longest = max(longest, time.perf_counter() - t0)
+            if cfg.progress is not None:
+                cfg.progress(i + 1, len(chosen), f"compile what-if {row.path or 'root'}")
+
+    def artifact_passes(self) -> None:
+        """Each chosen component's artifacts, from passes of their own (after every timed run: never timed)."""
+        cost = {n.path: self.cost(n.path) for n in self.nodes}
+        for p in artifact_targets(self.pending, self.cfg, self.rows, cost):
+            self.run.record_artifacts(p)
+            if p.row is not self.rows[p.row.path]:  # one batch of several: the artifacts are the median batch's
+                for key in ("artifacts", "metric_errors"):
+                    if key in p.row.details:
+                        self.rows[p.row.path].details[key] = p.row.details[key]
+
+
+def time_interleaved(
+    pending: Sequence[Pending],
+    rows: Mapping[str, ComponentRow],
+    cfg: BenchmarkConfig,
+    done: int,
+    total_steps: int,
+    device: torch.device,
+    canary_s: list[float],
+) -> dict[tuple[str, int], SampleSet]:
+    """The timed runs of the started components, interleaved in ``cfg.rounds`` rounds.
+
+    Keyed by ``(path, batch)`` (:attr:`Pending.key`); with several batches a
+    child slower than its parent is looked for batch by batch.
+
+    With ``descend="all"`` these are every component; with ``"hotspots"`` one
+    depth level's, so a child and its parent are never in the same call and a
+    child slower than its parent is not re-measured (the quality assessment
+    still flags the pair ``slower_than_parent``). Components that come out
+    inconsistent (``noise`` above the noisy threshold, or a child slower than
+    its parent) get the same number of rounds again, interleaved among
+    themselves, once; their samples are pooled. On CPU a reference GEMM (the
+    canary) is timed before every round into ``canary_s``.
+    """
+    canary = cpu_canary() if device.type == "cpu" and pending else None
+
+    def progress(r: int) -> None:
+        if cfg.progress is not None:
+            cfg.progress(done + r, total_steps, f"timing round {r}/{cfg.rounds}")
+
+    def run(items: Sequence[Pending], extend: list[SampleSet] | None = None) -> list[SampleSet]:
+        return interleave(
+            [p.sampler for p in items],
+            budgets_s=[p.budget_s for p in items],
+            rounds=cfg.rounds,
+            min_repeats=cfg.min_repeats,
+            max_repeats=cfg.max_repeats,
+            sets=extend,
+            on_round=progress if extend is None else None,
+            canary=canary,
+            canary_s=canary_s,
+        )
+
+    sets = run(pending)
+    by_key = {p.key: s for p, s in zip(pending, sets, strict=True)}
+    again = {key for key, s in by_key.items() if s.error is None and is_noisy(s)}
+    for b in sorted({p.batch for p in pending}):
+        mine = {p.row.path: p.row for p in pending if p.batch == b}
+        batch_rows = {**rows, **mine}  # a parent timed in another level keeps its merged row
+        medians = {
+            path: by_key[(path, b)].median() for path in mine
+            if by_key[(path, b)].samples and by_key[(path, b)].error is None
+        }  # fmt: skip
+        for child, parent in inconsistent_pairs(batch_rows, medians):
+            again.update(((child, b), (parent, b)))
+    redo = [i for i, p in enumerate(pending) if p.key in again]
+    if redo:
+        run([pending[i] for i in redo], [sets[i] for i in redo])
+        for i in redo:
+            sets[i].remeasured = True
+    return by_key
+
+
+def artifact_targets(
+    pending: Sequence[Any],
+    cfg: BenchmarkConfig,
+    rows: Mapping[str, ComponentRow],
+    cost: Mapping[str, float | None],
+) -> list[Any]:
+    """The components artifacts are written for: all, or the ``artifacts_top`` most expensive.
+
+    Most expensive by ``cost`` (:func:`cb_callback._engine.descend.step_cost_ms`:
+    over every batch, as ``share``) among the measured (``ok``) rows. With
+    several batches a component's artifacts come from the batch its row is (its
+    median batch). ``pending`` holds :class:`Pending` (anything with ``row`` and
+    ``batch``).
+    """
+    chosen: dict[str, Any] = {}
+    for p in pending:
+        if p.row.status != "ok":
+            continue
+        mid = rows[p.row.path].details.get("median_batch")
+        if p.row.path not in chosen or p.batch == mid:
+            chosen[p.row.path] = p
+    ok = list(chosen.values())
+    if cfg.artifacts_top is None:
+        return ok
+    top = {id(p) for p in sorted(ok, key=lambda p: cost.get(p.row.path) or 0.0, reverse=True)[: cfg.artifacts_top]}
+    return [p for p in ok if id(p) in top]
+
+
+def budget_note(limit: float, spent: float, committed: float, started: int) -> str:
+    """Why a component was not started within ``max_total_time_s``: what was spent, what was still owed."""
+    owed = (
+        f" and {committed:.2f} s more committed to the timed runs of the {started} component"
+        f"{'s' if started != 1 else ''} started before it (at least their timing budget each)"
+        if started
+        else ""
+    )
+    return f"max_total_time_s={limit:g} reached: {spent:.2f} s spent profiling so far{owed}"
