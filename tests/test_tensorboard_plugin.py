@@ -17,7 +17,8 @@ from torch import nn
 from werkzeug.test import Client
 
 from cb_callback import profile_components
-from cb_callback._report.tb_plugin import ComponentsPlugin, find_reports
+from cb_callback._report.discover import find_reports
+from cb_callback._report.tb_plugin import ComponentsPlugin
 from tests._browser import browser, new_page
 
 __all__ = ["browser"]  # the fixture

@@ -176,7 +176,7 @@ def test_dtype_keys_and_the_typo_guard() -> None:
 
 def test_lightning_64_true_keeps_its_report(tmp_path: Path) -> None:
     from cb_callback import ComponentBenchmark
-    from cb_callback._lightning.callback import _precision_dtype
+    from cb_callback._engine.precision import peak_dtype as _precision_dtype
     from tests._callback_models import run_fit
 
     assert (_precision_dtype("64-true"), _precision_dtype("64")) == ("fp64", "fp64")

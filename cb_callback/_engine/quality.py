@@ -290,58 +290,31 @@ def assess(
             if _over_flops(r):
                 over_flops.append(r)
 
+    machine = _machine(timed, load, threads, calibration_spread, slowdown)
     per_thread = max(threads, 1)
-    excess = []
-    for s in timed.values():
-        totals = [x.total_ms for x in s.samples]
-        excess += [t - min(totals) for t in totals]
-    quantum = quantum_ms(excess)
-    total_switches = sum(s.switches for s in timed.values())
-    total_s = sum(s.timed_s for s in timed.values())
-    run_rate = total_switches / total_s / per_thread if total_s > 0 else math.nan
-    own = min(per_thread, load.cpus)
-    loads = [x for x in (load.before, load.after) if x is not None]
-    busy_load = bool(loads) and max(loads) - own > LOAD_EXCESS_PER_CPU * load.cpus
-    unsure_calibration = calibration_spread is not None and calibration_spread > CALIBRATION_SPREAD_LIMIT
-    stolen = load.steal is not None and load.steal > STEAL_THRESHOLD
-    slowed = slowdown is not None and slowdown > SLOWDOWN_THRESHOLD
-    busy = (
-        busy_load
-        or stolen
-        or slowed
-        or (math.isfinite(run_rate) and run_rate > SWITCHES_PER_S_THRESHOLD)
-        or quantum is not None
-        or unsure_calibration
-    )
     for path, s in timed.items():
         rate = s.switches_per_s / per_thread
-        preempted = busy and math.isfinite(rate) and rate > SWITCHES_PER_S_THRESHOLD
-        if preempted or (quantum is not None and _row_quantised(s, quantum)):
+        preempted = machine.busy and math.isfinite(rate) and rate > SWITCHES_PER_S_THRESHOLD
+        if preempted or (machine.quantum is not None and _row_quantised(s, machine.quantum)):
             add(path, "contention")
 
     counts = {f: sum(f in v for v in flags.values()) for f in FLAGS}
-    contended = counts["contention"] > 0 or busy
-    verdict = "clean"
-    if counts["over_peak"]:
-        verdict = "over_peak"
-    if counts["noisy"]:
-        verdict = "noisy"
-    if counts["slower_than_parent"]:
-        verdict = "inconsistent"
-    if contended:
-        verdict = "contended"
-    advice = _advice(counts, contended, load, run_rate, quantum, threads, config, busy_load, calibration_spread, slowdown)
+    contended = counts["contention"] > 0 or machine.busy
+    advice = _advice(
+        counts, contended, load, machine.run_rate, machine.quantum, threads, config, machine.busy_load,
+        calibration_spread, slowdown,
+    )  # fmt: skip
     advice += _peak_advice(over_flops, peaks or {}, counts["over_peak"] - len(over_flops))
     quality = {
-        "verdict": verdict,
+        "verdict": _verdict(counts, contended),
         "flags": counts,
         "flagged_rows": len(flags),
         "load_before": load.before,
         "load_after": load.after,
         "cpus": load.cpus,
         "threads": threads,
-        "switches_per_s": run_rate,
-        "quantum_ms": quantum,
+        "switches_per_s": machine.run_rate,
+        "quantum_ms": machine.quantum,
         "calibration_spread": calibration_spread,
         "steal": load.steal,
         "slowdown": slowdown,
@@ -357,6 +330,60 @@ def assess(
         "advice": advice,
     }
     return Assessment({p: [f for f in FLAGS if f in v] for p, v in flags.items()}, quality)
+
+
+@dataclass
+class _Machine:
+    """What the run as a whole says about the machine (see :func:`assess`)."""
+
+    busy: bool
+    busy_load: bool
+    run_rate: float
+    quantum: float | None
+
+
+def _machine(
+    timed: Mapping[str, SampleSet],
+    load: LoadProbe,
+    threads: int,
+    calibration_spread: float | None,
+    slowdown: float | None,
+) -> _Machine:
+    """Whether the machine was busy: the load average, steal, a slowed canary, the runs' context
+    switches per second and thread, a scheduling quantum in the runs, an unsure calibration."""
+    per_thread = max(threads, 1)
+    excess = []
+    for s in timed.values():
+        totals = [x.total_ms for x in s.samples]
+        excess += [t - min(totals) for t in totals]
+    quantum = quantum_ms(excess)
+    total_s = sum(s.timed_s for s in timed.values())
+    run_rate = sum(s.switches for s in timed.values()) / total_s / per_thread if total_s > 0 else math.nan
+    loads = [x for x in (load.before, load.after) if x is not None]
+    busy_load = bool(loads) and max(loads) - min(per_thread, load.cpus) > LOAD_EXCESS_PER_CPU * load.cpus
+    busy = (
+        busy_load
+        or (load.steal is not None and load.steal > STEAL_THRESHOLD)
+        or (slowdown is not None and slowdown > SLOWDOWN_THRESHOLD)
+        or (math.isfinite(run_rate) and run_rate > SWITCHES_PER_S_THRESHOLD)
+        or quantum is not None
+        or (calibration_spread is not None and calibration_spread > CALIBRATION_SPREAD_LIMIT)
+    )
+    return _Machine(busy, busy_load, run_rate, quantum)
+
+
+def _verdict(counts: Mapping[str, int], contended: bool) -> str:
+    """The last that applies of ``over_peak``, ``noisy``, ``inconsistent``, ``contended``; else ``clean``."""
+    verdict = "clean"
+    if counts["over_peak"]:
+        verdict = "over_peak"
+    if counts["noisy"]:
+        verdict = "noisy"
+    if counts["slower_than_parent"]:
+        verdict = "inconsistent"
+    if contended:
+        verdict = "contended"
+    return verdict
 
 
 def _advice(

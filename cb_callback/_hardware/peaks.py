@@ -235,17 +235,12 @@ def resolve_peaks(
     _check_override("peak_flops", peak_flops)
     _check_override("peak_bandwidth", peak_bandwidth)
     device = torch.device(device)
-
-    flops: float | None = peak_flops
-    bandwidth: float | None = peak_bandwidth
-    flops_source = "user" if peak_flops is not None else "unknown"
-    bandwidth_source = "user" if peak_bandwidth is not None else "unknown"
-    flops_ref = "user override" if peak_flops is not None else "unknown"
-    bandwidth_ref = "user override" if peak_bandwidth is not None else "unknown"
+    found = _Found(flops=peak_flops, bandwidth=peak_bandwidth)
+    if peak_flops is not None:
+        found.flops_source, found.flops_ref = "user", "user override"
+    if peak_bandwidth is not None:
+        found.bandwidth_source, found.bandwidth_ref = "user", "user override"
     needs_flops, needs_bandwidth = peak_flops is None, peak_bandwidth is None
-    verified: bool | None = None  # whether the table figures used were checked
-    levels: tuple[CacheLevel, ...] = ()
-    notes: dict[str, Any] = {}
     if keyless and needs_flops:
         _warn_once(
             ("no peak key", dtype),
@@ -253,77 +248,12 @@ def resolve_peaks(
             "MFU is left empty; pass peak_flops= (FLOP/s) to set it.",
         )
         needs_flops = False
-
     if device.type == "cuda":
         name = _cuda_device_name(device)
-        spec = gpu_spec(name) if (needs_flops or needs_bandwidth) else None
-        if spec is None and (needs_flops or needs_bandwidth):
-            _warn_once(
-                ("cuda", name),
-                f"cb_callback: GPU {name!r} is not in the datasheet table, so MFU and "
-                f"bandwidth utilisation are left empty; {_fix_hint()}, or add the GPU once "
-                "with cb_callback.register_device_peaks(...).",
-            )
-        if spec is not None:
-            if needs_flops:
-                flops = spec.flops_for(dtype)
-                if flops is None:
-                    if is_registered(spec):
-                        what = f"registered {spec.name} entry has no {dtype} peak"
-                    elif dtype == "fp64":
-                        what = (
-                            f"{spec.name} datasheet has no {dtype} peak "
-                            "(the table records no FP64 rates)"
-                        )
-                    else:
-                        what = f"{spec.name} datasheet has no {dtype} peak (the GPU lacks it)"
-                    _warn_once(
-                        ("cuda", name, dtype),
-                        f"cb_callback: the {what}, so MFU is left empty; pass peak_flops= "
-                        "(FLOP/s) to set it.",
-                    )
-                else:
-                    flops_source = _entry_source(spec)
-                    flops_ref = _entry_reference(spec, f"{spec.name} {dtype}")
-                    verified = spec.verified
-            if needs_bandwidth:
-                bandwidth = spec.bandwidth
-                bandwidth_source = _entry_source(spec)
-                bandwidth_ref = _entry_reference(spec, spec.name)
-                verified = spec.verified
+        _from_table(found, name, dtype, needs_flops, needs_bandwidth)
     elif device.type == "cpu":
         name = cpu_device_name()
-        threads = torch.get_num_threads()
-        gemm_dtype = CPU_GEMM_DTYPES.get(dtype)
-        if needs_flops and gemm_dtype is None:
-            _warn_once(
-                ("cpu", name, dtype),
-                f"cb_callback: no {dtype} peak is known for CPUs, so MFU is left empty; "
-                f"pass peak_flops= (FLOP/s) to set it.",
-            )
-        elif needs_flops and gemm_dtype is not None:
-            try:
-                flops = measure_cpu_flops(gemm_dtype)
-            except RuntimeError as err:
-                _warn_once(
-                    ("cpu", name, dtype),
-                    f"cb_callback: could not measure a {dtype} GEMM on this CPU ({err}); "
-                    f"MFU is left empty; pass peak_flops= (FLOP/s) to set it.",
-                )
-            else:
-                flops_source = "measured"
-                kind = f"gemm {str(gemm_dtype).removeprefix('torch.')}"
-                flops_ref = f"best torch.mm {gemm_dtype} GEMM, {threads} threads{_kept(kind)}"
-        if needs_bandwidth:
-            levels = measure_cpu_cache_bandwidths()
-            bandwidth = measure_cpu_bandwidth()
-            bandwidth_source = "measured"
-            bandwidth_ref = f"best DRAM-sized copy_ (read + write), {threads} threads{_kept('copy DRAM')}"
-        measured_notes = calibration_notes()
-        notes = {k: v for k, v in measured_notes.items() if k.startswith("copy") and needs_bandwidth}
-        if flops_source == "measured":
-            kind = f"gemm {str(gemm_dtype).removeprefix('torch.')}"
-            notes.update({k: v for k, v in measured_notes.items() if k == kind})
+        _measured(found, name, dtype, needs_flops, needs_bandwidth)
     else:
         name = str(device)
         if needs_flops or needs_bandwidth:
@@ -332,19 +262,104 @@ def resolve_peaks(
                 f"cb_callback: no peaks are known for {device.type!r} devices, so MFU and "
                 f"bandwidth utilisation are left empty; {_fix_hint()}.",
             )
-
     return Peaks(
         device_name=name,
         dtype=dtype,
-        flops=flops,
-        bandwidth=bandwidth,
-        flops_source=flops_source,
-        bandwidth_source=bandwidth_source,
-        reference=f"flops: {flops_ref}; bandwidth: {bandwidth_ref}",
-        verified=verified,
-        levels=levels,
-        calibration=notes,
+        flops=found.flops,
+        bandwidth=found.bandwidth,
+        flops_source=found.flops_source,
+        bandwidth_source=found.bandwidth_source,
+        reference=f"flops: {found.flops_ref}; bandwidth: {found.bandwidth_ref}",
+        verified=found.verified,
+        levels=found.levels,
+        calibration=found.notes,
     )
+
+
+@dataclass
+class _Found:
+    """The peaks as far as resolved (see :class:`Peaks` for each field)."""
+
+    flops: float | None = None
+    bandwidth: float | None = None
+    flops_source: str = "unknown"
+    bandwidth_source: str = "unknown"
+    flops_ref: str = "unknown"
+    bandwidth_ref: str = "unknown"
+    verified: bool | None = None  # whether the table figures used were checked
+    levels: tuple[CacheLevel, ...] = ()
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def _from_table(found: _Found, name: str, dtype: str, needs_flops: bool, needs_bandwidth: bool) -> None:
+    """A GPU's peaks from its datasheet or registered entry; one warning for what is missing."""
+    if not (needs_flops or needs_bandwidth):
+        return
+    spec = gpu_spec(name)
+    if spec is None:
+        _warn_once(
+            ("cuda", name),
+            f"cb_callback: GPU {name!r} is not in the datasheet table, so MFU and "
+            f"bandwidth utilisation are left empty; {_fix_hint()}, or add the GPU once "
+            "with cb_callback.register_device_peaks(...).",
+        )
+        return
+    if needs_flops:
+        found.flops = spec.flops_for(dtype)
+        if found.flops is None:
+            if is_registered(spec):
+                what = f"registered {spec.name} entry has no {dtype} peak"
+            elif dtype == "fp64":
+                what = f"{spec.name} datasheet has no {dtype} peak (the table records no FP64 rates)"
+            else:
+                what = f"{spec.name} datasheet has no {dtype} peak (the GPU lacks it)"
+            _warn_once(
+                ("cuda", name, dtype),
+                f"cb_callback: the {what}, so MFU is left empty; pass peak_flops= (FLOP/s) to set it.",
+            )
+        else:
+            found.flops_source = _entry_source(spec)
+            found.flops_ref = _entry_reference(spec, f"{spec.name} {dtype}")
+            found.verified = spec.verified
+    if needs_bandwidth:
+        found.bandwidth = spec.bandwidth
+        found.bandwidth_source = _entry_source(spec)
+        found.bandwidth_ref = _entry_reference(spec, spec.name)
+        found.verified = spec.verified
+
+
+def _measured(found: _Found, name: str, dtype: str, needs_flops: bool, needs_bandwidth: bool) -> None:
+    """A CPU's peaks, calibrated here (or the best kept for this machine); one warning for what cannot be."""
+    threads = torch.get_num_threads()
+    gemm_dtype = CPU_GEMM_DTYPES.get(dtype)
+    kind = f"gemm {str(gemm_dtype).removeprefix('torch.')}"
+    if needs_flops and gemm_dtype is None:
+        _warn_once(
+            ("cpu", name, dtype),
+            f"cb_callback: no {dtype} peak is known for CPUs, so MFU is left empty; "
+            f"pass peak_flops= (FLOP/s) to set it.",
+        )
+    elif needs_flops and gemm_dtype is not None:
+        try:
+            found.flops = measure_cpu_flops(gemm_dtype)
+        except RuntimeError as err:
+            _warn_once(
+                ("cpu", name, dtype),
+                f"cb_callback: could not measure a {dtype} GEMM on this CPU ({err}); "
+                f"MFU is left empty; pass peak_flops= (FLOP/s) to set it.",
+            )
+        else:
+            found.flops_source = "measured"
+            found.flops_ref = f"best torch.mm {gemm_dtype} GEMM, {threads} threads{_kept(kind)}"
+    if needs_bandwidth:
+        found.levels = measure_cpu_cache_bandwidths()
+        found.bandwidth = measure_cpu_bandwidth()
+        found.bandwidth_source = "measured"
+        found.bandwidth_ref = f"best DRAM-sized copy_ (read + write), {threads} threads{_kept('copy DRAM')}"
+    notes = calibration_notes()
+    found.notes = {k: v for k, v in notes.items() if k.startswith("copy") and needs_bandwidth}
+    if found.flops_source == "measured":
+        found.notes.update({k: v for k, v in notes.items() if k == kind})
 
 
 def _kept(kind: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from cb_callback._hardware.names import (
     FORMS,
@@ -72,6 +73,66 @@ def _describe(spec: GpuSpec) -> str:
         f"{'registered' if is_registered(spec) else 'built-in'} entry {spec.name!r} "
         f"(model {spec.model!r}, form {spec.form!r}, memory_gb {spec.memory_gb!r})"
     )
+
+
+def _checked_entry(
+    where: str,
+    name: Any,
+    model: Any,
+    flops: Any,
+    bandwidth: Any,
+    source: Any,
+    form: Any,
+    memory_gb: Any,
+    default_form: Any,
+    verified: Any,
+) -> str:
+    """The entry's model word, lower-cased, once every argument is valid.
+
+    Raises:
+        ValueError: naming the argument and what it must be.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{where}: name must be a non-empty string")
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(f"{where}: source= must say where the figures come from")
+    if not isinstance(verified, bool):
+        raise ValueError(f"{where}: verified= must be True or False, not {verified!r}")
+    token = model.lower() if isinstance(model, str) else model
+    if (
+        not isinstance(token, str)
+        or device_tokens(token) != [token]
+        or name_form([token]) is not None
+        or is_memory_token(token)
+    ):
+        raise ValueError(
+            f"{where}: model={model!r} must be one model word of the device name, "
+            "e.g. 'gh200' for 'NVIDIA GH200 480GB' (letters and digits, not a vendor, "
+            "form-factor or memory-size word)"
+        )
+    if form is not None and form not in FORMS:
+        raise ValueError(f"{where}: form={form!r} must be None or one of {FORMS}")
+    if memory_gb is not None and (
+        isinstance(memory_gb, bool) or not isinstance(memory_gb, int) or memory_gb <= 0
+    ):
+        raise ValueError(f"{where}: memory_gb={memory_gb!r} must be None or a positive int")
+    if not isinstance(default_form, bool):
+        raise ValueError(f"{where}: default_form= must be True or False")
+    if not isinstance(flops, Mapping) or not flops:
+        raise ValueError(f"{where}: flops= must map at least one peak key in {DTYPES} to FLOP/s")
+    unknown = sorted(str(key) for key in flops if key not in DTYPES)
+    if unknown:
+        raise ValueError(f"{where}: flops= has unknown peak keys {unknown}; use keys of {DTYPES}")
+    for key, value in flops.items():
+        if not _positive(value):
+            raise ValueError(
+                f"{where}: flops[{key!r}]={value!r} must be a positive finite number (FLOP/s)"
+            )
+    if not _positive(bandwidth):
+        raise ValueError(
+            f"{where}: bandwidth={bandwidth!r} must be a positive finite number (bytes/s)"
+        )
+    return token
 
 
 def register_device_peaks(
@@ -145,46 +206,7 @@ def register_device_peaks(
         Resolved figures carry the source ``"registered"``.
     """
     where = f"register_device_peaks({name!r})"
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"{where}: name must be a non-empty string")
-    if not isinstance(source, str) or not source.strip():
-        raise ValueError(f"{where}: source= must say where the figures come from")
-    if not isinstance(verified, bool):
-        raise ValueError(f"{where}: verified= must be True or False, not {verified!r}")
-    token = model.lower() if isinstance(model, str) else model
-    if (
-        not isinstance(token, str)
-        or device_tokens(token) != [token]
-        or name_form([token]) is not None
-        or is_memory_token(token)
-    ):
-        raise ValueError(
-            f"{where}: model={model!r} must be one model word of the device name, "
-            "e.g. 'gh200' for 'NVIDIA GH200 480GB' (letters and digits, not a vendor, "
-            "form-factor or memory-size word)"
-        )
-    if form is not None and form not in FORMS:
-        raise ValueError(f"{where}: form={form!r} must be None or one of {FORMS}")
-    if memory_gb is not None and (
-        isinstance(memory_gb, bool) or not isinstance(memory_gb, int) or memory_gb <= 0
-    ):
-        raise ValueError(f"{where}: memory_gb={memory_gb!r} must be None or a positive int")
-    if not isinstance(default_form, bool):
-        raise ValueError(f"{where}: default_form= must be True or False")
-    if not isinstance(flops, Mapping) or not flops:
-        raise ValueError(f"{where}: flops= must map at least one peak key in {DTYPES} to FLOP/s")
-    unknown = sorted(str(key) for key in flops if key not in DTYPES)
-    if unknown:
-        raise ValueError(f"{where}: flops= has unknown peak keys {unknown}; use keys of {DTYPES}")
-    for key, value in flops.items():
-        if not _positive(value):
-            raise ValueError(
-                f"{where}: flops[{key!r}]={value!r} must be a positive finite number (FLOP/s)"
-            )
-    if not _positive(bandwidth):
-        raise ValueError(
-            f"{where}: bandwidth={bandwidth!r} must be a positive finite number (bytes/s)"
-        )
+    token = _checked_entry(where, name, model, flops, bandwidth, source, form, memory_gb, default_form, verified)
 
     figures = {key: float(flops[key]) if key in flops else None for key in DTYPES}
     spec = GpuSpec(

@@ -17,7 +17,6 @@ from typing_extensions import override
 
 from cb_callback._engine.capture import Capture
 from cb_callback._engine.config import BenchmarkConfig
-from cb_callback._engine.precision import peak_dtype as _precision_dtype  # noqa: F401  (its name here)
 from cb_callback._engine.profile import profile_captured
 from cb_callback._lightning import placement as place
 from cb_callback._lightning import publish as _publish

@@ -35,7 +35,7 @@ from werkzeug import wrappers
 from cb_callback._report.discover import REPORT_FILE, find_reports
 from cb_callback._report.html import plotly_js, render_html, viewer_js, with_artifact_tables
 
-__all__ = ["ComponentsPlugin", "find_reports"]
+__all__ = ["ComponentsPlugin"]
 
 _REPORT_FILE = REPORT_FILE
 _CACHE_S = 10.0

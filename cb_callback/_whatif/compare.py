@@ -482,22 +482,7 @@ def compare_components(
     args, kwargs = to_device((captured.args, captured.kwargs), device)
     captured = dataclasses.replace(captured, args=tuple(args), kwargs=dict(kwargs))
 
-    ref_params = {n: p for n, p in reference.named_parameters() if p.requires_grad}
-    cand_params = {n: p for n, p in cand.named_parameters() if p.requires_grad}
-    all_ref = dict(reference.named_parameters())
-    all_cand = dict(cand.named_parameters())
-    params = [n for n in ref_params if n in cand_params]
-    not_compared: dict[str, str] = {}
-    if backward:
-        for n in [*ref_params, *(k for k in cand_params if k not in ref_params)]:
-            if n in params:
-                continue
-            if n in ref_params and n not in all_cand:
-                not_compared[n] = "only in the reference"
-            elif n in cand_params and n not in all_ref:
-                not_compared[n] = "only in the candidate"
-            else:
-                not_compared[n] = "requires grad on one side only"
+    params, not_compared = _shared_parameters(reference, cand, backward)
     # Shapes that differ are compared as a mismatch: gradients w.r.t. each side's own parameter.
     ref_run, gouts = _run(reference, captured, device, cfg.seed, backward, params, None, forward_context)
     cand_run, _ = _run(cand, captured, device, cfg.seed, backward, params, gouts, forward_context)
@@ -520,6 +505,28 @@ def compare_components(
     )
     rows = (report.row("reference"), report.row("candidate"))
     return Comparison(tensors, rows, report, loaded, missing, unused, not_compared, notes)
+
+
+def _shared_parameters(reference: nn.Module, candidate: nn.Module, backward: bool) -> tuple[list[str], dict[str, str]]:
+    """The parameters whose gradients are compared (both sides have them under one name, both
+    requiring grad), and why each other one is not (only with ``backward``)."""
+    ref_params = {n: p for n, p in reference.named_parameters() if p.requires_grad}
+    cand_params = {n: p for n, p in candidate.named_parameters() if p.requires_grad}
+    all_ref = dict(reference.named_parameters())
+    all_cand = dict(candidate.named_parameters())
+    params = [n for n in ref_params if n in cand_params]
+    not_compared: dict[str, str] = {}
+    if backward:
+        for n in [*ref_params, *(k for k in cand_params if k not in ref_params)]:
+            if n in params:
+                continue
+            if n in ref_params and n not in all_cand:
+                not_compared[n] = "only in the reference"
+            elif n in cand_params and n not in all_ref:
+                not_compared[n] = "only in the candidate"
+            else:
+                not_compared[n] = "requires grad on one side only"
+    return params, not_compared
 
 
 def _kind(x: Any) -> str:

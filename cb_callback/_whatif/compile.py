@@ -164,23 +164,7 @@ def compile_what_if(
         dynamo.reset()
         limit.enter_context(_recompile_limit(len(items)))
         compiled_fn = torch.compile(first.module, **options)
-        runs: list[Callable[[], Sample]] = []
-        per: list[dict[str, Any]] = []
-        agree: list[dict[str, Any]] = []
-        start = _unique_graphs()
-        for item in items:
-            compiled = item.replay.with_call(compiled_fn)
-            run = sampler(compiled)
-            g0, t0 = _unique_graphs(), time.perf_counter()
-            run()
-            compile_s = time.perf_counter() - t0
-            for _ in range(max(config.warmup, 2)):
-                run()
-            agree.append(outputs_agree(item.replay, compiled, config.seed))
-            per.append({"batch": item.batch, "graphs": _unique_graphs() - g0, "compile_s": compile_s})
-            runs.append(run)
-        if _unique_graphs() == start:
-            raise RuntimeError("dynamo compiled no graph: the component would run eagerly")
+        runs, per, agree = _compile_and_warm(items, compiled_fn, sampler, config)
         warm = _unique_graphs()
         info["compile_s"], info["graphs"] = per[0]["compile_s"], per[0]["graphs"]
         sets = interleave(
@@ -194,29 +178,11 @@ def compile_what_if(
         for s in sets:
             if s.error is not None:
                 raise s.error
-        eager_sets, compiled_sets = sets[: len(items)], sets[len(items) :]
         info["recompiles"] = sum(p["graphs"] for p in per[1:]) + _unique_graphs() - warm
-        totals = [_total(c, config.backward) for c in compiled_sets]
-        eager = [_total(es, config.backward) for es in eager_sets]
-        for p, c, et in zip(per, totals, eager, strict=True):
-            p.update(compiled_ms=c, eager_ms_same_rounds=et)
-        # The batch reported: the row's median batch, else the median of the compiled times.
-        at = [i for i, p in enumerate(per) if p["batch"] == report_batch]
-        k = at[0] if at else sorted(range(len(totals)), key=totals.__getitem__)[(len(totals) - 1) // 2]
-        mid = compiled_sets[k]
-        info.update(
-            fwd_ms=mid.median("fwd_ms"),
-            bwd_ms=mid.median("bwd_ms") if config.backward else math.nan,
-            noise=mid.noise,
-            repeats=len(mid.samples),
-            eager_ms_same_rounds=eager[k],
-            outputs_close=all(a["outputs_close"] for a in agree),
-            max_abs_error=max(a["max_abs_error"] for a in agree),
-            max_rel_error=max(a["max_rel_error"] for a in agree),
-        )
+        compiled_ms = _report_batch(info, per, agree, sets, config.backward, report_batch)
         if len(items) > 1:
             info["batches"] = per
-        return totals[k], info
+        return compiled_ms, info
     except Exception as e:
         if isinstance(e, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -225,6 +191,70 @@ def compile_what_if(
     finally:
         limit.close()
         dynamo.reset()
+
+
+def _compile_and_warm(
+    items: Sequence[WhatIfInput],
+    compiled_fn: Callable[..., Any],
+    sampler: Callable[[Replay], Callable[[], Sample]],
+    config: BenchmarkConfig,
+) -> tuple[list[Callable[[], Sample]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each batch's compiled run: its first call compiles (``compile_s``, the graphs it made), then
+    ``max(warmup, 2)`` warm-up calls; and its outputs checked against eager's.
+
+    Raises:
+        RuntimeError: dynamo compiled no graph (the component would run eagerly).
+    """
+    runs: list[Callable[[], Sample]] = []
+    per: list[dict[str, Any]] = []
+    agree: list[dict[str, Any]] = []
+    start = _unique_graphs()
+    for item in items:
+        compiled = item.replay.with_call(compiled_fn)
+        run = sampler(compiled)
+        g0, t0 = _unique_graphs(), time.perf_counter()
+        run()
+        compile_s = time.perf_counter() - t0
+        for _ in range(max(config.warmup, 2)):
+            run()
+        agree.append(outputs_agree(item.replay, compiled, config.seed))
+        per.append({"batch": item.batch, "graphs": _unique_graphs() - g0, "compile_s": compile_s})
+        runs.append(run)
+    if _unique_graphs() == start:
+        raise RuntimeError("dynamo compiled no graph: the component would run eagerly")
+    return runs, per, agree
+
+
+def _report_batch(
+    info: dict[str, Any],
+    per: list[dict[str, Any]],
+    agree: Sequence[Mapping[str, Any]],
+    sets: Sequence[SampleSet],
+    backward: bool,
+    report_batch: int | None,
+) -> float:
+    """Fill ``info`` with the reported batch's figures (the row's median batch, else the batch
+    with the median compiled time) and each batch's in ``per``; return its compiled ms."""
+    n = len(per)
+    eager_sets, compiled_sets = sets[:n], sets[n:]
+    totals = [_total(c, backward) for c in compiled_sets]
+    eager = [_total(es, backward) for es in eager_sets]
+    for p, c, et in zip(per, totals, eager, strict=True):
+        p.update(compiled_ms=c, eager_ms_same_rounds=et)
+    at = [i for i, p in enumerate(per) if p["batch"] == report_batch]
+    k = at[0] if at else sorted(range(n), key=totals.__getitem__)[(n - 1) // 2]
+    mid = compiled_sets[k]
+    info.update(
+        fwd_ms=mid.median("fwd_ms"),
+        bwd_ms=mid.median("bwd_ms") if backward else math.nan,
+        noise=mid.noise,
+        repeats=len(mid.samples),
+        eager_ms_same_rounds=eager[k],
+        outputs_close=all(a["outputs_close"] for a in agree),
+        max_abs_error=max(a["max_abs_error"] for a in agree),
+        max_rel_error=max(a["max_rel_error"] for a in agree),
+    )
+    return totals[k]
 
 
 def _recompile_limit(batches: int) -> contextlib.AbstractContextManager[Any]:
