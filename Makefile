@@ -34,7 +34,7 @@ TORCHREC_EXTRA ?= $(if $(filter cpu,$(TORCH_BUILD)),torchrec,torchrec-cuda)
 comma := ,
 EXTRAS = dev$(if $(TORCHREC_EXTRA),$(comma)$(TORCHREC_EXTRA))
 
-.PHONY: demo test lint typecheck install clean
+.PHONY: demo test lint format typecheck install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -62,11 +62,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m ruff check cb_callback integrations tests examples benchmarks
+	$(BIN)/python -m ruff format --check cb_callback integrations tests examples benchmarks scripts
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check cb_callback integrations tests examples benchmarks
+	$(BIN)/python -m ruff format --check cb_callback integrations tests examples benchmarks scripts
+
+format: $(STAMP)
+	$(BIN)/python -m ruff format cb_callback integrations tests examples benchmarks scripts
 
 typecheck: $(STAMP)
 	$(BIN)/python -m mypy

@@ -91,6 +91,7 @@ def reference(model: nn.Module, x: torch.Tensor, backend: str, rounds: int, devi
         def once() -> None:
             model.zero_grad(set_to_none=True)
             m(x).float().sum().backward()
+
         return once
 
     eager_run, compiled_run = run(model), run(compiled)
@@ -158,9 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         ref = reference(model, x, args.backend, args.rounds, args.device)
         found["reference"] = ref
         out[name] = found
-        print(f"\n== {name}: profile {found['profile_s']:.1f} s; with compile=True {found['profile_with_compile_s']:.1f} s")
-        print(f"{'component':<22}{'eager ms':>10}{'compiled':>10}{'speedup':>9}{'same-rnd':>10}{'compile s':>10}"
-              f"{'breaks':>7}{'children sep.':>15}")
+        print(
+            f"\n== {name}: profile {found['profile_s']:.1f} s; "
+            f"with compile=True {found['profile_with_compile_s']:.1f} s"
+        )
+        print(
+            f"{'component':<22}{'eager ms':>10}{'compiled':>10}{'speedup':>9}{'same-rnd':>10}{'compile s':>10}"
+            f"{'breaks':>7}{'children sep.':>15}"
+        )
         for r in found["rows"]:
             sep = r["children_separately_ms"]
             print(

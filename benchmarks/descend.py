@@ -151,7 +151,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{name:9} top-10 same list: {result['top10_same_list']}, overlap {result['top10_overlap']}/10; "
             f"of all's top-10 with share >= {a.descend_share}: {found}/{of} in hotspots' top-10"
         )
-        print(f"{name:9} all's top-10 mapped to what hotspots measured: {result['top10_mapped_overlap']}/10 in its top-10")
+        print(
+            f"{name:9} all's top-10 mapped to what hotspots measured: {result['top10_mapped_overlap']}/10 in its top-10"
+        )
         print(f"{name:9} all      top-10 {full}")
         print(f"{name:9} hotspots top-10 {hot}")
     if a.json:

@@ -144,9 +144,7 @@ def bench(name: str, device: torch.device, runs: int, floor_s: float) -> dict[st
     top5_tied = [[tie[p] for p in t] for t in top5]
     shares = [_shares(r) for r in reports]
     big = {p for s in shares for p, v in s.items() if math.isfinite(v) and v >= 0.05}
-    share_pp = {
-        (p or "(root)"): 100 * (max(s[p] for s in shares) - min(s[p] for s in shares)) for p in sorted(big)
-    }
+    share_pp = {(p or "(root)"): 100 * (max(s[p] for s in shares) - min(s[p] for s in shares)) for p in sorted(big)}
     quality = [r.metadata.get("quality", {}) for r in reports]
     return {
         "model": name,

@@ -140,9 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     results = []
     for name in args.models:
-        run = subprocess.run(
-            [sys.executable, __file__, "--child", name], check=True, capture_output=True, text=True
-        )
+        run = subprocess.run([sys.executable, __file__, "--child", name], check=True, capture_output=True, text=True)
         result = json.loads(run.stdout.strip().splitlines()[-1])
         results.append(result)
         copies = ", ".join(f"{d}: {b:,} B" for d, b in sorted(result["copies"].items())) or "none"

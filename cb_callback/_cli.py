@@ -65,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
         "or one that cannot be read (not JSON, not a report's schema).",
     )
     report.add_argument(
-        "report", metavar="DIR", type=Path,
+        "report",
+        metavar="DIR",
+        type=Path,
         help="directory with report.json (or the file), or a directory above reports such as a "
         "Lightning log directory (the newest report under it is taken)",
     )
@@ -92,7 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("snapshot", metavar="SNAPSHOT_DIR", type=Path, help="directory with snapshot.pt")
     compare.add_argument("--path", required=True, help="the component's dotted path ('' for the root)")
     compare.add_argument(
-        "--candidate", required=True, metavar="MODULE:FACTORY",
+        "--candidate",
+        required=True,
+        metavar="MODULE:FACTORY",
         help="package.module:factory; factory() returns the candidate module (factory(reference) if it "
         "takes one argument); the module must be importable (PYTHONPATH)",
     )
@@ -129,12 +133,16 @@ def _compile_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _add_selection(p: argparse.ArgumentParser, sorts: Sequence[str], default_sort: str | None) -> None:
     p.add_argument(
-        "--sort", default=default_sort, choices=sorts,
+        "--sort",
+        default=default_sort,
+        choices=sorts,
         help="order of the component lines" + (f" (default {default_sort})" if default_sort else ""),
     )
     p.add_argument("--depth", type=int, default=None, help="only components this deep or shallower (root 0)")
     p.add_argument(
-        "--filter", default=None, metavar="PATTERN",
+        "--filter",
+        default=None,
+        metavar="PATTERN",
         help="only components whose path matches: a glob (blocks.*.attn) or a substring",
     )
 
@@ -277,7 +285,12 @@ def _report(args: argparse.Namespace) -> int:
                 v = getattr(r, key)
                 return (0, -v) if isinstance(v, (int, float)) and math.isfinite(v) else (1, str(v))
 
-            rows = sorted(rows, key=value if key not in ("path", "module_type", "status", "parent", "bound") else (lambda r: str(getattr(r, key))))
+            rows = sorted(
+                rows,
+                key=value
+                if key not in ("path", "module_type", "status", "parent", "bound")
+                else (lambda r: str(getattr(r, key))),
+            )
         print(f"\ncomponents ({len(rows)} of {len(report.rows)}):")
         print(format_rows(rows))
     if args.html:
@@ -300,7 +313,9 @@ def _diff(args: argparse.Namespace) -> int:
     print(f"A: {args.a}  ({a.metadata.get('device_name', '?')}, {a.metadata.get('dtype', '?')})")
     print(f"B: {args.b}  ({b.metadata.get('device_name', '?')}, {b.metadata.get('dtype', '?')})")
     d = compare_reports(a, b, args.metric)
-    keep = {r.path for r in _selected(b, args.depth, args.filter)} | {r.path for r in _selected(a, args.depth, args.filter)}
+    keep = {r.path for r in _selected(b, args.depth, args.filter)} | {
+        r.path for r in _selected(a, args.depth, args.filter)
+    }
     print("\n".join(format_diff(d, sort=args.sort, paths=keep)))
     if args.html is not None:
         from cb_callback._report.html import write_diff_html
@@ -357,7 +372,9 @@ def _one_line(e: BaseException) -> str:
     if len(text) > 300:
         text = text[:297] + "..."
     frames = traceback.extract_tb(e.__traceback__)
-    return text if not frames else f"{text} (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})"
+    return (
+        text if not frames else f"{text} (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})"
+    )
 
 
 def _raising_side(e: BaseException, reference: Any, candidate: Any) -> str | None:
@@ -409,7 +426,10 @@ def _compare_cmd(args: argparse.Namespace) -> int:
     try:
         candidate = factory(reference) if _takes_one_argument(factory) else factory()
     except Exception as e:
-        print(f"cb: error: could not compare: the candidate factory {args.candidate} raised {_one_line(e)}", file=sys.stderr)
+        print(
+            f"cb: error: could not compare: the candidate factory {args.candidate} raised {_one_line(e)}",
+            file=sys.stderr,
+        )
         return 2
     if not isinstance(candidate, nn.Module):
         print(f"cb: error: {args.candidate} returned {type(candidate).__name__}, not an nn.Module", file=sys.stderr)

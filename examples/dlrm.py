@@ -88,7 +88,11 @@ def build_dlrm(cfg: DLRMConfig | None = None, *, device: str | torch.device = "c
     pooling = PoolingType.SUM if cfg.pooling == "sum" else PoolingType.MEAN
     tables = [
         EmbeddingBagConfig(
-            name=f"t_{name}", embedding_dim=cfg.embedding_dim, num_embeddings=rows, feature_names=[name], pooling=pooling
+            name=f"t_{name}",
+            embedding_dim=cfg.embedding_dim,
+            num_embeddings=rows,
+            feature_names=[name],
+            pooling=pooling,
         )
         for name, rows in zip(cfg.feature_names, cfg.rows(), strict=True)
     ]
@@ -133,9 +137,7 @@ def synthetic_batch(
     values = torch.cat(
         [_zipf_ids(int(lengths[f].sum()), rows, cfg.zipf_alpha, gen) for f, rows in enumerate(cfg.rows())]
     )
-    kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=list(cfg.feature_names), values=values, lengths=lengths.reshape(-1)
-    )
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=list(cfg.feature_names), values=values, lengths=lengths.reshape(-1))
     first_ids = values[torch.cumsum(lengths[0], 0) - lengths[0]]
     logit = dense[:, :4].sum(1) - 3.0 + (first_ids % 2 == 0).float()
     labels = torch.bernoulli(torch.sigmoid(logit), generator=gen)
@@ -167,7 +169,9 @@ class DLRMModule(pl.LightningModule):
         self.model = build_dlrm(cfg)
         self.lr = lr
 
-    def training_step(self, batch: tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(
+        self, batch: tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor], batch_idx: int
+    ) -> torch.Tensor:
         dense, sparse, labels = batch
         logits = self.model(dense, sparse).squeeze(-1)
         loss = F.binary_cross_entropy_with_logits(logits, labels)
@@ -197,9 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    cfg = DLRMConfig(
-        table_rows=args.table_rows, embedding_dim=args.embedding_dim, dense_arch=(64, args.embedding_dim)
-    )
+    cfg = DLRMConfig(table_rows=args.table_rows, embedding_dim=args.embedding_dim, dense_arch=(64, args.embedding_dim))
     loader = DataLoader(SyntheticCriteo(args.steps, args.batch_size, cfg), batch_size=None, collate_fn=_as_is)
     out = Path(args.out).resolve()
     bench = ComponentBenchmark(

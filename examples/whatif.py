@@ -121,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     # values near 0) still fails it.
     tol = dict(rtol=1e-4, atol=1e-5)
     ln = model.blocks[0].ln_1
-    same = compare_components(
-        ln, HandLayerNorm(cfg.n_embd), cap.calls["blocks.0.ln_1"], compile=True, **tol, **options
-    )
+    same = compare_components(ln, HandLayerNorm(cfg.n_embd), cap.calls["blocks.0.ln_1"], compile=True, **tol, **options)
     print(same.summary())
     other = compare_components(
         model.blocks[0].mlp, TanhGeluMLP(cfg.n_embd), cap.calls["blocks.0.mlp"], **tol, **options

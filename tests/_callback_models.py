@@ -42,9 +42,7 @@ class MLPModule(pl.LightningModule):
 
     def __init__(self, fail_at: int | None = None, none_at: int | None = None, validate: bool = True) -> None:
         super().__init__()
-        self.encoder = nn.Sequential(
-            nn.Linear(FEATURES, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3)
-        )
+        self.encoder = nn.Sequential(nn.Linear(FEATURES, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3))
         self.head = nn.Linear(16, CLASSES)
         self.fail_at = fail_at
         self.none_at = none_at
@@ -140,9 +138,7 @@ class TransformerModule(pl.LightningModule):
         super().__init__()
         self.seq, self.d_model = seq, d_model
         self.embed = nn.Linear(FEATURES, d_model)
-        self.block = nn.TransformerEncoderLayer(
-            d_model, nhead=2, dim_feedforward=32, dropout=0.2, batch_first=True
-        )
+        self.block = nn.TransformerEncoderLayer(d_model, nhead=2, dim_feedforward=32, dropout=0.2, batch_first=True)
         self.norm = nn.BatchNorm1d(d_model)
         self.head = nn.Linear(d_model, CLASSES)
 

@@ -26,6 +26,7 @@ os.environ["CB_CACHE_DIR"] = tempfile.mkdtemp(prefix="cb-test-cache-")
 def _own_peak_cache(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
     monkeypatch.setenv("CB_CACHE_DIR", str(tmp_path_factory.mktemp("peak-cache")))
 
+
 # Settings that make a replay cheap and deterministic: one untimed warm-up-free run.
 FAST: dict[str, Any] = dict(warmup=0, min_run_time_s=0.0, min_repeats=1, max_repeats=1, load_plugins=False)
 

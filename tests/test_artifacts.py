@@ -24,8 +24,9 @@ def _model() -> nn.Module:
 
 
 def test_every_measured_component_gets_its_trace_ops_and_memory(tmp_path: Path) -> None:
-    report = profile_components(_model(), (torch.randn(16, 32),), artifacts=("trace", "ops", "memory"),
-                                output_dir=str(tmp_path), **FAST)
+    report = profile_components(
+        _model(), (torch.randn(16, 32),), artifacts=("trace", "ops", "memory"), output_dir=str(tmp_path), **FAST
+    )
     for row in report:
         name = row.path or "root"
         assert row.details["artifacts"] == {
@@ -52,8 +53,9 @@ def test_every_measured_component_gets_its_trace_ops_and_memory(tmp_path: Path) 
 
 
 def test_artifacts_top_limits_them_to_the_most_expensive(tmp_path: Path) -> None:
-    report = profile_components(_model(), (torch.randn(16, 32),), artifacts=("ops",), artifacts_top=1,
-                                output_dir=str(tmp_path), **FAST)
+    report = profile_components(
+        _model(), (torch.randn(16, 32),), artifacts=("ops",), artifacts_top=1, output_dir=str(tmp_path), **FAST
+    )
     # the root costs the most: it contains every other component
     assert [r.path for r in report if "artifacts" in r.details] == [""]
 
@@ -71,8 +73,7 @@ def test_invalid_kinds_are_refused() -> None:
 
 
 def test_the_page_shows_each_components_top_operators(tmp_path: Path) -> None:
-    report = profile_components(_model(), (torch.randn(16, 32),), artifacts=("ops",), output_dir=str(tmp_path),
-                                **FAST)
+    report = profile_components(_model(), (torch.randn(16, 32),), artifacts=("ops",), output_dir=str(tmp_path), **FAST)
     report.save(tmp_path)
     data = with_artifact_tables(report.to_dict(), tmp_path, top=3)
     row = next(r for r in data["rows"] if r["path"] == "0")
@@ -94,8 +95,13 @@ def test_the_page_reads_no_ops_table_outside_the_report(tmp_path: Path) -> None:
     secret = tmp_path / "secret.csv"
     secret.write_text("name,calls\nsecret,1\n")
     (tmp_path / "rep").mkdir()
-    data = {"metadata": {}, "rows": [{"path": "", "details": {"artifacts": {"ops": "../secret.csv"}}},
-                                     {"path": "a", "details": {"artifacts": {"ops": str(secret)}}}]}
+    data = {
+        "metadata": {},
+        "rows": [
+            {"path": "", "details": {"artifacts": {"ops": "../secret.csv"}}},
+            {"path": "a", "details": {"artifacts": {"ops": str(secret)}}},
+        ],
+    }
     out = with_artifact_tables(data, tmp_path / "rep")
     assert all("ops_top" not in r["details"] for r in out["rows"])
 

@@ -195,7 +195,9 @@ def test_p90_interpolates_between_order_statistics() -> None:
 
 
 def test_input_signature_names_kwargs_and_skips_objects() -> None:
-    sig = input_signature(ComponentInputs(args=(torch.zeros(2, 3), 7), kwargs={"mask": torch.ones(2, dtype=torch.bool)}))
+    sig = input_signature(
+        ComponentInputs(args=(torch.zeros(2, 3), 7), kwargs={"mask": torch.ones(2, dtype=torch.bool)})
+    )
     assert sig == "float32[2,3], mask=bool[2]"
 
 
@@ -221,7 +223,7 @@ def test_artifacts_come_from_the_rows_median_batch(tmp_path: Any) -> None:
     assert row.details["artifacts"] == {"ops": "artifacts/root/ops.csv"}
     ops = (tmp_path / "artifacts/root/ops.csv").read_text()
     n = [2, 64, 16][row.details["median_batch"]]
-    assert 'aten::linear,1,' in ops and f'"[[{n}, 8], [8, 8], [8]]"' in ops  # linear(x, weight, bias) of that batch
+    assert "aten::linear,1," in ops and f'"[[{n}, 8], [8, 8], [8]]"' in ops  # linear(x, weight, bias) of that batch
 
 
 @dataclasses.dataclass

@@ -143,7 +143,12 @@ def _assert_tensorboard(logdir: str, report: Report, step: int) -> None:
 def _assert_files(directory: Path, report: Report) -> None:
     names = {p.name for p in directory.iterdir()}
     expected = {
-        "report.json", "components.csv", "report.html", "icicle_mfu.png", "icicle_total_ms.png", "icicle_peak_mem_mb.png",
+        "report.json",
+        "components.csv",
+        "report.html",
+        "icicle_mfu.png",
+        "icicle_total_ms.png",
+        "icicle_peak_mem_mb.png",
     }
     assert expected <= names
     assert "error.txt" not in names
@@ -383,9 +388,7 @@ def test_capture_step_beyond_max_steps_warns_at_setup_only(tmp_path: Path) -> No
     assert "Lower capture_step" in ours[0]
 
 
-def test_resume_after_the_capture_step_does_not_profile_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_resume_after_the_capture_step_does_not_profile_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)

@@ -91,9 +91,7 @@ def test_a_real_child_that_crashes_becomes_a_warning_and_an_error_file(tmp_path:
     assert cb.report is None
     (message,) = _ours(record)
     snapshot = tmp_path / "component_benchmark" / "snapshot"
-    assert message.startswith(
-        "cb_callback: the profiling child process exited with code 7 before writing a report"
-    )
+    assert message.startswith("cb_callback: the profiling child process exited with code 7 before writing a report")
     assert 'if __name__ == "__main__":' in message
     assert f"cb replay {snapshot}" in message
     assert "Training is not affected." in message
@@ -242,5 +240,5 @@ def test_fork_of_a_class_defined_in_a_function_falls_back_to_pause(tmp_path: Pat
 def test_training_inside_the_spawned_child_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
     cb = ComponentBenchmark(capture_step=1, mode="fork", **OPTS)
-    with pytest.raises(RuntimeError, match=r'training script: put the training code under an `if __name__'):
+    with pytest.raises(RuntimeError, match=r"training script: put the training code under an `if __name__"):
         run_fit(tmp_path, [cb], max_steps=2, logger=False)

@@ -204,7 +204,9 @@ def test_fork_writes_a_snapshot_in_a_temporary_directory(monkeypatch: pytest.Mon
         )
         result = fork.poll()  # exit code 0 but no report.json: a failure, with its message
         assert result is not None and result.report is None
-        assert result.error is not None and result.error.startswith("the profiling child ended but its report could not be read")
+        assert result.error is not None and result.error.startswith(
+            "the profiling child ended but its report could not be read"
+        )
     finally:
         shutil.rmtree(fork.work_dir)
 

@@ -62,9 +62,7 @@ def test_replay_defaults_to_cpu_when_the_capture_device_is_missing(
     assert _default_device("cpu") == ("cpu", None)
 
 
-def test_replay_of_a_broken_snapshot_fails_with_a_message(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_replay_of_a_broken_snapshot_fails_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / SNAPSHOT_FILE).write_bytes(b"garbage")
     assert main(["replay", str(tmp_path), "--device", "cpu"]) == 2  # could not replay (see the help)
     assert "cb: error: cannot read the snapshot" in capsys.readouterr().err
@@ -74,9 +72,7 @@ def test_replay_of_a_broken_snapshot_fails_with_a_message(
 
 def _report(total_ms: dict[str, float]) -> Report:
     rows = [ComponentRow("", "Net", 0, None, "ok", calls=1, total_ms=total_ms.get("", math.nan))]
-    rows += [
-        ComponentRow(p, "Linear", 1, "", "ok", calls=1, total_ms=v) for p, v in total_ms.items() if p != ""
-    ]
+    rows += [ComponentRow(p, "Linear", 1, "", "ok", calls=1, total_ms=v) for p, v in total_ms.items() if p != ""]
     return Report(rows, {"device_name": "cpu", "dtype": "fp32"})
 
 

@@ -18,8 +18,18 @@ def _report(values: dict[str, tuple[float, float]], calls: dict[str, int] | None
     rows = []
     for path, (total, noise) in values.items():
         parent = None if path == "" else (path.rsplit(".", 1)[0] if "." in path else "")
-        rows.append(ComponentRow(path, "Net" if path == "" else "Linear", path.count(".") + (path != ""), parent,
-                                 "ok", calls=calls.get(path, 1), total_ms=total, noise=noise))
+        rows.append(
+            ComponentRow(
+                path,
+                "Net" if path == "" else "Linear",
+                path.count(".") + (path != ""),
+                parent,
+                "ok",
+                calls=calls.get(path, 1),
+                total_ms=total,
+                noise=noise,
+            )
+        )
     return Report(rows, {"device_name": "cpu", "dtype": "fp32"})
 
 
@@ -54,10 +64,12 @@ def test_two_runs_of_the_same_model_are_not_78x_apart(tmp_path: Path) -> None:
 def test_cb_diff_filters_depth_and_writes_a_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _report({"": (10.0, 0.02), "a": (2.0, 0.05), "a.x": (1.0, 0.05)}).save(tmp_path / "a")
     _report({"": (12.0, 0.02), "a": (5.0, 0.05), "a.x": (3.0, 0.05)}).save(tmp_path / "b")
-    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--depth", "1",
-                 "--html", str(tmp_path / "diff.html")]) == 0
+    assert (
+        main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--depth", "1", "--html", str(tmp_path / "diff.html")])
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
-    table = [ln.split()[0] for ln in out[out.index(next(x for x in out if x.startswith("path"))) + 2:-2]]
+    table = [ln.split()[0] for ln in out[out.index(next(x for x in out if x.startswith("path"))) + 2 : -2]]
     assert table == ["a", "(root)"]  # a +3 ms before the root +2 ms; a.x is deeper than 1
     page = (tmp_path / "diff.html").read_text()
     assert '"diff":{"metric":"total_ms"}' in page and '"change":3.0' in page
@@ -66,7 +78,9 @@ def test_cb_diff_filters_depth_and_writes_a_page(tmp_path: Path, capsys: pytest.
     assert [ln.split()[0] for ln in out if ln.startswith("a.")] == ["a.x"]
 
 
-def test_cb_report_finds_the_report_under_a_lightning_log_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cb_report_finds_the_report_under_a_lightning_log_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     logs = tmp_path / "lightning_logs"
     _report({"": (3.0, 0.1), "a": (2.0, 0.1)}).save(logs / "version_0" / "component_benchmark")
     assert main(["report", str(logs / "version_0"), "--html", "--filter", "a"]) == 0
@@ -114,10 +128,18 @@ def _line(lines: list[str], path: str) -> list[str]:
 
 
 def test_flops_and_bytes_are_exact_counts_not_judged_by_the_timing_noise() -> None:
-    a = _tree("Net", {"relu": "ReLU", "fc": "Linear"},
-              fwd_flops={"": 1e9, "relu": 0.0, "fc": 1e9}, bytes={"": 2.0**40, "relu": 2.0**40, "fc": 0.0})
-    b = _tree("Net", {"relu": "ReLU", "fc": "Linear"},
-              fwd_flops={"": 1.2e9, "relu": 0.0, "fc": 1.2e9}, bytes={"": 2.0**40 + 1, "relu": 2.0**40, "fc": 0.0})
+    a = _tree(
+        "Net",
+        {"relu": "ReLU", "fc": "Linear"},
+        fwd_flops={"": 1e9, "relu": 0.0, "fc": 1e9},
+        bytes={"": 2.0**40, "relu": 2.0**40, "fc": 0.0},
+    )
+    b = _tree(
+        "Net",
+        {"relu": "ReLU", "fc": "Linear"},
+        fwd_flops={"": 1.2e9, "relu": 0.0, "fc": 1.2e9},
+        bytes={"": 2.0**40 + 1, "relu": 2.0**40, "fc": 0.0},
+    )
     lines = format_diff(compare_reports(a, b, "fwd_flops"))
     # 1e9 -> 1.2e9 FLOPs: +2e8, B/A = 1.2 exactly a change (the timing bound 2 x 0.1 x 1.2e9 = 2.4e8 would
     # have called it noise; a FLOP count has none); 0 -> 0 for the ReLU: unchanged (B/A undefined: "-").
@@ -138,11 +160,22 @@ def test_flops_and_bytes_are_exact_counts_not_judged_by_the_timing_noise() -> No
 
 
 def test_sizes_and_peaks_are_per_call_what_adds_up_over_the_step_is_times_calls() -> None:
-    a = _tree("Net", {"fc": "Linear"}, calls={"fc": 3},
-              params_mb={"": 2.0, "fc": 2.0}, peak_mem_mb={"": 5.0, "fc": 5.0}, activation_mb={"": 6.0, "fc": 1.5})
-    b = _tree("Net", {"fc": "Linear"}, calls={"fc": 4},
-              params_mb={"": 2.0, "fc": 2.0}, peak_mem_mb={"": 5.0, "fc": float("nan")},
-              activation_mb={"": 6.0, "fc": 1.5})
+    a = _tree(
+        "Net",
+        {"fc": "Linear"},
+        calls={"fc": 3},
+        params_mb={"": 2.0, "fc": 2.0},
+        peak_mem_mb={"": 5.0, "fc": 5.0},
+        activation_mb={"": 6.0, "fc": 1.5},
+    )
+    b = _tree(
+        "Net",
+        {"fc": "Linear"},
+        calls={"fc": 4},
+        params_mb={"": 2.0, "fc": 2.0},
+        peak_mem_mb={"": 5.0, "fc": float("nan")},
+        activation_mb={"": 6.0, "fc": 1.5},
+    )
     params = format_diff(compare_reports(a, b, "params_mb"))
     # fc's 2 MiB of parameters are the same 2 MiB however often it is called (3 then 4 times):
     # 2.000 -> 2.000, B/A 1.000, unchanged (was 6 -> 8, 1.33 x); the header says no "×calls".
@@ -164,8 +197,10 @@ def test_unrelated_models_are_diffed_under_a_warning() -> None:
     b = _tree("GPT", {"wte": "Embedding", "h": "ModuleList"})
     lines = format_diff(compare_reports(a, b))
     # roots DLRM vs GPT; no path is in both (even "" differs in type): 0 of B's 3 (the smaller) match.
-    assert lines[0] == ("warning: A and B look like different models: root DLRM vs GPT; 0 of 3 components "
-                        "match by path and type (A has 4, B 3); the changes below pair unrelated components")
+    assert lines[0] == (
+        "warning: A and B look like different models: root DLRM vs GPT; 0 of 3 components "
+        "match by path and type (A has 4, B 3); the changes below pair unrelated components"
+    )
     assert lines[1].startswith("whole model:")
     # Same root type, different tree: B's "", "0", "1", "2" vs A's "", "0" Linear, "1" ReLU, "2" Linear;
     # only "" matches by path and type: 1 of 4, fewer than half -> warned, without a root part.
@@ -173,7 +208,8 @@ def test_unrelated_models_are_diffed_under_a_warning() -> None:
     seq_b = _tree("Sequential", {"0": "Conv2d", "1": "BatchNorm2d", "2": "Conv2d"})
     assert format_diff(compare_reports(seq_a, seq_b))[0] == (
         "warning: A and B look like different models: 1 of 4 components match by path and type (A has 4, B 4); "
-        "the changes below pair unrelated components")
+        "the changes below pair unrelated components"
+    )
     # The same model profiled deeper (A's 3 rows all in B's 5), or with half its components re-authored
     # ("", "0" match; "1", "2" changed type: 2 of 4, not fewer than half): no warning.
     deeper = _tree("Sequential", {"0": "Linear", "1": "ReLU", "2": "Linear", "0.x": "Dropout", "2.x": "Dropout"})

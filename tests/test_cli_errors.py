@@ -219,7 +219,9 @@ def test_replay_of_a_truncated_snapshot_still_says_truncated(
     (snap / SNAPSHOT_FILE).write_bytes(data[: len(data) // 2])  # the zip's central directory is gone
     assert main(["replay", str(snap), "--device", "cpu"]) == 2
     line = _err_line(capsys)
-    assert line.startswith(f"cb: error: cannot read the snapshot {snap / SNAPSHOT_FILE} (truncated or not a snapshot?): ")
+    assert line.startswith(
+        f"cb: error: cannot read the snapshot {snap / SNAPSHOT_FILE} (truncated or not a snapshot?): "
+    )
 
 
 def test_replay_that_cannot_write_its_files_says_why(

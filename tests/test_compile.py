@@ -372,6 +372,7 @@ def test_outputs_that_differ_compiled_are_said_in_the_summary() -> None:
     def off_by_one_percent(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         def run(*args: Any) -> Any:
             return [t * 1.01 if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in gm(*args)]
+
         return run
 
     report = profile_components(
@@ -394,10 +395,12 @@ def test_a_saved_report_with_a_non_finite_output_error_still_summarises(tmp_path
     def to_nan(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         def run(*args: Any) -> Any:
             return [t * math.nan if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in gm(*args)]
+
         return run
 
-    report = profile_components(nn.Linear(4, 4), (torch.randn(2, 4),), compile=True,
-                                compile_options={"backend": to_nan}, **FAST)
+    report = profile_components(
+        nn.Linear(4, 4), (torch.randn(2, 4),), compile=True, compile_options={"backend": to_nan}, **FAST
+    )
     assert _info(report, "")["max_abs_error"] == math.inf
     loaded = Report.load(report.save(tmp_path))
     assert loaded.row("").details["compile"]["max_abs_error"] is None  # JSON has no inf
@@ -487,6 +490,7 @@ def test_an_infinity_replaced_by_a_number_is_an_error_of_inf_not_the_largest_flo
     def neginf_to_zero(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         def run(*args: Any) -> Any:
             return [t.nan_to_num(neginf=0.0) if isinstance(t, torch.Tensor) else t for t in gm(*args)]
+
         return run
 
     report = profile_components(_Masked(), (torch.randn(4, 3),), compile=True,

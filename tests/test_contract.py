@@ -129,8 +129,9 @@ class LegacyPlugin:
 
 def test_an_instrument_of_the_old_contract_gets_phase_names_and_one_warning() -> None:
     with pytest.warns(DeprecationWarning, match=r"observe\(phase: str\) is the 0.1 instrument contract") as rec:
-        report = profile_components(nn.Sequential(nn.Linear(4, 4)), (torch.randn(2, 4),), metrics=[LegacyPlugin()],
-                                    **FAST)
+        report = profile_components(
+            nn.Sequential(nn.Linear(4, 4)), (torch.randn(2, 4),), metrics=[LegacyPlugin()], **FAST
+        )
     assert len([w for w in rec if issubclass(w.category, DeprecationWarning)]) == 1  # two components, one class
     assert report.row("").details["legacy_phases"] == ["pass", "forward", "backward"]
     assert report.row("0").details["legacy_phases"] == ["pass", "forward", "backward"]
@@ -261,8 +262,12 @@ def test_a_plugin_returning_status_or_path_is_rejected_by_name() -> None:
     assert row.status == "ok" and row.path == ""  # nothing was overwritten
     assert "fine" not in row.details  # a rejected plugin contributes nothing
     errors = row.details["metric_errors"]
-    assert errors["sets_status"].startswith("ValueError: metric plugin 'sets_status' returned 'status', which the engine owns")
-    assert errors["sets_path"].startswith("ValueError: metric plugin 'sets_path' returned 'path', which the engine owns")
+    assert errors["sets_status"].startswith(
+        "ValueError: metric plugin 'sets_status' returned 'status', which the engine owns"
+    )
+    assert errors["sets_path"].startswith(
+        "ValueError: metric plugin 'sets_path' returned 'path', which the engine owns"
+    )
 
 
 def test_a_builtin_returning_a_structural_key_fails_the_row(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,8 +31,12 @@ def test_a_communicating_component_is_skipped_with_ranks_zero_and_all(tmp_path: 
         # GlobalCenter (encoder.1) communicates: skipped with the reason; the components that
         # contain it (encoder, the root) are estimated from their other children; the rest ok.
         assert status == {
-            "": "estimated", "encoder": "estimated", "head": "ok",
-            "encoder.0": "ok", "encoder.1": "skipped", "encoder.2": "ok",
+            "": "estimated",
+            "encoder": "estimated",
+            "head": "ok",
+            "encoder.0": "ok",
+            "encoder.1": "skipped",
+            "encoder.2": "ok",
         }
         reason = " ".join(x for x in rows["encoder.1"][1:] if x)
         assert "communicates across ranks (c10d.allreduce_" in reason

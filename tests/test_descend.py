@@ -61,7 +61,10 @@ def test_hotspots_skip_the_tiny_branch_with_the_reason_and_measure_the_heavy_one
     parent = f"not descended: parent branches.1 has share {tiny_share:.3g} < descend_share 0.1"
     ancestor = parent.replace("parent", "ancestor")
     assert [(rows[p].status, rows[p].note) for p in TINY_BELOW] == [
-        ("skipped", parent), ("skipped", parent), ("skipped", ancestor), ("skipped", ancestor)
+        ("skipped", parent),
+        ("skipped", parent),
+        ("skipped", ancestor),
+        ("skipped", ancestor),
     ]
     # A measured parent above a skipped subtree keeps its own measurement (no estimate).
     assert (rows["branches.1"].status, rows["branches.1"].note) == ("ok", None)
@@ -128,7 +131,11 @@ def test_the_decision_is_the_share_against_descend_share_exactly() -> None:
     assert _below_cold([nodes["d"]], nodes, rows, 0.05, {"d": ("", 0.01)}) == {"d.x": ("", 0.01), "d.y": ("", 0.01)}
     # A root without a time of its own is its children's sum: 0.4 + 5 + 0.5 = 5.9 ms.
     rows[""] = _row("", "estimated")
-    assert _below_cold(level, nodes, rows, 0.1, {}) == {"a.x": ("a", 0.4 / 5.9), "d.x": ("d", 0.5 / 5.9), "d.y": ("d", 0.5 / 5.9)}
+    assert _below_cold(level, nodes, rows, 0.1, {}) == {
+        "a.x": ("a", 0.4 / 5.9),
+        "d.x": ("d", 0.5 / 5.9),
+        "d.y": ("d", 0.5 / 5.9),
+    }
 
 
 def test_levels_group_by_depth_in_order() -> None:
@@ -142,7 +149,10 @@ def test_levels_group_by_depth_in_order() -> None:
         ({"descend": "some"}, "BenchmarkConfig.descend='some' is invalid: expected 'all' or 'hotspots'"),
         ({"descend_share": -0.1}, "BenchmarkConfig.descend_share=-0.1 is invalid: expected a finite number >= 0"),
         ({"descend_share": 1.5}, "BenchmarkConfig.descend_share=1.5 is invalid: expected a share in [0, 1]"),
-        ({"descend_share": float("nan")}, "BenchmarkConfig.descend_share=nan is invalid: expected a finite number >= 0"),
+        (
+            {"descend_share": float("nan")},
+            "BenchmarkConfig.descend_share=nan is invalid: expected a finite number >= 0",
+        ),
         ({"descend_share": True}, "BenchmarkConfig.descend_share=True is invalid: expected a finite number >= 0"),
     ],
 )

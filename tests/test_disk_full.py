@@ -90,7 +90,9 @@ def test_pause_mode_a_disk_full_at_the_page_keeps_report_json_and_says_why(
         f"cb_callback: {problem}: report.json is complete, the other files there may be missing or incomplete; "
         "the report is in ComponentBenchmark.report."
     ]
-    assert lines == [f"cb_callback: component report of step 1 partly written to files (report.json is complete): {problem}{NO_TB}"]
+    assert lines == [
+        f"cb_callback: component report of step 1 partly written to files (report.json is complete): {problem}{NO_TB}"
+    ]
     assert trainer.global_step == 3 and cb.report is not None
     assert [r.path for r in Report.load(out).rows] == [r.path for r in cb.report.rows]
 
@@ -130,7 +132,9 @@ def test_fork_mode_a_disk_full_at_the_page_keeps_the_report_and_says_why(
         f"cb_callback: the profiling child process wrote report.json to {out}, but it {problem}: the other "
         f"report files may be missing or incomplete. Details: {out / 'error.txt'} Training is not affected."
     ]
-    assert lines == [f"cb_callback: component report of step 1 partly written to files (report.json is complete): {problem}{NO_TB}"]
+    assert lines == [
+        f"cb_callback: component report of step 1 partly written to files (report.json is complete): {problem}{NO_TB}"
+    ]
     assert trainer.global_step == 3 and cb.report is not None
     text = (out / "error.txt").read_text().splitlines()
     assert text[:2] == ["cb_callback: the child process wrote report.json but not every report file:", problem]
@@ -158,7 +162,8 @@ def test_fork_mode_a_disk_full_at_report_json_says_the_report_is_lost(
     ]
     assert trainer.global_step == 3 and cb.report is None
     assert (out / "error.txt").read_text().splitlines()[:2] == [
-        "cb_callback: the child process could not write the report:", cause
+        "cb_callback: the child process could not write the report:",
+        cause,
     ]
 
 
@@ -176,7 +181,9 @@ def test_fork_mode_says_why_even_when_error_txt_cannot_be_written(
         f"cb_callback: profiling failed in the child process (exit code 1): the profile ran, but it could not "
         f"write the report files to {out} ({ENOSPC}); no report.json was written, so the report is lost"
     )
-    assert message.endswith(f"on a disk with room. (error.txt could not be written in {out} either.) Training is not affected.")
+    assert message.endswith(
+        f"on a disk with room. (error.txt could not be written in {out} either.) Training is not affected."
+    )
     assert trainer.global_step == 3 and not (out / "error.txt").exists()  # no empty error.txt left
 
 

@@ -26,13 +26,35 @@ class Shared(nn.Module):
 def test_columns_are_the_contract() -> None:
     report = profile_components(nn.Linear(4, 2), (torch.randn(3, 4),), **FAST)
     assert list(report.to_dataframe().columns) == [
-        "path", "module_type", "depth", "parent", "status", "error",
+        "path",
+        "module_type",
+        "depth",
+        "parent",
+        "status",
+        "error",
         "note",  # issue 8: what is not an error ("estimated from 2 of 2 children") moved out of error
-        "calls", "fwd_ms", "bwd_ms",
-        "total_ms", "cpu_ms", "device_ms", "fwd_flops", "bwd_flops", "tflops", "mfu", "params_mb",
-        "activation_mb", "peak_mem_mb", "bytes", "gbps", "bw_util", "intensity", "bound",
-        "share", "noise",  # issue 7: appended after bound
-        "compiled_ms", "compile_speedup",  # issue 10: the compile what-if, after noise
+        "calls",
+        "fwd_ms",
+        "bwd_ms",
+        "total_ms",
+        "cpu_ms",
+        "device_ms",
+        "fwd_flops",
+        "bwd_flops",
+        "tflops",
+        "mfu",
+        "params_mb",
+        "activation_mb",
+        "peak_mem_mb",
+        "bytes",
+        "gbps",
+        "bw_util",
+        "intensity",
+        "bound",
+        "share",
+        "noise",  # issue 7: appended after bound
+        "compiled_ms",
+        "compile_speedup",  # issue 10: the compile what-if, after noise
     ]
     assert list(COLUMNS) == list(report.to_dataframe().columns)
 

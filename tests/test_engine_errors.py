@@ -16,7 +16,9 @@ from tests.conftest import FAST
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_on_a_machine_without_it_is_a_value_error_naming_the_fix() -> None:
     # before: torch's AssertionError ("Torch not compiled with CUDA enabled") from module.to
-    with pytest.raises(ValueError, match=r"device='cuda': CUDA is not available: torch .* is built without CUDA .*; use device='cpu'"):
+    with pytest.raises(
+        ValueError, match=r"device='cuda': CUDA is not available: torch .* is built without CUDA .*; use device='cpu'"
+    ):
         profile_components(nn.Linear(2, 2), torch.randn(1, 2), device="cuda")
 
 

@@ -27,9 +27,7 @@ def _report() -> Report:
         ComponentRow("a", "Linear", 1, "", "ok", calls=2, fwd_ms=1.0, total_ms=1.0),
         ComponentRow("b", "ReLU", 1, "", "failed", error="RuntimeError: boom"),
     ]  # fmt: skip
-    return Report(
-        rows, {"device_name": "cpu", "peaks": {"flops": 1e12, "flops_source": "calibrated"}}
-    )
+    return Report(rows, {"device_name": "cpu", "peaks": {"flops": 1e12, "flops_source": "calibrated"}})
 
 
 def _same(x: Any, y: Any) -> bool:

@@ -44,7 +44,18 @@ SDPA_BWD = 10 * B * H * T * T * HD
 def test_nanogpt_rows_are_present(report: Report) -> None:
     paths = {r.path for r in report}
     for i in range(L):
-        for part in ("", ".ln_1", ".attn", ".attn.qkv", ".attn.proj", ".ln_2", ".mlp", ".mlp.fc", ".mlp.act", ".mlp.proj"):
+        for part in (
+            "",
+            ".ln_1",
+            ".attn",
+            ".attn.qkv",
+            ".attn.proj",
+            ".ln_2",
+            ".mlp",
+            ".mlp.fc",
+            ".mlp.act",
+            ".mlp.proj",
+        ):
             assert f"blocks.{i}{part}" in paths
     assert {"tok_emb", "pos_emb", "ln_f", "lm_head", "blocks"} <= paths
     assert {r.status for r in report} <= {"ok", "estimated"}

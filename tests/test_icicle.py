@@ -246,8 +246,12 @@ def test_labels_fit_their_bars_and_name_the_block() -> None:
     assert [t.get_text() for t in ax.texts].count("\u2026roj") == 3
     for text in ax.texts:
         x_px = ax.transData.transform([(text.get_position()[0], 0.0)])[0][0]
-        bar = next(r for r in drawn.values() if r.get_x() <= text.get_position()[0] <= r.get_x() + r.get_width()
-                   and r.get_y() <= text.get_position()[1] <= r.get_y() + r.get_height())
+        bar = next(
+            r
+            for r in drawn.values()
+            if r.get_x() <= text.get_position()[0] <= r.get_x() + r.get_width()
+            and r.get_y() <= text.get_position()[1] <= r.get_y() + r.get_height()
+        )
         (left, _), (right, _) = ax.transData.transform([(bar.get_x(), 0.0), (bar.get_x() + bar.get_width(), 0.0)])
         extent = text.get_window_extent(renderer)
         assert left < extent.x0 and extent.x1 < right, text.get_text()

@@ -251,6 +251,7 @@ def test_only_the_callback_module_imports_lightning() -> None:
     "statement", ["import cb_callback", "import cb_callback.reporters", "from cb_callback import *"]
 )
 def test_importing_does_not_import_lightning(statement: str) -> None:
-    code = f"import sys\n{statement}\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
+    lightning = "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
+    code = f"import sys\n{statement}\n{lightning}"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -75,8 +75,11 @@ def test_a_vendor_without_a_tensor_core_name_registers_too(
 ) -> None:
     # ROCm builds of torch report AMD GPUs through torch.cuda as well.
     cb_callback.register_device_peaks(
-        "MI300X", model="MI300X", flops={"bf16": 1.3074e15, "fp64": 163.4e12},
-        bandwidth=5.3e12, source="AMD Instinct MI300X data sheet",
+        "MI300X",
+        model="MI300X",
+        flops={"bf16": 1.3074e15, "fp64": 163.4e12},
+        bandwidth=5.3e12,
+        source="AMD Instinct MI300X data sheet",
     )
     cuda_name("AMD Instinct MI300X")
     fp64 = resolve_peaks("cuda", "fp64")
@@ -137,9 +140,7 @@ def test_registering_the_same_entry_twice_is_refused() -> None:
         ({"name": "l4", "model": "l4x"}, "L4"),  # names are unique, whatever the case
     ],
 )
-def test_an_entry_overlapping_the_built_in_table_is_refused(
-    kwargs: dict[str, Any], existing: str
-) -> None:
+def test_an_entry_overlapping_the_built_in_table_is_refused(kwargs: dict[str, Any], existing: str) -> None:
     figures: dict[str, Any] = {"flops": {"bf16": 1e15}, "bandwidth": 1e12, "source": "mine"}
     with pytest.raises(ValueError, match=f"built-in entry {existing!r}"):
         cb_callback.register_device_peaks(**kwargs, **figures)
@@ -153,7 +154,11 @@ def _entry(device_name: str) -> str | None:
 
 def test_an_entry_the_table_tells_apart_is_accepted() -> None:
     spec = cb_callback.register_device_peaks(
-        "H200 PCIe", model="h200", form="pcie", flops={"bf16": 7e14}, bandwidth=4.8e12,
+        "H200 PCIe",
+        model="h200",
+        form="pcie",
+        flops={"bf16": 7e14},
+        bandwidth=4.8e12,
         source="mine",
     )
     assert gpu_spec("NVIDIA H200 PCIe") is spec
@@ -161,8 +166,13 @@ def test_an_entry_the_table_tells_apart_is_accepted() -> None:
     assert _entry("NVIDIA H200") == "H200 SXM"
     assert _entry("NVIDIA H200 NVL") == "H200 NVL"
     another_a100 = cb_callback.register_device_peaks(
-        "A100 SXM 64GB", model="a100", form="sxm", memory_gb=64, flops={"bf16": 312e12},
-        bandwidth=1.6e12, source="mine",
+        "A100 SXM 64GB",
+        model="a100",
+        form="sxm",
+        memory_gb=64,
+        flops={"bf16": 312e12},
+        bandwidth=1.6e12,
+        source="mine",
     )
     assert gpu_spec("NVIDIA A100-SXM4-64GB") is another_a100
     assert _entry("NVIDIA A100-SXM4-80GB") == "A100 SXM 80GB"

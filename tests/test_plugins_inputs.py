@@ -56,15 +56,20 @@ class Double(Preprocessor):
     name = "double"
 
     def process_inputs(self, inputs: ComponentInputs, ctx: PrepareContext) -> ComponentInputs:
-        return ComponentInputs(tuple(a * 2 for a in inputs.args), inputs.kwargs, inputs.calls,
-                               inputs.training, inputs.order)
+        return ComponentInputs(
+            tuple(a * 2 for a in inputs.args), inputs.kwargs, inputs.calls, inputs.training, inputs.order
+        )
 
 
 def test_user_metric_reporter_and_preprocessor() -> None:
     collect = Collect()
     report = profile_components(
-        nn.Linear(3, 2), (torch.randn(4, 3),), metrics=[CountParams()], reporters=[collect],
-        preprocessors=[Double()], **FAST,
+        nn.Linear(3, 2),
+        (torch.randn(4, 3),),
+        metrics=[CountParams()],
+        reporters=[collect],
+        preprocessors=[Double()],
+        **FAST,
     )
     row = report.row("")
     assert row.details["n_params"] == 3 * 2 + 2
@@ -108,7 +113,7 @@ def test_entry_points_are_loaded_by_kind_and_bad_ones_skipped() -> None:
 def test_replicate_and_slice_by_tiling() -> None:
     x = torch.arange(6.0).reshape(3, 2)
     other = torch.zeros(5)  # leading dim is not the batch: untouched
-    (rx, ro), = [replicate_batch((x, other), 3, 7)]
+    ((rx, ro),) = [replicate_batch((x, other), 3, 7)]
     assert torch.equal(rx, torch.cat([x, x, x[:1]]))
     assert ro is other
     (sx, so) = slice_batch((x, other), 3, 2)

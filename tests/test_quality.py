@@ -61,7 +61,12 @@ def test_rounds_alternate_order_and_spread_the_samples() -> None:
     # raised to min_repeats=3.
     sets = interleave(
         [fixed(10.0, log, "a"), fixed(50.0, log, "b")],
-        budgets_s=[0.1, 0.1], rounds=3, min_repeats=3, max_repeats=100, clock=Clock(), switches=lambda: 0,
+        budgets_s=[0.1, 0.1],
+        rounds=3,
+        min_repeats=3,
+        max_repeats=100,
+        clock=Clock(),
+        switches=lambda: 0,
     )
     assert [len(s.samples) for s in sets] == [10, 3]
     # round 1: a, b once each; round 2 (reversed): b takes ceil(2/2) = 1, a ceil(9/2) = 5 after one
@@ -78,8 +83,13 @@ def test_max_repeats_caps_and_a_raising_sampler_stops() -> None:
         raise RuntimeError("kaput")
 
     sets = interleave(
-        [fixed(0.001), boom], budgets_s=[10.0, 10.0], rounds=4, min_repeats=1, max_repeats=7,
-        clock=Clock(), switches=lambda: 0,
+        [fixed(0.001), boom],
+        budgets_s=[10.0, 10.0],
+        rounds=4,
+        min_repeats=1,
+        max_repeats=7,
+        clock=Clock(),
+        switches=lambda: 0,
     )
     assert len(sets[0].samples) == 7  # 10 s / 1 µs would be 1e7 runs: capped at 7
     assert calls == [1] and isinstance(sets[1].error, RuntimeError) and sets[1].samples == []
@@ -88,8 +98,13 @@ def test_max_repeats_caps_and_a_raising_sampler_stops() -> None:
 def test_switches_and_timed_seconds_are_counted_per_component() -> None:
     counter = iter(range(0, 10_000, 5))  # every reading 5 more involuntary switches
     sets = interleave(
-        [fixed(1.0)], budgets_s=[0.0], rounds=2, min_repeats=2, max_repeats=2,
-        clock=Clock(0.5), switches=lambda: next(counter),
+        [fixed(1.0)],
+        budgets_s=[0.0],
+        rounds=2,
+        min_repeats=2,
+        max_repeats=2,
+        clock=Clock(0.5),
+        switches=lambda: next(counter),
     )
     # 2 samples: round 1 takes 1, round 2 the other; each slice reads the clock twice (0.5 s apart)
     # and the counter twice (5 apart).
@@ -126,10 +141,28 @@ def test_ordinary_spread_is_not_quantised() -> None:
 
 def _rows(parent_ms: float = 10.0, child_ms: float = 4.0, mfu: float = 0.5) -> list[ComponentRow]:
     return [
-        ComponentRow(path="", module_type="Net", depth=0, parent=None, status="ok", calls=1,
-                     total_ms=parent_ms, mfu=mfu, bw_util=0.1),
-        ComponentRow(path="a", module_type="Linear", depth=1, parent="", status="ok", calls=2,
-                     total_ms=child_ms, mfu=0.2, bw_util=0.1),
+        ComponentRow(
+            path="",
+            module_type="Net",
+            depth=0,
+            parent=None,
+            status="ok",
+            calls=1,
+            total_ms=parent_ms,
+            mfu=mfu,
+            bw_util=0.1,
+        ),
+        ComponentRow(
+            path="a",
+            module_type="Linear",
+            depth=1,
+            parent="",
+            status="ok",
+            calls=2,
+            total_ms=child_ms,
+            mfu=0.2,
+            bw_util=0.1,
+        ),
     ]
 
 
@@ -363,8 +396,17 @@ def test_the_canary_runs_before_every_round() -> None:
         return 1e-3
 
     times: list[float] = []
-    interleave([fixed(1.0, log, "a")], budgets_s=[0.0], rounds=3, min_repeats=3, max_repeats=3,
-               clock=Clock(), switches=lambda: 0, canary=canary, canary_s=times)
+    interleave(
+        [fixed(1.0, log, "a")],
+        budgets_s=[0.0],
+        rounds=3,
+        min_repeats=3,
+        max_repeats=3,
+        clock=Clock(),
+        switches=lambda: 0,
+        canary=canary,
+        canary_s=times,
+    )
     assert log == ["canary", "a", "canary", "a", "canary", "a"] and times == [1e-3] * 3
 
 

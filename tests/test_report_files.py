@@ -144,7 +144,9 @@ def _linked(tmp_path: Path) -> tuple[Report, Path]:
     home = tmp_path / "a"
     report = Report([
         ComponentRow("", "Sequential", 0, None, "ok", calls=1, total_ms=2.0),
-        ComponentRow("0", "Linear", 1, "", "ok", calls=1, total_ms=1.5, details={"artifacts": {"ops": "artifacts/0/ops.csv"}}),
+        ComponentRow(
+            "0", "Linear", 1, "", "ok", calls=1, total_ms=1.5, details={"artifacts": {"ops": "artifacts/0/ops.csv"}}
+        ),
     ])  # fmt: skip
     (home / "artifacts" / "0").mkdir(parents=True)
     (home / "artifacts" / "0" / "ops.csv").write_text("name,calls\naten::addmm,1\n")
@@ -234,7 +236,10 @@ def test_saving_where_it_is_copies_nothing_and_never_leaves_the_report(tmp_path:
             '{"path": "a", "module_type": "M", "depth": "1", "parent": ""}]}',
             "rows[1].depth is str, expected int",
         ),
-        ('{"rows": [{"path": "", "module_type": "M", "depth": 0, "parent": 3}]}', "rows[0].parent is int, expected str or None"),
+        (
+            '{"rows": [{"path": "", "module_type": "M", "depth": 0, "parent": 3}]}',
+            "rows[0].parent is int, expected str or None",
+        ),
         ('{"rows": [{"path": "", "module_type": "M", "depth": 0, "parent": null, "calls": true}]}',
          "rows[0].calls is bool, expected int"),
         ('{"rows": [{"path": "", "module_type": "M", "depth": 0, "parent": null, "fwd_ms": "1"}]}',

@@ -102,7 +102,9 @@ def test_write_files_returns_the_directory_or_warns(tmp_path: Path) -> None:
     with pytest.warns(RuntimeWarning) as record:
         files = write_files(_report(), ReportContext(output_dir=out))
     # mkdir under a file: errno 20, ENOTDIR, and the error names the directory
-    problem = f"could not write the report files to {out} (NotADirectoryError: [Errno 20] Not a directory (ENOTDIR): '{out}')"
+    problem = (
+        f"could not write the report files to {out} (NotADirectoryError: [Errno 20] Not a directory (ENOTDIR): '{out}')"
+    )
     assert files == FilesWritten(None, problem)
     assert _ours(record) == [
         f"cb_callback: {problem}: no report.json was written, the files there may be missing or incomplete; "
@@ -156,7 +158,10 @@ def test_report_failure_warns_and_writes_the_traceback(tmp_path: Path) -> None:
     except MemoryError as e:
         with pytest.warns(RuntimeWarning) as record:
             report_failure(3, tmp_path, e)
-    message = "cb_callback: profiling step 3 failed (MemoryError: out of memory); training continues without a component report."
+    message = (
+        "cb_callback: profiling step 3 failed (MemoryError: out of memory); "
+        "training continues without a component report."
+    )
     assert _ours(record) == [f"{message} Details: {tmp_path / ERROR_FILE}"]
     text = (tmp_path / ERROR_FILE).read_text()
     assert text.startswith(f"{message}\n\nTraceback (most recent call last):")

@@ -118,9 +118,7 @@ def test_plugins_that_cannot_be_pickled_are_left_out_and_named(tmp_path: Path) -
     assert snap.metadata["snapshot_dropped_plugins"] == ["reporters: local"]
 
 
-def test_a_class_that_cannot_be_imported_is_named_with_the_fix(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_class_that_cannot_be_imported_is_named_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pkg = tmp_path / "src"
     pkg.mkdir()
     (pkg / "cb_gone_models.py").write_text(

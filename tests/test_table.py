@@ -87,7 +87,12 @@ def test_mfu_is_a_percent_in_text_a_fraction_in_data() -> None:
     mfu_column = MARKDOWN_HEADERS.index("MFU %")
     assert table[5].split(" | ")[mfu_column] == "25.0"
     assert "MFU %" in summary[summary.index("whole model:") + 1]
-    assert "25.0" in summary[summary.index("top 2 hotspots (leaf-most: measured, no child measured; by total ms x calls):") + 3].split()
+    assert (
+        "25.0"
+        in summary[
+            summary.index("top 2 hotspots (leaf-most: measured, no child measured; by total ms x calls):") + 3
+        ].split()
+    )
 
 
 def test_markdown_empty_report() -> None:

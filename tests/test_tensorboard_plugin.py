@@ -72,10 +72,15 @@ def test_reports_are_found_and_the_plugin_is_active_only_with_one(logdir: Path, 
 def test_routes_serve_runs_page_scripts_and_only_the_reports_files(logdir: Path) -> None:
     client = _app(logdir)
     runs = json.loads(client.get("/runs").get_data())
-    assert runs == [{
-        "run": "version_0/component_benchmark", "step": 3, "components": 4,
-        "created_at": runs[0]["created_at"], "device_name": runs[0]["device_name"],
-    }]
+    assert runs == [
+        {
+            "run": "version_0/component_benchmark",
+            "step": 3,
+            "components": 4,
+            "created_at": runs[0]["created_at"],
+            "device_name": runs[0]["device_name"],
+        }
+    ]
     page = client.get("/report", query_string={"run": "version_0/component_benchmark"}).get_data(as_text=True)
     # the same page as report.html, with plotly and the viewer from the plugin's routes
     assert '<script src="plotly.js"></script>' in page and '<script src="viewer.js"></script>' in page
@@ -116,7 +121,8 @@ def tensorboard_url(logdir: Path) -> Iterator[str]:
     exe = Path(sys.executable).with_name("tensorboard")
     proc = subprocess.Popen(
         [str(exe), "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -143,7 +149,8 @@ def test_real_tensorboard_lists_the_plugin_as_active(tensorboard_url: str) -> No
     assert listing["components"]["enabled"] is True
     assert listing["components"]["tab_name"] == "Components"
     assert listing["components"]["loading_mechanism"] == {
-        "type": "IFRAME", "module_path": "/data/plugin/components/index.js",
+        "type": "IFRAME",
+        "module_path": "/data/plugin/components/index.js",
     }
 
 

@@ -33,7 +33,11 @@ class FixedClock:
         return 0.0
 
     def values(self, samples: SampleSet, ctx: MeasureContext) -> Mapping[str, Any]:
-        return {"fwd_ms": samples.median("fwd_ms"), "bwd_ms": samples.median("bwd_ms"), "clock_runs": len(samples.samples)}
+        return {
+            "fwd_ms": samples.median("fwd_ms"),
+            "bwd_ms": samples.median("bwd_ms"),
+            "clock_runs": len(samples.samples),
+        }
 
 
 def test_the_built_in_latency_is_a_timed_metric() -> None:

@@ -22,8 +22,16 @@ class FakeClock:
 def test_repeats_stop_when_the_budget_is_spent() -> None:
     calls: list[int] = []
     clock = FakeClock(0.25)  # binary-exact steps
-    timing = time_fn(calls.append, setup=lambda: 1, device=torch.device("cpu"), warmup=2,
-                     min_run_time_s=1.0, min_repeats=1, max_repeats=100, clock=clock)
+    timing = time_fn(
+        calls.append,
+        setup=lambda: 1,
+        device=torch.device("cpu"),
+        warmup=2,
+        min_run_time_s=1.0,
+        min_repeats=1,
+        max_repeats=100,
+        clock=clock,
+    )
     # Readings: start .25; run 1 reads .5 and .75 (250 ms), budget check 1.0 - .25 = .75 < 1;
     # run 2 reads 1.25 and 1.5, check 1.75 - .25 = 1.5 >= 1: stop after 2 runs.
     assert timing.device_ms == [250.0, 250.0]
@@ -33,11 +41,25 @@ def test_repeats_stop_when_the_budget_is_spent() -> None:
 
 
 def test_min_and_max_repeats() -> None:
-    t = time_fn(lambda _: None, device=torch.device("cpu"), warmup=0, min_run_time_s=0.0,
-                min_repeats=5, max_repeats=100, clock=FakeClock(1.0))
+    t = time_fn(
+        lambda _: None,
+        device=torch.device("cpu"),
+        warmup=0,
+        min_run_time_s=0.0,
+        min_repeats=5,
+        max_repeats=100,
+        clock=FakeClock(1.0),
+    )
     assert t.repeats == 5  # the budget is spent at once, the minimum still runs
-    t = time_fn(lambda _: None, device=torch.device("cpu"), warmup=0, min_run_time_s=1e9,
-                min_repeats=1, max_repeats=7, clock=FakeClock(1e-3))
+    t = time_fn(
+        lambda _: None,
+        device=torch.device("cpu"),
+        warmup=0,
+        min_run_time_s=1e9,
+        min_repeats=1,
+        max_repeats=7,
+        clock=FakeClock(1e-3),
+    )
     assert t.repeats == 7
 
 

@@ -1,4 +1,4 @@
-"""Fused optimizers: the fused backward is measured; weights, optimizer state and step counters are left as they were."""
+"""Fused optimizers: the fused backward is measured; weights, optimizer state and step counters stay as they were."""
 
 from __future__ import annotations
 
@@ -65,7 +65,10 @@ class _WeightsChanged:
 
 def _trained_tbe() -> SplitTableBatchedEmbeddingBagsCodegen:
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(20, 4, EmbeddingLocation.HOST, ComputeDevice.CPU), (30, 8, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+        embedding_specs=[
+            (20, 4, EmbeddingLocation.HOST, ComputeDevice.CPU),
+            (30, 8, EmbeddingLocation.HOST, ComputeDevice.CPU),
+        ],
         optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
         learning_rate=0.1,
     )

@@ -60,7 +60,9 @@ def test_meta_model_with_a_2_pow_31_row_table_profiles_on_cpu() -> None:
     model = _meta_dlrm()
     dense, kjt = _inputs()
     report = profile_components(model, (dense, kjt), preprocessors=[ReduceHashSize(MAX_ROWS)], **FAST, **PEAKS)
-    assert {r.status for r in report} <= {"ok", "estimated"}, [(r.path, r.error) for r in report if r.status not in ("ok", "estimated")]
+    assert {r.status for r in report} <= {"ok", "estimated"}, [
+        (r.path, r.error) for r in report if r.status not in ("ok", "estimated")
+    ]
     # the report reads as the original model: same paths
     assert [r.path for r in report if r.path] and {r.path for r in report} == {p for p, _ in model.named_modules()}
     tables = report.metadata["hash_size_reduction"]["tables"]
@@ -122,7 +124,9 @@ def test_embedding_collection_tables_are_reduced_too() -> None:
     ec = EmbeddingCollection(
         tables=[EmbeddingConfig(name="t", embedding_dim=4, num_embeddings=5_000, feature_names=["f"])]
     )
-    kjt = KeyedJaggedTensor.from_lengths_sync(keys=["f"], values=torch.tensor([4_999, 3, 2_500]), lengths=torch.tensor([2, 1]))
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["f"], values=torch.tensor([4_999, 3, 2_500]), lengths=torch.tensor([2, 1])
+    )
     report = profile_components(ec, (kjt,), preprocessors=[ReduceHashSize(64)], **FAST, **PEAKS)
     assert report.row("").status == "ok" and report.row("embeddings.t").status == "ok"
     assert report.metadata["hash_size_reduction"]["tables"]["embeddings.t"]["reduced_rows"] == 64

@@ -150,7 +150,9 @@ def test_replicate_batch_option_replicates_kjt_inputs() -> None:
     class Spy(cb_callback.Preprocessor):
         name = "spy"
 
-        def process_inputs(self, inputs: cb_callback.ComponentInputs, ctx: cb_callback.PrepareContext) -> cb_callback.ComponentInputs:
+        def process_inputs(
+            self, inputs: cb_callback.ComponentInputs, ctx: cb_callback.PrepareContext
+        ) -> cb_callback.ComponentInputs:
             if inputs.args and isinstance(inputs.args[0], KeyedJaggedTensor):
                 seen.append(inputs.args[0].stride())
             return inputs

@@ -346,8 +346,9 @@ class _FrozenEncoderNet(nn.Module):
 
 
 def test_a_component_the_step_ran_under_no_grad_has_no_backward() -> None:
-    report = profile_components(_FrozenEncoderNet(), (torch.randn(4, 8),), min_run_time_s=0.0,
-                                min_repeats=2, max_repeats=2, rounds=1)
+    report = profile_components(
+        _FrozenEncoderNet(), (torch.randn(4, 8),), min_run_time_s=0.0, min_repeats=2, max_repeats=2, rounds=1
+    )
     enc, head = report.row("encoder"), report.row("head")
     assert enc.status == "ok" and enc.bwd_ms == 0.0 and enc.bwd_flops == 0.0
     assert enc.details["no_backward"] == "replayed without grad, as the real step ran it (no_grad)"

@@ -391,7 +391,7 @@ def test_gpu_profile_leaves_max_memory_allocated_as_it_was() -> None:
 
 # --- 6. a snapshot of a class in the training script replays ------------------------------
 
-_TRAIN_SCRIPT = '''
+_TRAIN_SCRIPT = """
 import sys
 from pathlib import Path
 
@@ -432,7 +432,7 @@ if __name__ == "__main__":
         sys.argv[1], model, capture.calls, config=config, captured_batch_size=5,
         metadata={"capture_step": 0, "capture_device": "cpu"},
     )
-'''
+"""
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -465,7 +465,9 @@ def test_cb_replay_finds_a_model_class_defined_in_the_training_script(tmp_path: 
     assert description["script_sys_path"] == str(project)
 
     # from another directory, with the script's directory not on the path
-    replayed = _run(["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "a")], elsewhere)
+    replayed = _run(
+        ["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "a")], elsewhere
+    )
     assert replayed.returncode == 0, replayed.stderr
     _assert_replayed(tmp_path / "a")
     # the script's top level ran as __mp_main__; its __main__ block did not run again
@@ -475,7 +477,9 @@ def test_cb_replay_finds_a_model_class_defined_in_the_training_script(tmp_path: 
     moved.mkdir()
     for name in ("train.py", "helpers.py"):
         shutil.move(str(project / name), str(moved / name))
-    lost = _run(["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "b")], elsewhere)
+    lost = _run(
+        ["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "b")], elsewhere
+    )
     assert lost.returncode == 2  # could not replay (1: replayed, files not written)
     assert f"the script is not at {project / 'train.py'}: pass it with `cb replay --script PATH`" in lost.stderr
     found = _run(

@@ -110,7 +110,9 @@ def test_filtering_the_table_hides_rows(browser: object, report_dir: Path) -> No
         page.fill("#f-path", "blocks.*.attn")  # a glob
         rows = page.locator("#table tbody tr")
         assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.path)")) == [
-            "blocks.0.attn", "blocks.1.attn", "blocks.2.attn",
+            "blocks.0.attn",
+            "blocks.1.attn",
+            "blocks.2.attn",
         ]
         page.fill("#f-path", "mlp.1")  # a substring: the three ReLUs
         assert rows.count() == 3
@@ -165,7 +167,9 @@ def test_the_diff_page_colours_by_change(browser: object, tmp_path: Path) -> Non
     page_file = write_diff_html(a, b, compare_reports(a, b), tmp_path / "diff.html")
     with new_page(browser) as (page, log):
         page.goto(page_file.as_uri())
-        page.wait_for_function("window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0")
+        page.wait_for_function(
+            "window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0"
+        )
         assert page.evaluate("window.cbViewer.state.metric") == "change"
         colors = page.evaluate("window.cbViewer.colors()")
         paths = [r.path for r in b.rows]
@@ -210,7 +214,9 @@ def test_a_report_without_batches_or_compile_has_none_of_their_columns(browser: 
         headers = _headers(page)
         assert "total ms" in headers
         assert not set(WHATIF_HEADERS) & set(headers)
-        assert "compile_speedup" not in page.evaluate("Array.from(document.querySelectorAll('#metric option')).map(o => o.value)")
+        assert "compile_speedup" not in page.evaluate(
+            "Array.from(document.querySelectorAll('#metric option')).map(o => o.value)"
+        )
         page.click('#table tr[data-path="blocks.1.attn"]')
         assert page.locator("#details .batches, #details .compile-whatif").count() == 0
         assert log.errors == []
@@ -257,7 +263,9 @@ def test_many_batches_show_median_p90_and_each_batch(browser: object, tmp_path: 
 def test_the_compile_what_if_shows_compiled_times_and_speedups(browser: object, tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
-    report = profile_components(model, (torch.randn(4, 16),), compile=True, compile_options={"backend": "eager"}, **FAST)
+    report = profile_components(
+        model, (torch.randn(4, 16),), compile=True, compile_options={"backend": "eager"}, **FAST
+    )
     compiled = [r for r in report.rows if r.compiled_ms == r.compiled_ms]  # not NaN
     assert compiled
     page_file = write_html(report, tmp_path)
@@ -284,7 +292,10 @@ def test_the_compile_what_if_shows_compiled_times_and_speedups(browser: object, 
         assert f"compiled {_to_fixed(page, root.compiled_ms, 3)} ms (\u00d7{speedup})" in text
         assert "graph breaks" in text and "recompiles" in text and "outputs close" in text
         sep = root.details["compile"]["children_separately_ms"]
-        assert f"\u2192 {_to_fixed(page, sep, 3)} ms ({root.details['compile']['children_compiled']} children compiled)" in text
+        assert (
+            f"\u2192 {_to_fixed(page, sep, 3)} ms ({root.details['compile']['children_compiled']} children compiled)"
+            in text
+        )
         assert '"compile"' not in page.locator("#details pre").inner_text()
         assert log.errors == []
 
@@ -295,7 +306,10 @@ def test_compile_errors_and_break_reasons_are_escaped(browser: object, tmp_path:
     ok = report.row("0")
     ok.compiled_ms, ok.compile_speedup = ok.total_ms / 2, 2.0
     ok.details["compile"] = {
-        "graphs": 2, "graph_breaks": 1, "break_reasons": [{"reason": evil, "count": 2, "where": evil}], "recompiles": 0,
+        "graphs": 2,
+        "graph_breaks": 1,
+        "break_reasons": [{"reason": evil, "count": 2, "where": evil}],
+        "recompiles": 0,
     }
     report.row("1").details["compile"] = {"error": "RuntimeError: " + evil + "x" * 200}
     report.row("1").details["batches"] = [{"batch": 0, "status": "ok", "calls": 1, "shape": evil}]
@@ -340,7 +354,9 @@ def test_the_csv_holds_percents_under_percent_headers(browser: object, tmp_path:
         # the table shows share 0.1767 as "17.7" under "share %": the CSV the same unit, every digit
         assert _cell(page, "a", "share %") == "17.7"
         assert table["a"]["share %"] == "17.67"  # 0.1767 * 100
-        assert table["a"]["MFU %"] == "17.671234"  # 0.17671234 * 100 (the float product 17.671234000000002, rounded to 15 digits)
+        assert (
+            table["a"]["MFU %"] == "17.671234"
+        )  # 0.17671234 * 100 (the float product 17.671234000000002, rounded to 15 digits)
         assert table["a"]["BW %"] == "3.03"  # 0.0303 * 100 (3.0300000000000002 in floats)
         assert table["a"]["noise %"] == "12.5"  # 0.125 * 100
         assert table["(root)"]["share %"] == "100" and table["(root)"]["MFU %"] == "50"
@@ -377,7 +393,9 @@ def test_the_details_show_numbers_with_units_and_four_significant_figures(browse
         assert log.errors == []
 
 
-def test_a_report_saved_elsewhere_links_its_own_copy_of_the_artifacts(browser: object, report_dir: Path, tmp_path: Path) -> None:
+def test_a_report_saved_elsewhere_links_its_own_copy_of_the_artifacts(
+    browser: object, report_dir: Path, tmp_path: Path
+) -> None:
     moved = Report.load(report_dir).save(tmp_path / "moved")
     with new_page(browser) as (page, log):
         _open(page, moved)

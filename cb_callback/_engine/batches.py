@@ -19,7 +19,15 @@ import torch
 from cb_callback._engine.inputs import ComponentInputs, leading_batch_size
 from cb_callback._report.model import ComponentRow
 
-__all__ = ["MEASURED_COLUMNS", "batch_size_of", "input_signature", "median_batch", "merge_batches", "merged_calls", "p90"]
+__all__ = [
+    "MEASURED_COLUMNS",
+    "batch_size_of",
+    "input_signature",
+    "median_batch",
+    "merge_batches",
+    "merged_calls",
+    "p90",
+]
 
 #: The measured columns a multi-batch row takes from its median batch.
 MEASURED_COLUMNS = (

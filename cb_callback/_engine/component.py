@@ -156,12 +156,12 @@ class ComponentRun:
         self.observing = [p for p in plugins if isinstance(p, InstrumentingMetric) and p is not self.timing]
         #: Replay on their own after the timed runs.
         self.replaying = [
-            p for p in plugins
-            if isinstance(p, MetricPlugin) and p not in self.observing and p is not self.timing
+            p for p in plugins if isinstance(p, MetricPlugin) and p not in self.observing and p is not self.timing
         ]
         #: Observe a pass of their own each, after every component's timed runs.
         self.artifact_plugins = [
-            *artifact_plugins(cfg.artifacts), *(p for p in plugins if isinstance(p, ArtifactMetric))
+            *artifact_plugins(cfg.artifacts),
+            *(p for p in plugins if isinstance(p, ArtifactMetric)),
         ]
         if cfg.artifacts and cfg.output_dir is None:
             warnings.warn(
@@ -210,7 +210,11 @@ class ComponentRun:
         # Forward-only replays keep the caller's no_grad (profile_components under no_grad/inference_mode),
         # and a component the real step ran under no_grad (a frozen encoder) replays without grad.
         replay = Replay(
-            module, inputs, device=self.device, seed=self.cfg.seed, forward_context=self.forward_context,
+            module,
+            inputs,
+            device=self.device,
+            seed=self.cfg.seed,
+            forward_context=self.forward_context,
             grad_enabled=captured.grad_enabled and (self.cfg.backward or torch.is_grad_enabled()),
         )
         ctx = MeasureContext(

@@ -162,6 +162,7 @@ class BenchmarkConfig:
     def __post_init__(self) -> None:
         self._check_artifacts()
         self._check_compile()
+
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"BenchmarkConfig.{name}={getattr(self, name)!r} is invalid: {why}")
 
@@ -267,9 +268,7 @@ class BenchmarkConfig:
         """A copy with ``options`` changed; unknown names raise ``ValueError``."""
         unknown = sorted(set(options) - set(self.field_names()))
         if unknown:
-            raise ValueError(
-                f"unknown option(s) {unknown}; BenchmarkConfig fields are {list(self.field_names())}"
-            )
+            raise ValueError(f"unknown option(s) {unknown}; BenchmarkConfig fields are {list(self.field_names())}")
         return dataclasses.replace(self, **options)
 
     def to_metadata(self) -> dict[str, Any]:
@@ -282,7 +281,9 @@ class BenchmarkConfig:
             elif f.name == "progress":
                 continue
             elif f.name == "compile_options" and v is not None:
-                v = {k: x if isinstance(x, (str, int, float, bool, dict)) or x is None else repr(x) for k, x in v.items()}
+                v = {
+                    k: x if isinstance(x, (str, int, float, bool, dict)) or x is None else repr(x) for k, x in v.items()
+                }
             elif isinstance(v, (torch.device, torch.dtype)):
                 v = str(v)
             elif isinstance(v, tuple):

@@ -86,4 +86,3 @@ def estimate_from_children(row: ComponentRow, children: list[ComponentRow]) -> b
         note += f" (missing: {', '.join(missing[:5])}{'…' if len(missing) > 5 else ''})"
     row.note = _joined(row.note, note)
     return True
-

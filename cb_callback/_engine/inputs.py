@@ -42,6 +42,7 @@ __all__ = [
 
 _IMMUTABLE = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
+
 # Kept by reference in a copy: a module passed as an argument stays the same
 # object (its parameters are the component's state, not its input), and handles
 # (functions, types, streams, events, process groups) are not data to copy.
@@ -306,9 +307,7 @@ def holds_objects(tree: Any) -> bool:
     """Whether ``tree`` holds objects other than pytree containers, tensors, immutables
     and by-reference objects (a forward may change those without a tensor's version
     counter seeing it)."""
-    return any(
-        not isinstance(x, (torch.Tensor, *_IMMUTABLE, *_BY_REFERENCE)) for x in pytree.tree_leaves(tree)
-    )
+    return any(not isinstance(x, (torch.Tensor, *_IMMUTABLE, *_BY_REFERENCE)) for x in pytree.tree_leaves(tree))
 
 
 def to_device(tree: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:

@@ -90,9 +90,7 @@ class Backward:
         self.targets = targets
 
     def __call__(self, _: Any = None) -> tuple[torch.Tensor | None, ...]:
-        return torch.autograd.grad(
-            self.outputs, self.targets, self.grad_outputs, retain_graph=True, allow_unused=True
-        )
+        return torch.autograd.grad(self.outputs, self.targets, self.grad_outputs, retain_graph=True, allow_unused=True)
 
 
 class Replay:
@@ -251,14 +249,19 @@ class Replay:
         if out is None:
             out = self.forward(inputs)
         outputs = [
-            t for t in flatten_output(out)[0]
+            t
+            for t in flatten_output(out)[0]
             if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None
         ]
         targets = self.grad_targets(inputs)
         if not outputs or not targets:
             self.no_backward = (
-                ("replayed without grad, as the real step ran it (no_grad)" if not self.grad_enabled
-                 else "no output requires grad") if not outputs
+                (
+                    "replayed without grad, as the real step ran it (no_grad)"
+                    if not self.grad_enabled
+                    else "no output requires grad"
+                )
+                if not outputs
                 else "no input or parameter of the component requires grad"
             )
             return None

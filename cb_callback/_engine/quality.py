@@ -190,9 +190,7 @@ class Assessment:
     quality: dict[str, Any]
 
 
-def inconsistent_pairs(
-    rows: Mapping[str, ComponentRow], medians: Mapping[str, float]
-) -> list[tuple[str, str]]:
+def inconsistent_pairs(rows: Mapping[str, ComponentRow], medians: Mapping[str, float]) -> list[tuple[str, str]]:
     """``(child, parent)`` paths whose timed medians say the child is slower than its parent.
 
     Args:
@@ -409,9 +407,7 @@ def _advice(
         if quantum is not None:
             evidence.append(f"runs slowed by multiples of a {quantum:g} ms scheduling quantum")
         if slowdown is not None and slowdown > SLOWDOWN_THRESHOLD:
-            evidence.append(
-                f"a reference GEMM ran {slowdown - 1:.0%} slower than the fastest seen in this process"
-            )
+            evidence.append(f"a reference GEMM ran {slowdown - 1:.0%} slower than the fastest seen in this process")
         if load.steal is not None and load.steal > STEAL_THRESHOLD:
             evidence.append(f"the hypervisor took {load.steal:.0%} of the CPU time (steal)")
         if calibration_spread is not None and calibration_spread > CALIBRATION_SPREAD_LIMIT:

@@ -37,7 +37,9 @@ def estimate_parents(nodes: list[Node], rows: dict[str, ComponentRow]) -> None:
         estimate_from_children(row, children)
 
 
-def fill_share(rows: Mapping[str, ComponentRow], per_batch: Mapping[str, Mapping[int, ComponentRow]] | None = None) -> None:
+def fill_share(
+    rows: Mapping[str, ComponentRow], per_batch: Mapping[str, Mapping[int, ComponentRow]] | None = None
+) -> None:
     """``share`` = ``total_ms × calls ÷ (root total_ms × root calls)`` where both are known.
 
     Time over the step as a fraction of the root's time over the step: for a
@@ -66,7 +68,9 @@ def fill_share(rows: Mapping[str, ComponentRow], per_batch: Mapping[str, Mapping
 
 def _share_by_batch(rows: Mapping[str, ComponentRow], per_batch: Mapping[str, Mapping[int, ComponentRow]]) -> None:
     def cost(r: ComponentRow) -> float:
-        return (r.fwd_ms + nan0(r.bwd_ms)) * max(r.calls, 1) if r.status == "ok" and math.isfinite(r.fwd_ms) else math.nan
+        return (
+            (r.fwd_ms + nan0(r.bwd_ms)) * max(r.calls, 1) if r.status == "ok" and math.isfinite(r.fwd_ms) else math.nan
+        )
 
     root = {b: cost(r) for b, r in per_batch[""].items()}
     root = {b: c for b, c in root.items() if math.isfinite(c) and c > 0}
@@ -94,7 +98,9 @@ def pairs_by_batch(per_batch: Mapping[str, Mapping[int, ComponentRow]], n: int) 
     out: list[tuple[str, str]] = []
     for b in range(n):
         mine = {path: rows[b] for path, rows in per_batch.items() if b in rows}
-        medians = {p: nan0(r.fwd_ms) + nan0(r.bwd_ms) for p, r in mine.items() if r.status == "ok" and math.isfinite(r.fwd_ms)}
+        medians = {
+            p: nan0(r.fwd_ms) + nan0(r.bwd_ms) for p, r in mine.items() if r.status == "ok" and math.isfinite(r.fwd_ms)
+        }
         out += [pair for pair in inconsistent_pairs(mine, medians) if pair not in out]
     return out
 

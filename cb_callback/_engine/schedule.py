@@ -90,7 +90,9 @@ class Schedule:
             self._finish(level, started, timed)
             self.pending += started
             if self.cfg.descend == "hotspots":
-                cold = below_cold(level, self.by_path, self.rows, self.cfg.descend_share, self._not_descended, self.per_batch)
+                cold = below_cold(
+                    level, self.by_path, self.rows, self.cfg.descend_share, self._not_descended, self.per_batch
+                )
                 self._not_descended.update(cold)
 
     def cost(self, path: str) -> float | None:
@@ -141,7 +143,9 @@ class Schedule:
         else:
             row.status, row.note = "not_run", "neither it nor a descendant ran in the captured forward"
 
-    def _finish(self, level: Sequence[Node], started: Sequence[Pending], timed: Mapping[tuple[str, int], SampleSet]) -> None:
+    def _finish(
+        self, level: Sequence[Node], started: Sequence[Pending], timed: Mapping[tuple[str, int], SampleSet]
+    ) -> None:
         """Fill the level's rows from their samples; merge each component's batches into its median one."""
         for p in started:
             self.run.finish(p, timed[p.key])

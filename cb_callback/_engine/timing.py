@@ -11,7 +11,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["Sample", "SampleSet", "Timing", "canary_best", "cpu_canary", "interleave", "record_timed", "time_fn", "timed_seconds"]
+__all__ = [
+    "Sample",
+    "SampleSet",
+    "Timing",
+    "canary_best",
+    "cpu_canary",
+    "interleave",
+    "record_timed",
+    "time_fn",
+    "timed_seconds",
+]
 
 _TIMED = [0.0]  # seconds spent inside timed regions in this process
 

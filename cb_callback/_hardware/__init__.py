@@ -1,2 +1,1 @@
-"""Hardware peaks: the datasheet table, the GPU registry, CPU calibration, and what devices exist.
-"""
+"""Hardware peaks: the datasheet table, the GPU registry, CPU calibration, and what devices exist."""

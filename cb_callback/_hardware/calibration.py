@@ -5,7 +5,8 @@ peaks are what PyTorch reaches here: the best ``torch.mm`` and the best ``copy_`
 of a few timed calls. A peak is a property of the machine, not of the moment, so
 the best figure is kept across processes (:mod:`cb_callback._hardware.cache`, per CPU
 model, thread count and torch version): when the machine is busy (other
-processes use the CPUs, :func:`cb_callback._hardware.load.machine_busy`) and a figure is cached, nothing is measured and the
+processes use the CPUs, :func:`cb_callback._hardware.load.machine_busy`) and a figure is cached,
+nothing is measured and the
 cached best is used; when it is quiet, the calibration runs and the cache keeps
 the better of the two. In a process, a calibration that disagreed with itself is
 measured again on the next profile, keeping the best. :func:`calibration_notes`
@@ -146,9 +147,7 @@ def cpu_cache_levels() -> tuple[tuple[str, int], ...]:
     return tuple((f"L{k}", out[k]) for k in sorted(out))
 
 
-def _best_seconds(
-    fn: Callable[[], object], min_repeats: int, budget_s: float
-) -> tuple[float, float]:
+def _best_seconds(fn: Callable[[], object], min_repeats: int, budget_s: float) -> tuple[float, float]:
     """Time calls of ``fn`` after one warm-up call: ``(best call, total spent)`` in seconds.
 
     Calls until at least ``min_repeats`` were timed and ``budget_s`` was spent (at

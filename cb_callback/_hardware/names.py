@@ -35,9 +35,7 @@ def device_tokens(device_name: str) -> list[str]:
 
     Vendor words (``nvidia``, ``tesla``, ``geforce``, ``quadro``) are dropped.
     """
-    return [
-        t for t in re.split(r"[^a-z0-9]+", device_name.lower()) if t and t not in _VENDOR_TOKENS
-    ]
+    return [t for t in re.split(r"[^a-z0-9]+", device_name.lower()) if t and t not in _VENDOR_TOKENS]
 
 
 def name_form(tokens: list[str]) -> str | None:

@@ -221,7 +221,8 @@ def resolve_peaks(
         :attr:`Peaks.verified` says whether the entry was checked against its
         source); a GPU missing from both, or a dtype its entry lacks (V100 bf16,
         A100 fp8; every built-in GPU's fp64, which the table does not record),
-        gives ``None`` and one warning per device name (and dtype) per process. CPU peaks are measured (:func:`measure_cpu_flops`,
+        gives ``None`` and one warning per device name (and dtype) per process. CPU
+        peaks are measured (:func:`measure_cpu_flops`,
         :func:`measure_cpu_bandwidth`) and cached; ``"tf32"`` uses the fp32 GEMM,
         ``"fp64"`` a float64 GEMM, and ``"fp8"`` is unknown. Other device types
         are unknown. Overrides are never measured or looked up.

@@ -60,12 +60,7 @@ def gpu_spec(device_name: str) -> GpuSpec | None:
 
 
 def _positive(value: object) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _describe(spec: GpuSpec) -> str:
@@ -112,9 +107,7 @@ def _checked_entry(
         )
     if form is not None and form not in FORMS:
         raise ValueError(f"{where}: form={form!r} must be None or one of {FORMS}")
-    if memory_gb is not None and (
-        isinstance(memory_gb, bool) or not isinstance(memory_gb, int) or memory_gb <= 0
-    ):
+    if memory_gb is not None and (isinstance(memory_gb, bool) or not isinstance(memory_gb, int) or memory_gb <= 0):
         raise ValueError(f"{where}: memory_gb={memory_gb!r} must be None or a positive int")
     if not isinstance(default_form, bool):
         raise ValueError(f"{where}: default_form= must be True or False")
@@ -125,13 +118,9 @@ def _checked_entry(
         raise ValueError(f"{where}: flops= has unknown peak keys {unknown}; use keys of {DTYPES}")
     for key, value in flops.items():
         if not _positive(value):
-            raise ValueError(
-                f"{where}: flops[{key!r}]={value!r} must be a positive finite number (FLOP/s)"
-            )
+            raise ValueError(f"{where}: flops[{key!r}]={value!r} must be a positive finite number (FLOP/s)")
     if not _positive(bandwidth):
-        raise ValueError(
-            f"{where}: bandwidth={bandwidth!r} must be a positive finite number (bytes/s)"
-        )
+        raise ValueError(f"{where}: bandwidth={bandwidth!r} must be a positive finite number (bytes/s)")
     return token
 
 

@@ -377,4 +377,3 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
         verified=False,
     ),
 )
-

@@ -91,7 +91,8 @@ class ComponentBenchmark(Callback):
     Notes:
         Training is unchanged (bit-identical losses and weights): hooks only copy inputs, the
         replay runs after the (last) captured batch (with gradient accumulation, its step's first
-        micro-batch) and restores weights, buffers, grads, flags and RNG streams. Isolation cannot see fusion across modules,
+        micro-batch) and restores weights, buffers, grads, flags and RNG streams. Isolation cannot see
+        fusion across modules,
         cache state or overlap with communication; ``"fork"`` timings include contention.
     """
 
@@ -105,21 +106,28 @@ class ComponentBenchmark(Callback):
         exclude: Sequence[str] = tuple(_DEFAULTS.exclude), backward: bool = _DEFAULTS.backward,
         warmup: int = _DEFAULTS.warmup, min_run_time_s: float = _DEFAULTS.min_run_time_s,
         min_repeats: int = _DEFAULTS.min_repeats, max_repeats: int = _DEFAULTS.max_repeats,
-        rounds: int = _DEFAULTS.rounds, max_total_time_s: float | None = _DEFAULTS.max_total_time_s, log_scalars: int | Literal["all"] = _DEFAULTS.log_scalars,
-        device: str | None = None, dtype: str | None = None, peak_flops: float | None = _DEFAULTS.peak_flops,
-        peak_bandwidth: float | None = _DEFAULTS.peak_bandwidth, batch_size: int | None = _DEFAULTS.batch_size, preprocessors: Sequence[Any] = (), metrics: Sequence[Any] = (), reporters: Sequence[Any] = (),
-        descend: Literal["all", "hotspots"] = _DEFAULTS.descend, descend_share: float = _DEFAULTS.descend_share,
-        seed: int = _DEFAULTS.seed, load_plugins: bool = _DEFAULTS.load_plugins, artifacts: Sequence[str] = (), artifacts_top: int | None = None,
-        compile: bool = _DEFAULTS.compile, compile_options: dict[str, Any] | None = None, compile_top: int | None = None,
+        rounds: int = _DEFAULTS.rounds, max_total_time_s: float | None = _DEFAULTS.max_total_time_s,
+        log_scalars: int | Literal["all"] = _DEFAULTS.log_scalars, device: str | None = None, dtype: str | None = None,
+        peak_flops: float | None = _DEFAULTS.peak_flops, peak_bandwidth: float | None = _DEFAULTS.peak_bandwidth,
+        batch_size: int | None = _DEFAULTS.batch_size, preprocessors: Sequence[Any] = (), metrics: Sequence[Any] = (),
+        reporters: Sequence[Any] = (), descend: Literal["all", "hotspots"] = _DEFAULTS.descend,
+        descend_share: float = _DEFAULTS.descend_share, seed: int = _DEFAULTS.seed,
+        load_plugins: bool = _DEFAULTS.load_plugins, artifacts: Sequence[str] = (), artifacts_top: int | None = None,
+        compile: bool = _DEFAULTS.compile, compile_options: dict[str, Any] | None = None,
+        compile_top: int | None = None,
         # the callback's own
-        capture_batches: int = 1, capture_batch_size: int | None = None, output_dir: str | None = None, log_to_tensorboard: bool = True,
-        stop_after: bool = False, ranks: Literal["zero", "all"] = "zero", enabled: bool = True,
-        fork_timeout_s: float | None = 300.0,
+        capture_batches: int = 1, capture_batch_size: int | None = None, output_dir: str | None = None,
+        log_to_tensorboard: bool = True, stop_after: bool = False, ranks: Literal["zero", "all"] = "zero",
+        enabled: bool = True, fork_timeout_s: float | None = 300.0,
     ) -> None:  # fmt: skip
         super().__init__()
         self.config = check_callback_args(locals())  # every argument, by name
         self.capture_step, self.mode, self.ranks, self.enabled = capture_step, mode, ranks, enabled
-        self.capture_batch_size, self.stop_after, self.log_to_tensorboard = capture_batch_size, stop_after, log_to_tensorboard
+        self.capture_batch_size, self.stop_after, self.log_to_tensorboard = (
+            capture_batch_size,
+            stop_after,
+            log_to_tensorboard,
+        )
         self.fork_timeout_s = None if fork_timeout_s is None else float(fork_timeout_s)
         self._output_dir_arg = None if output_dir is None else os.fspath(output_dir)
         # Lightning reads state_key around every hook call: build it once.
@@ -165,7 +173,9 @@ class ComponentBenchmark(Callback):
             self.mode = "pause"
         place.check_pause_device(self.config.device if self.mode == "pause" else None)
         log_dir = lambda: trainer.log_dir or trainer.default_root_dir  # noqa: E731  (a broadcast: every rank asks)
-        self.output_dir = place.output_dir(self._output_dir_arg, log_dir, self.ranks, trainer.world_size, trainer.global_rank)
+        self.output_dir = place.output_dir(
+            self._output_dir_arg, log_dir, self.ranks, trainer.world_size, trainer.global_rank
+        )
         if (message := _step.unreachable(self.capture_step, trainer.max_steps, self._steps.count)) is not None:
             self._warned_unreached = True
             rank_zero_warn(message)
@@ -175,7 +185,9 @@ class ComponentBenchmark(Callback):
             self._files_ok = place.check_writable(self.output_dir, fork=self.mode == "fork")
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if not self._active or self._done or self._pending:
             return
         step, seen = trainer.global_step, self._steps_seen
@@ -218,7 +230,12 @@ class ComponentBenchmark(Callback):
 
     def _profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any) -> None:
         """Profile (pause) or fork after the captured batch(es); never raises."""
-        step, out, capture, calls = self.capture_step, self.output_dir if self._files_ok else None, self._steps.captures[0], self._steps.calls()
+        step, out, capture, calls = (
+            self.capture_step,
+            self.output_dir if self._files_ok else None,
+            self._steps.captures[0],
+            self._steps.calls(),
+        )
         for message in _step.capture_warnings(step, pl_module, capture, outputs):
             rank_zero_warn(message)
         cfg, metadata = _step.plan(
@@ -270,7 +287,9 @@ class ComponentBenchmark(Callback):
     def _publish(self, trainer: pl.Trainer, report: Report, files: _publish.FilesWritten) -> None:
         """Log to TensorBoard and say where everything is, and why files are missing (rank zero)."""
         ctx, target = ReportContext(output_dir=files.directory, step=self.capture_step), self._tensorboard(trainer)
-        if trainer.is_global_zero and (line := _publish.log_to_tensorboard(report, ctx, target, self.log_to_tensorboard, files.problem)):
+        if trainer.is_global_zero and (
+            line := _publish.log_to_tensorboard(report, ctx, target, self.log_to_tensorboard, files.problem)
+        ):
             rank_zero_info(line)
 
     @override

@@ -35,9 +35,7 @@ RANKS = ("zero", "all")
 _DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 
 
-def output_dir(
-    explicit: str | None, log_dir: Callable[[], str], ranks: str, world_size: int, global_rank: int
-) -> Path:
+def output_dir(explicit: str | None, log_dir: Callable[[], str], ranks: str, world_size: int, global_rank: int) -> Path:
     """The directory this process writes to.
 
     Args:
@@ -105,7 +103,8 @@ def check_pause_device(device: str | torch.device | None) -> None:
     Any available device is fine: the engine profiles a copy of the module there.
 
     Raises:
-        ValueError: ``device`` is one this machine lacks (:func:`cb_callback._hardware.devices.device_problem`), with the fix.
+        ValueError: ``device`` is one this machine lacks
+            (:func:`cb_callback._hardware.devices.device_problem`), with the fix.
     """
     problem = None if device is None else device_problem(device)
     if problem is not None:

@@ -202,7 +202,9 @@ def write_files(report: Report, ctx: ReportContext) -> FilesWritten:
     """
     files = save_files(report, ctx)
     if files.problem is not None:
-        kept = "report.json is complete, the other files" if files.directory else "no report.json was written, the files"
+        kept = (
+            "report.json is complete, the other files" if files.directory else "no report.json was written, the files"
+        )
         warnings.warn(
             f"cb_callback: {files.problem}: {kept} there may be missing or incomplete; "
             "the report is in ComponentBenchmark.report.",

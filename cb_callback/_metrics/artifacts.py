@@ -111,16 +111,18 @@ class _Ops(_ProfiledPass):
         out = self.ctx.artifact_path("ops.csv")
         rows = []
         for e in prof.key_averages(group_by_input_shape=True):
-            rows.append({
-                "name": e.key,
-                "calls": e.count,
-                "self_cpu_us": round(e.self_cpu_time_total, 3),
-                "self_device_us": round(getattr(e, "self_device_time_total", 0.0), 3),
-                "cpu_total_us": round(e.cpu_time_total, 3),
-                "device_total_us": round(getattr(e, "device_time_total", 0.0), 3),
-                "input_shapes": json.dumps(e.input_shapes) if e.input_shapes else "",
-                "flops": int(e.flops) if getattr(e, "flops", 0) else "",
-            })
+            rows.append(
+                {
+                    "name": e.key,
+                    "calls": e.count,
+                    "self_cpu_us": round(e.self_cpu_time_total, 3),
+                    "self_device_us": round(getattr(e, "self_device_time_total", 0.0), 3),
+                    "cpu_total_us": round(e.cpu_time_total, 3),
+                    "device_total_us": round(getattr(e, "device_time_total", 0.0), 3),
+                    "input_shapes": json.dumps(e.input_shapes) if e.input_shapes else "",
+                    "flops": int(e.flops) if getattr(e, "flops", 0) else "",
+                }
+            )
         rows.sort(key=lambda r: -(r["self_device_us"] or r["self_cpu_us"]))
         with out.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(OPS_COLUMNS))

@@ -30,20 +30,81 @@ _RULES: dict[Any, Callable[..., int]] = {}
 # Ops that move or describe data but compute nothing worth a FLOP formula; they
 # are not listed as "uncounted".
 _NO_COMPUTE = {
-    "aten.detach", "aten.view", "aten._unsafe_view", "aten.t", "aten.transpose", "aten.permute",
-    "aten.expand", "aten.reshape", "aten.squeeze", "aten.unsqueeze", "aten.clone", "aten.copy_",
-    "aten._to_copy", "aten.slice", "aten.select", "aten.split", "aten.split_with_sizes",
-    "aten.cat", "aten.stack", "aten.empty", "aten.empty_like", "aten.zeros", "aten.zeros_like",
-    "aten.ones_like", "aten.full", "aten.fill_", "aten.zero_", "aten.new_empty", "aten.new_zeros",
-    "aten.new_empty_strided", "aten.empty_strided", "aten.alias", "aten.lift_fresh", "aten.as_strided",
-    "aten.unbind", "aten.chunk", "aten._reshape_alias", "aten.contiguous", "aten.index",
-    "aten.index_select", "aten.gather", "aten.embedding", "aten.masked_fill", "aten.where",
-    "aten.arange", "aten.scalar_tensor", "aten._local_scalar_dense", "aten.flatten",
-    "aten.unflatten", "aten.repeat", "aten.constant_pad_nd", "aten.resize_", "aten.set_",
-    "aten.nonzero", "aten.eq", "aten.ne", "aten.lt", "aten.gt", "aten.le", "aten.ge",
-    "aten.native_dropout", "aten.bernoulli_", "aten.randn", "aten.rand", "aten.ones",
-    "aten.new_ones", "aten.new_full", "aten.full_like", "aten.view_as", "aten.slice_backward",
-    "aten.select_backward", "aten.detach_", "aten.copy", "aten.lift_fresh_copy", "aten.narrow",
+    "aten.detach",
+    "aten.view",
+    "aten._unsafe_view",
+    "aten.t",
+    "aten.transpose",
+    "aten.permute",
+    "aten.expand",
+    "aten.reshape",
+    "aten.squeeze",
+    "aten.unsqueeze",
+    "aten.clone",
+    "aten.copy_",
+    "aten._to_copy",
+    "aten.slice",
+    "aten.select",
+    "aten.split",
+    "aten.split_with_sizes",
+    "aten.cat",
+    "aten.stack",
+    "aten.empty",
+    "aten.empty_like",
+    "aten.zeros",
+    "aten.zeros_like",
+    "aten.ones_like",
+    "aten.full",
+    "aten.fill_",
+    "aten.zero_",
+    "aten.new_empty",
+    "aten.new_zeros",
+    "aten.new_empty_strided",
+    "aten.empty_strided",
+    "aten.alias",
+    "aten.lift_fresh",
+    "aten.as_strided",
+    "aten.unbind",
+    "aten.chunk",
+    "aten._reshape_alias",
+    "aten.contiguous",
+    "aten.index",
+    "aten.index_select",
+    "aten.gather",
+    "aten.embedding",
+    "aten.masked_fill",
+    "aten.where",
+    "aten.arange",
+    "aten.scalar_tensor",
+    "aten._local_scalar_dense",
+    "aten.flatten",
+    "aten.unflatten",
+    "aten.repeat",
+    "aten.constant_pad_nd",
+    "aten.resize_",
+    "aten.set_",
+    "aten.nonzero",
+    "aten.eq",
+    "aten.ne",
+    "aten.lt",
+    "aten.gt",
+    "aten.le",
+    "aten.ge",
+    "aten.native_dropout",
+    "aten.bernoulli_",
+    "aten.randn",
+    "aten.rand",
+    "aten.ones",
+    "aten.new_ones",
+    "aten.new_full",
+    "aten.full_like",
+    "aten.view_as",
+    "aten.slice_backward",
+    "aten.select_backward",
+    "aten.detach_",
+    "aten.copy",
+    "aten.lift_fresh_copy",
+    "aten.narrow",
 }
 
 
@@ -60,19 +121,27 @@ def register_flop_rule(op: Any, formula: Callable[..., int]) -> None:
         ValueError: if ``op`` is not an ``OpOverloadPacket`` or already has a rule.
     """
     if not isinstance(op, torch._ops.OpOverloadPacket):
-        raise ValueError(
-            f"register_flop_rule(op={op!r}): expected an OpOverloadPacket such as torch.ops.aten.mm"
-        )
+        raise ValueError(f"register_flop_rule(op={op!r}): expected an OpOverloadPacket such as torch.ops.aten.mm")
     if op in _RULES:
         raise ValueError(f"a FLOP rule for {op} is already registered")
     _RULES[op] = formula
 
 
-def _cpu_sdpa_forward(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+def _cpu_sdpa_forward(
+    query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any
+) -> int:
     return int(sdpa_flop_count(query_shape, key_shape, value_shape))
 
 
-def _cpu_sdpa_backward(grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+def _cpu_sdpa_backward(
+    grad_out_shape: Any,
+    query_shape: Any,
+    key_shape: Any,
+    value_shape: Any,
+    *args: Any,
+    out_shape: Any = None,
+    **kwargs: Any,
+) -> int:
     return int(sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape))
 
 
@@ -109,8 +178,7 @@ class _OpRecorder(TorchDispatchMode):
 
 def _uncounted(recorder: _OpRecorder, counter: FlopCounterMode) -> list[str]:
     return sorted(
-        name for name in (str(op) for op in recorder.ops if op not in counter.flop_registry)
-        if name not in _NO_COMPUTE
+        name for name in (str(op) for op in recorder.ops if op not in counter.flop_registry) if name not in _NO_COMPUTE
     )
 
 

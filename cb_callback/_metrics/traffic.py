@@ -25,10 +25,24 @@ _RULES: dict[Any, TrafficRule] = {}
 
 # Ops that allocate without writing, or alias without moving: no traffic.
 _FREE = {
-    aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
-    aten._unsafe_view, aten.lift_fresh, aten.detach, aten.alias, aten._reshape_alias,
-    aten.resize_, aten.set_, aten.sym_size, aten.sym_stride, aten.sym_numel,
-    aten.sym_storage_offset, aten.is_same_size, aten._local_scalar_dense,
+    aten.empty,
+    aten.empty_like,
+    aten.empty_strided,
+    aten.new_empty,
+    aten.new_empty_strided,
+    aten._unsafe_view,
+    aten.lift_fresh,
+    aten.detach,
+    aten.alias,
+    aten._reshape_alias,
+    aten.resize_,
+    aten.set_,
+    aten.sym_size,
+    aten.sym_stride,
+    aten.sym_numel,
+    aten.sym_storage_offset,
+    aten.is_same_size,
+    aten._local_scalar_dense,
 }
 
 
@@ -130,8 +144,11 @@ def _embedding_bag_psw_backward(args: Sequence[Any], kwargs: Mapping[str, Any], 
     grad, weight, indices = args[0], args[1], args[2]
     small = [a for a in args[3:] if isinstance(a, torch.Tensor)]
     return (
-        tensor_bytes(grad) + tensor_bytes(indices) + _unique_bytes(small)
-        + _rows_touched(indices, _row_bytes(weight)) + _unique_bytes(_tensors(out))
+        tensor_bytes(grad)
+        + tensor_bytes(indices)
+        + _unique_bytes(small)
+        + _rows_touched(indices, _row_bytes(weight))
+        + _unique_bytes(_tensors(out))
     )
 
 

@@ -209,9 +209,7 @@ def model_mismatch(a: Report, b: Report) -> str | None:
     if not roots_differ and matching >= MATCH_FRACTION * smaller:
         return None
     parts = [f"root {root_a} vs {root_b}"] if roots_differ else []
-    parts.append(
-        f"{matching} of {smaller} components match by path and type (A has {len(types_a)}, B {len(types_b)})"
-    )
+    parts.append(f"{matching} of {smaller} components match by path and type (A has {len(types_a)}, B {len(types_b)})")
     return "; ".join(parts)
 
 
@@ -249,24 +247,28 @@ def compare_reports(a: Report, b: Report, metric: str = "total_ms") -> Compariso
         ra, rb = rows_a.get(path), rows_b.get(path)
         va, vb = _value(ra, metric, over_step), _value(rb, metric, over_step)
         spreads = [
-            r.noise * v for r, v in ((ra, va), (rb, vb)) if r is not None and math.isfinite(r.noise) and math.isfinite(v)
+            r.noise * v
+            for r, v in ((ra, va), (rb, vb))
+            if r is not None and math.isfinite(r.noise) and math.isfinite(v)
         ]
         either = ra if ra is not None else rb
         assert either is not None
         both = math.isfinite(va) and math.isfinite(vb)
         noise = 0.0 if exact else (NOISE_FACTOR * max(spreads) if spreads else math.nan)
-        out.append(Change(
-            path=path,
-            module_type=either.module_type,
-            depth=either.depth,
-            a=va,
-            b=vb,
-            change=vb - va if both else math.nan,
-            ratio=vb / va if both and va != 0 else math.nan,
-            noise=noise,
-            only_in=None if (ra is not None and rb is not None) else ("A" if ra is not None else "B"),
-            exact=exact,
-        ))
+        out.append(
+            Change(
+                path=path,
+                module_type=either.module_type,
+                depth=either.depth,
+                a=va,
+                b=vb,
+                change=vb - va if both else math.nan,
+                ratio=vb / va if both and va != 0 else math.nan,
+                noise=noise,
+                only_in=None if (ra is not None and rb is not None) else ("A" if ra is not None else "B"),
+                exact=exact,
+            )
+        )
     return Comparison(metric, out, model_mismatch(a, b), {"A": _quality(a), "B": _quality(b)})
 
 
@@ -351,11 +353,14 @@ def format_diff(d: Comparison, *, sort: str = "change", paths: Iterable[str] | N
         key=lambda c: -abs(c.effective),
     )[:3]
     if movers:
-        lines.append("biggest movers: " + ", ".join(
-            f"{c.path} {_num(c.effective * scale, digits, True)}{suffix}"
-            + (f" (only in {c.only_in})" if c.only_in else "")
-            for c in movers
-        ))
+        lines.append(
+            "biggest movers: "
+            + ", ".join(
+                f"{c.path} {_num(c.effective * scale, digits, True)}{suffix}"
+                + (f" (only in {c.only_in})" if c.only_in else "")
+                for c in movers
+            )
+        )
     header = ("path", "type", f"A {label}", f"B {label}", "change", "B/A", "sig")
     table = [header]
     for c in sorted(changes, key=_sort_key(sort)):
@@ -368,10 +373,17 @@ def format_diff(d: Comparison, *, sort: str = "change", paths: Iterable[str] | N
         else:
             note = "" if c.significant else "~"
         ratio = _num(c.ratio) if c.significant or c.unchanged or not math.isfinite(c.change) else "~"
-        table.append((
-            c.path or "(root)", c.module_type, _num(c.a * scale, digits), _num(c.b * scale, digits),
-            _num(c.effective * scale, digits, True), ratio, note,
-        ))
+        table.append(
+            (
+                c.path or "(root)",
+                c.module_type,
+                _num(c.a * scale, digits),
+                _num(c.b * scale, digits),
+                _num(c.effective * scale, digits, True),
+                ratio,
+                note,
+            )
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for i, row in enumerate(table):
         cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
@@ -381,8 +393,10 @@ def format_diff(d: Comparison, *, sort: str = "change", paths: Iterable[str] | N
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     if exact:
-        lines.append(f"({d.metric} is a count or a size, not a time: any difference is a change; "
-                     "unchanged: the same value in A and B)")
+        lines.append(
+            f"({d.metric} is a count or a size, not a time: any difference is a change; "
+            "unchanged: the same value in A and B)"
+        )
     else:
         lines.append("(~: the change is within the two runs' noise, 2 x the larger IQR: not significant)")
     return lines

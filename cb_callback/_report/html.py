@@ -175,8 +175,10 @@ def write_diff_html(a: Report, b: Report, comparison: Any, path: str | Path) -> 
         c = by_path.get(row["path"])
         if c is None:
             continue
-        finite = {k: (v if isinstance(v, float) and v == v and abs(v) != float("inf") else None)
-                  for k, v in (("a", c.a), ("b", c.b), ("change", c.change), ("ratio", c.ratio), ("noise", c.noise))}
+        finite = {
+            k: (v if isinstance(v, float) and v == v and abs(v) != float("inf") else None)
+            for k, v in (("a", c.a), ("b", c.b), ("change", c.change), ("ratio", c.ratio), ("noise", c.noise))
+        }
         row.setdefault("details", {})["diff"] = {**finite, "significant": c.significant, "only_in": c.only_in}
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

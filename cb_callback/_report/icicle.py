@@ -120,9 +120,7 @@ def icicle_rectangles(report: Report, metric: str = "mfu") -> list[IcicleRect]:
     out: list[IcicleRect] = []
     placed: set[str] = set()
 
-    def place(
-        kids: Iterable[ComponentRow], x: float, width: float, parent_time: float, depth: int
-    ) -> None:
+    def place(kids: Iterable[ComponentRow], x: float, width: float, parent_time: float, depth: int) -> None:
         timed = [(k, _time(k)) for k in kids]
         timed = [(k, t) for k, t in timed if t > 0 and k.path not in placed]
         placed.update(k.path for k, _ in timed)  # a malformed parent cycle ends here
@@ -134,9 +132,7 @@ def icicle_rectangles(report: Report, metric: str = "mfu") -> list[IcicleRect]:
             widths = [w * width / total for w in widths]
         for (kid, t), w in zip(timed, widths, strict=True):
             value = float(getattr(kid, column))
-            out.append(
-                IcicleRect(kid.path, x, w, depth, value if math.isfinite(value) else math.nan)
-            )
+            out.append(IcicleRect(kid.path, x, w, depth, value if math.isfinite(value) else math.nan))
             place(children.get(kid.path, []), x, w, t, depth + 1)
             x += w
 
@@ -300,7 +296,9 @@ def icicle_figure(report: Report, metric: str = "mfu") -> Figure:
         fontsize=_FONT_SIZE + 1,
     )
     legend = [
-        Patch(facecolor="white", edgecolor="#808080", label="blank below a bar: its own time (not in a measured child)"),
+        Patch(
+            facecolor="white", edgecolor="#808080", label="blank below a bar: its own time (not in a measured child)"
+        ),
         Patch(facecolor=_NAN_COLOR, edgecolor="white", label="grey: no value"),
     ]
     fig.legend(

@@ -377,10 +377,7 @@ class Report:
         """The leaf-most measured rows: ``ok``/``estimated``, finite ``total_ms``, no ``ok``/``estimated`` child."""
         measured = ("ok", "estimated")
         parents = {r.parent for r in self.rows if r.parent is not None and r.status in measured}
-        return [
-            r for r in self.rows
-            if r.path not in parents and r.status in measured and math.isfinite(r.total_ms)
-        ]
+        return [r for r in self.rows if r.path not in parents and r.status in measured and math.isfinite(r.total_ms)]
 
     def hotspots(self, top: int = 10) -> list[ComponentRow]:
         """The leaf-most measured rows that cost the most time over the step.

@@ -129,10 +129,7 @@ def _aligned(header: Sequence[str], lines: Sequence[Sequence[str]]) -> list[str]
     widths = [max(len(c) for c in col) for col in zip(header, *lines, strict=True)]
 
     def one(cells: Sequence[str]) -> str:
-        out = [
-            c.ljust(w) if i < 3 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
+        out = [c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
         return "  ".join(out).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
@@ -202,8 +199,7 @@ def format_summary(report: Report, top: int = 10) -> str:
     counts = Counter(r.status for r in report.rows)
     order = [s for s in STATUSES if counts[s]] + sorted(s for s in counts if s not in STATUSES)
     lines.append(
-        f"components: {len(report.rows)}"
-        + (" (" + ", ".join(f"{counts[s]} {s}" for s in order) + ")" if order else "")
+        f"components: {len(report.rows)}" + (" (" + ", ".join(f"{counts[s]} {s}" for s in order) + ")" if order else "")
     )
 
     multi = _multi(report)

@@ -132,13 +132,15 @@ class ComponentsPlugin(base_plugin.TBPlugin):
             except (OSError, ValueError):
                 continue
             meta = data.get("metadata") or {}
-            out.append({
-                "run": self._name(d),
-                "step": meta.get("capture_step", meta.get("step")),
-                "created_at": meta.get("created_at"),
-                "device_name": meta.get("device_name"),
-                "components": len(data.get("rows") or []),
-            })
+            out.append(
+                {
+                    "run": self._name(d),
+                    "step": meta.get("capture_step", meta.get("step")),
+                    "created_at": meta.get("created_at"),
+                    "device_name": meta.get("device_name"),
+                    "components": len(data.get("rows") or []),
+                }
+            )
         return http_util.Respond(request, out, "application/json")
 
     def _serve_report(self, request: wrappers.Request) -> wrappers.Response:

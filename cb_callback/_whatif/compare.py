@@ -533,9 +533,7 @@ def _kind(x: Any) -> str:
     return f"a {str(x.dtype).removeprefix('torch.')} tensor" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
 
 
-def _compare_outputs(
-    ref: _Run, cand: _Run, rtol: float | None, atol: float | None
-) -> list[TensorComparison]:
+def _compare_outputs(ref: _Run, cand: _Run, rtol: float | None, atol: float | None) -> list[TensorComparison]:
     """Output leaves pairwise, by index among the pytree's leaves (``output[i]``)."""
     out: list[TensorComparison] = []
     n = max(len(ref.outputs), len(cand.outputs))

@@ -41,7 +41,13 @@ from cb_callback._whatif.tolerances import (
 
 __all__ = [
     "WhatIfInput",
-    "children_separately", "compile_speedup", "compile_what_if", "explain_breaks", "fill_children_separately", "outputs_agree"]
+    "children_separately",
+    "compile_speedup",
+    "compile_what_if",
+    "explain_breaks",
+    "fill_children_separately",
+    "outputs_agree",
+]
 
 #: Break reasons kept per component (the first line of each distinct one).
 MAX_REASONS = 10
@@ -150,7 +156,9 @@ def compile_what_if(
     import torch._dynamo as dynamo
 
     options = dict(config.compile_options or {})
-    info: dict[str, Any] = {"options": {k: v if isinstance(v, (str, int, float, bool)) else repr(v) for k, v in options.items()}}
+    info: dict[str, Any] = {
+        "options": {k: v if isinstance(v, (str, int, float, bool)) else repr(v) for k, v in options.items()}
+    }
     limit = contextlib.ExitStack()
     try:
         if not items:

@@ -199,9 +199,7 @@ class Snapshot:
         )
 
 
-def precision_context(
-    precision: str | None, device_type: str
-) -> Callable[[], AbstractContextManager[Any]] | None:
+def precision_context(precision: str | None, device_type: str) -> Callable[[], AbstractContextManager[Any]] | None:
     """A factory of the forward context of a Lightning ``precision`` string, built on torch.
 
     ``"bf16-mixed"`` / ``"16-mixed"`` give :func:`torch.autocast` on ``device_type``;

@@ -67,4 +67,3 @@ def tbe_modules(root: nn.Module) -> list[nn.Module]:
         return []
     mods = list(root.modules()) + list(hidden_modules(root))
     return [m for m in mods if isinstance(m, classes)]
-

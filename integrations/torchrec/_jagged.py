@@ -45,9 +45,7 @@ def _sample_index(n: int, batch: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, device=device) % batch
 
 
-def _gather_segments(
-    offsets: torch.Tensor, segments: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather_segments(offsets: torch.Tensor, segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions (into the values) of the given segments, concatenated; and their lengths.
 
     ``offsets`` has one entry per segment plus one; ``segments`` lists the
@@ -100,7 +98,9 @@ def take_kjt(kjt: KeyedJaggedTensor, n: int) -> KeyedJaggedTensor:
     if batch == 0 or not keys:
         if n != 0 and keys:
             raise ValueError("cannot tile an empty batch")
-        return KeyedJaggedTensor(keys=list(keys), values=values, weights=kjt.weights_or_none(), lengths=lengths, stride=n)
+        return KeyedJaggedTensor(
+            keys=list(keys), values=values, weights=kjt.weights_or_none(), lengths=lengths, stride=n
+        )
     k = torch.arange(len(keys), device=device).unsqueeze(1) * batch
     segments = (k + _sample_index(n, batch, device).unsqueeze(0)).reshape(-1)
     index, new_lengths = _gather_segments(kjt.offsets(), segments)
