@@ -246,3 +246,21 @@ def run_fit(
     )
     trainer.fit(model)
     return trainer, model, recorder
+
+
+#: A callback whose fork child ``WaitsForForkModule`` waits for (tests set it; a child sees it empty).
+WAIT_FOR_FORK: list[Any] = []
+
+
+class WaitsForForkModule(MLPModule):
+    """At ``global_step == wait_at`` its step first waits (60 s at most) for the fork child of the callback in
+    ``WAIT_FOR_FORK`` to end, so that a capture scheduled there is not held back by a child still profiling."""
+
+    wait_at = 2
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if WAIT_FOR_FORK and self.global_step == self.wait_at:
+            fork = WAIT_FOR_FORK[0]._fork
+            if fork is not None:
+                fork.child._proc.join(60)
+        return super().training_step(batch, batch_idx)

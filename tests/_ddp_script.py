@@ -27,6 +27,10 @@ def main(out: Path) -> None:
     opts: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10}
     zero = ComponentBenchmark(capture_step=1, ranks="zero", output_dir=str(out / "zero"), **opts)
     every = ComponentBenchmark(capture_step=2, ranks="all", output_dir=str(out / "all"), **opts)
+    # two captures (a series) in the same run: rank 0 profiles each, the other rank waits at each barrier
+    series = ComponentBenchmark(
+        capture_steps=[1, 3], ranks="zero", output_dir=str(out / "series"), log_to_tensorboard=False, **opts
+    )
 
     class Clock(Callback):
         """When each rank left the batch end of every step (after the profile's barrier)."""
@@ -41,7 +45,7 @@ def main(out: Path) -> None:
     pl.seed_everything(0, verbose=False)
     trainer = pl.Trainer(
         strategy="ddp", devices=2, accelerator="cpu", max_steps=4, default_root_dir=str(out),
-        logger=TensorBoardLogger(str(out), name="tb", version=0), callbacks=[recorder, zero, every, clock],
+        logger=TensorBoardLogger(str(out), name="tb", version=0), callbacks=[recorder, zero, every, series, clock],
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
         limit_val_batches=0, log_every_n_steps=1,
     )  # fmt: skip
@@ -52,6 +56,7 @@ def main(out: Path) -> None:
         "global_step": trainer.global_step,
         "zero_report": zero.report is not None,
         "all_report": every.report is not None,
+        "series_reports": sorted(series.reports),
         "zero_output_dir": str(zero.output_dir),
         "all_output_dir": str(every.output_dir),
         "max_total_time_s": None if zero.report is None else zero.report.metadata["config"]["max_total_time_s"],

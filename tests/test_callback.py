@@ -13,6 +13,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import cb_callback._lightning.callback as callback_module
+import cb_callback._lightning.run as run_module
 from cb_callback import BenchmarkConfig, ComponentBenchmark, Report
 from cb_callback._lightning.progress import ProgressBar
 from cb_callback._lightning.step import step_capture
@@ -100,7 +101,7 @@ def test_state_key_and_state_dict() -> None:
     assert a.state_key != b.state_key
     assert a.state_key != ComponentBenchmark(capture_step=3, mode="fork").state_key
     assert a.state_key == ComponentBenchmark(capture_step=3).state_key
-    assert a.state_dict() == {"captured": False, "capture_step": 3}
+    assert a.state_dict() == {"captured": False, "capture_step": 3, "captured_steps": []}
     a.load_state_dict({"captured": True})
     assert a.state_dict()["captured"] is True
     a.load_state_dict({})  # an older or foreign state: defaults
@@ -113,10 +114,10 @@ def test_state_key_and_state_dict() -> None:
 def _assert_tensorboard(logdir: str, report: Report, step: int) -> None:
     acc = _events(logdir)
     tags = acc.Tags()
-    # scalars for the root and the default log_scalars=10 components with the most time over the step
-    assert report.metadata["config"]["log_scalars"] == 10
-    logged = {r.path for r in scalar_rows(report, 10)}
-    assert "" in logged and len(logged) == min(len(report.rows), 11)
+    # the run's only capture (log_scalars=None, no capture_series): the root's scalars alone
+    assert report.metadata["config"]["log_scalars"] is None and "capture_series" not in report.metadata
+    logged = {r.path for r in scalar_rows(report, "root")}
+    assert logged == {""}
     for row in report.rows:
         for metric in SCALAR_METRICS:
             tag = f"component_benchmark/{metric}/{row.path or 'root'}"
@@ -187,7 +188,7 @@ def test_pause_and_fork_leave_training_bit_identical(tmp_path: Path, model_cls: 
 
 def test_gradient_accumulation_profiles_the_first_micro_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
-    real = callback_module.profile_captured
+    real = run_module.profile_captured
 
     def spy(model: Any, calls: Any, **kwargs: Any) -> Report:
         seen["x"] = calls[""].args[0].clone()
@@ -201,7 +202,7 @@ def test_gradient_accumulation_profiles_the_first_micro_batch(tmp_path: Path, mo
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             self.batches.append((trainer.global_step, batch_idx, batch[0].clone()))
 
-    monkeypatch.setattr(callback_module, "profile_captured", spy)
+    monkeypatch.setattr(run_module, "profile_captured", spy)
     baseline = run_fit(tmp_path / "base", accumulate_grad_batches=2, max_steps=4, val_check_interval=None)
     batches = Batches()
     cb = ComponentBenchmark(capture_step=1, **OPTS)
@@ -259,7 +260,7 @@ def test_capture_batch_size_stores_k_samples_and_replicates_to_the_real_batch(tm
 
 def test_precision_context_and_dtype_come_from_the_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
-    real = callback_module.profile_captured
+    real = run_module.profile_captured
 
     def spy(model: Any, calls: Any, **kwargs: Any) -> Report:
         ctx = kwargs["forward_context"]
@@ -267,7 +268,7 @@ def test_precision_context_and_dtype_come_from_the_trainer(tmp_path: Path, monke
             seen.append((ctx.__self__, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
         return real(model, calls, **kwargs)
 
-    monkeypatch.setattr(callback_module, "profile_captured", spy)
+    monkeypatch.setattr(run_module, "profile_captured", spy)
     cb = ComponentBenchmark(capture_step=1, **OPTS)
     trainer, _, _ = run_fit(tmp_path / "a", [cb], max_steps=2, logger=False, precision="bf16-mixed")
     assert seen == [(trainer.precision_plugin, True, torch.bfloat16)]
@@ -396,16 +397,16 @@ def test_resume_after_the_capture_step_does_not_profile_again(tmp_path: Path, mo
     run_fit(tmp_path, [first, ckpt], max_steps=3, logger=False, enable_checkpointing=True, limit_val_batches=0)
     assert first.report is not None
     state = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["callbacks"][first.state_key]
-    assert state == {"captured": True, "capture_step": 1}
+    assert state == {"captured": True, "capture_step": 1, "captured_steps": [1]}
 
     profiled: list[Any] = []
-    real = callback_module.profile_captured
+    real = run_module.profile_captured
 
     def spy(*args: Any, **kwargs: Any) -> Report:
         profiled.append(kwargs["metadata"]["capture_step"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(callback_module, "profile_captured", spy)
+    monkeypatch.setattr(run_module, "profile_captured", spy)
     again = ComponentBenchmark(capture_step=1, **OPTS)
     other = ComponentBenchmark(capture_step=4, **OPTS)  # a second instance, not yet run: it profiles
     import lightning.pytorch as pl

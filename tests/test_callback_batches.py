@@ -79,7 +79,7 @@ def test_cli_flags_reach_the_engine(tmp_path: Path) -> None:
     (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, ComponentBenchmark)]
     assert cb.config.compile is True and cb.config.compile_top == 3
     assert cb.config.compile_options == {"backend": "eager", "dynamic": False}
-    assert cb._steps.count == 2
+    assert cb._schedule.batches == 2
 
 
 def test_capture_batches_is_validated() -> None:

@@ -46,6 +46,12 @@ def test_ddp_rank_zero_profiles_while_the_other_waits_and_all_ranks_profile_thei
         assert report.metadata["capture_step"] == 2
         assert {r.status for r in report.rows} == {"ok"}
 
+    # the series: rank 0 profiled both captures into step_<N>/, rank 1 none
+    assert [r["series_reports"] for r in ranks] == [[1, 3], []]
+    for step in (1, 3):
+        meta = Report.load(tmp_path / "series" / f"step_{step}").metadata
+        assert (meta["capture_step"], meta["capture_series"], meta["world_size"]) == (step, True, 2)
+
     # rank 0 logged both reports, each at its capture step
     acc = EventAccumulator(str(tmp_path / "tb" / "version_0"), size_guidance={"scalars": 0})
     acc.Reload()

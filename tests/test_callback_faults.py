@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import cb_callback._lightning.callback as callback_module
+import cb_callback._lightning.run as run_module
 import cb_callback._report.tensorboard as tensorboard_module
 from cb_callback import ComponentBenchmark
 from tests._callback_models import GatedModule, MLPModule, run_fit
@@ -119,7 +120,7 @@ def test_a_failing_profile_run_warns_writes_an_error_file_and_training_continues
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError("out of memory while profiling")
 
-    monkeypatch.setattr(callback_module, "profile_captured", broken)
+    monkeypatch.setattr(run_module, "profile_captured", broken)
     cb = ComponentBenchmark(capture_step=1, **OPTS)
     with pytest.warns(RuntimeWarning) as record:
         trainer, _, _ = run_fit(tmp_path, [cb], max_steps=3, logger=False)

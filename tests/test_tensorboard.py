@@ -40,7 +40,8 @@ def _report() -> Report:
         ComponentRow("enc.0", "Linear", 1, "", "ok", calls=2, fwd_ms=1.0, total_ms=1.0),
         ComponentRow("enc.1", "Linear", 1, "", "failed", error="boom"),
     ]  # fmt: skip
-    return Report(rows, {"device_name": "cpu", "dtype": "float32"})
+    # one capture of a series (capture_every): log_scalars=None logs the root and the 10 costliest
+    return Report(rows, {"device_name": "cpu", "dtype": "float32", "capture_series": True})
 
 
 def _read(logdir: Path) -> EventAccumulator:
@@ -166,7 +167,7 @@ def test_non_finite_values_are_skipped(value: float, monkeypatch: pytest.MonkeyP
 # --- which components get scalars ------------------------------------------------------------
 
 
-def _fifteen(config: dict[str, Any] | None = None) -> Report:
+def _fifteen(config: dict[str, Any] | None = None, series: bool = False) -> Report:
     """A root and 14 components: 3 blocks of attn + mlp, a norm called 3 times, one failed, one skipped."""
     rows = [
         ComponentRow(
@@ -188,7 +189,10 @@ def _fifteen(config: dict[str, Any] | None = None) -> Report:
         ))  # fmt: skip
         rows.append(ComponentRow(f"blocks.{b}.attn", "Attn", 3, f"blocks.{b}", "ok", calls=1, total_ms=12.0))
         rows.append(ComponentRow(f"blocks.{b}.mlp", "MLP", 3, f"blocks.{b}", "ok", calls=1, total_ms=8.0))
-    return Report(rows, {"device_name": "cpu", "config": config or {}})
+    meta: dict[str, Any] = {"device_name": "cpu", "config": config or {}}
+    if series:
+        meta["capture_series"] = True
+    return Report(rows, meta)
 
 
 # Time over the step (total_ms x calls) of the measured non-root rows: blocks 60, norm 9 x 3 = 27,
@@ -263,16 +267,20 @@ def test_log_scalars_from_the_config_the_constructor_wins() -> None:
     assert scalars(TensorBoardReporter(log_scalars=2), _fifteen({"log_scalars": 1})) == {"root", "blocks", "norm"}
     assert scalars(TensorBoardReporter(), _fifteen({"log_scalars": 0})) == set()
     assert len(scalars(TensorBoardReporter(), _fifteen({"log_scalars": "all"}))) == 13  # all but head and drop
-    # no config (an older report) or a value that is not valid: the default 10 -> the root and 10 more
-    assert len(scalars(TensorBoardReporter(), _fifteen())) == 11
-    assert len(scalars(TensorBoardReporter(), _fifteen({"log_scalars": "lots"}))) == 11
+    # None, no config (an older report) or a value that is not valid: the report decides. The run's
+    # only capture (one dot per chart is no chart): the root alone; a capture of a series: 10 more.
+    assert scalars(TensorBoardReporter(), _fifteen()) == {"root"}
+    assert scalars(TensorBoardReporter(), _fifteen({"log_scalars": None})) == {"root"}
+    assert len(scalars(TensorBoardReporter(), _fifteen(series=True))) == 11
+    assert len(scalars(TensorBoardReporter(), _fifteen({"log_scalars": "lots"}, series=True))) == 11
+    assert scalars(TensorBoardReporter(log_scalars=1), _fifteen()) == {"root", "blocks"}  # the constructor wins
     with pytest.raises(ValueError, match="log_scalars=-2"):
         TensorBoardReporter(log_scalars=-2)
 
 
 def test_benchmark_config_log_scalars() -> None:
-    # the reporter's fallback (for reports without it in their config) is the config's default
-    assert BenchmarkConfig().log_scalars == tensorboard_module.DEFAULT_LOG_SCALARS == 10
+    # the config's default leaves it to the report (root alone, or SERIES_LOG_SCALARS more in a series)
+    assert BenchmarkConfig().log_scalars is None and tensorboard_module.SERIES_LOG_SCALARS == 10
     assert BenchmarkConfig(log_scalars="all").to_metadata()["log_scalars"] == "all"
     assert BenchmarkConfig(log_scalars=0).log_scalars == 0
     for bad in (-1, True, "every", 1.5):
@@ -302,7 +310,7 @@ def test_no_layout_when_asked_or_without_scalars(tmp_path: Path) -> None:
         ("off", TensorBoardReporter(layout=False), {}),
         ("zero", TensorBoardReporter(), {"log_scalars": 0}),
     ):
-        reporter.write(_fifteen(config), ReportContext(output_dir=tmp_path / name))
+        reporter.write(_fifteen(config, series=True), ReportContext(output_dir=tmp_path / name))
         tags = _read(tmp_path / name).Tags()
         assert set(tags["tensors"]) == TEXTS, name
         # the default 10: root 8 + blocks 3 + norm 8 + blocks.0-2 4 each + 3 attns and 2 mlps 1 each

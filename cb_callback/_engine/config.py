@@ -108,7 +108,11 @@ class BenchmarkConfig:
         log_scalars: how many components :class:`cb_callback.reporters.TensorBoardReporter`
             logs scalars for, besides the root (always logged): the ``n`` measured
             components that cost the most time over the step (``total_ms * calls``,
-            at any depth); ``"all"``: every component; ``0``: no scalars at all.
+            at any depth); ``"all"``: every component; ``0``: no scalars at all;
+            ``None`` (default): the root's alone for a report that is the run's only
+            capture (one dot per chart is no chart: the table and icicles hold the
+            rest), the root and the 10 costliest components when the callback
+            captures the run several times (``metadata["capture_series"]``: curves).
             The engine does not use it: it reaches the reporter through
             ``report.metadata["config"]``.
         compile: the compile what-if: after every component's eager timing,
@@ -154,7 +158,7 @@ class BenchmarkConfig:
     artifacts: Sequence[str] = ()
     artifacts_top: int | None = None
     load_plugins: bool = True
-    log_scalars: int | Literal["all"] = 10
+    log_scalars: int | Literal["all"] | None = None
     compile: bool = False
     compile_options: Mapping[str, Any] | None = None
     compile_top: int | None = None
@@ -226,7 +230,7 @@ class BenchmarkConfig:
                 raise bad("device", str(e)) from None
         if self.dtype is not None and not isinstance(self.dtype, torch.dtype) and self.dtype not in _DTYPES:
             raise bad("dtype", f"expected a torch.dtype or one of {sorted(_DTYPES)}")
-        if self.log_scalars != "all":
+        if self.log_scalars not in ("all", None):
             non_negative_int("log_scalars")
         if self.progress is not None and not callable(self.progress):
             raise bad("progress", "expected a callable progress(done, total, path)")

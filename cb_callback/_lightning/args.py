@@ -15,7 +15,10 @@ from typing import Any
 from cb_callback._engine.config import BenchmarkConfig
 from cb_callback._lightning.placement import RANKS
 
-__all__ = ["ENGINE_OPTIONS", "FLAGS", "MODES", "check_callback_args"]
+__all__ = ["DISABLE_ENV", "ENGINE_OPTIONS", "FLAGS", "MODES", "check_callback_args", "disabled_by_env"]
+
+#: Environment variable that disables every ``ComponentBenchmark`` when set to a true value.
+DISABLE_ENV = "CB_DISABLE"
 
 #: ``"pause"``: profile in-process; ``"fork"``: in a spawned child.
 MODES = ("pause", "fork")
@@ -27,8 +30,36 @@ FLAGS = ("log_to_tensorboard", "stop_after", "enabled")
 ENGINE_OPTIONS = frozenset(f.name for f in dataclasses.fields(BenchmarkConfig)) - {"progress", "output_dir"}
 
 
+def disabled_by_env() -> bool:
+    """Whether ``CB_DISABLE`` is set to a true value (anything but empty, ``0``, ``false``, ``no``, ``off``)."""
+    return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_schedule(args: Mapping[str, Any]) -> None:
+    """``capture_every`` (an integer >= ``capture_batches``) or ``capture_steps`` (integers >= 0), not both;
+    ``stop_after`` needs a schedule with an end."""
+    every, steps, batches = args.get("capture_every"), args.get("capture_steps"), args["capture_batches"]
+    if every is not None and steps is not None:
+        raise ValueError("ComponentBenchmark: pass capture_every or capture_steps, not both")
+    if every is not None and (not _is_int(every) or every < batches):  # capture_batches is checked already
+        raise ValueError(
+            f"ComponentBenchmark(capture_every={every!r}): expected an integer >= capture_batches ({batches!r}), "
+            "so that one capture's steps end before the next one's begin"
+        )
+    if steps is not None and (
+        isinstance(steps, (str, bytes)) or not hasattr(steps, "__iter__") or not list(steps)
+        or not all(_is_int(x) and x >= 0 for x in steps)
+    ):  # fmt: skip
+        raise ValueError(f"ComponentBenchmark(capture_steps={steps!r}): expected a non-empty list of integers >= 0")
+    if every is not None and args["stop_after"]:
+        raise ValueError(
+            "ComponentBenchmark(stop_after=True, capture_every=...): capture_every has no last capture to stop "
+            "after; give capture_steps=[...] instead"
+        )
 
 
 def check_callback_args(args: Mapping[str, Any]) -> BenchmarkConfig:
@@ -51,6 +82,7 @@ def check_callback_args(args: Mapping[str, Any]) -> BenchmarkConfig:
         raise ValueError(f"ComponentBenchmark(capture_step={capture_step!r}): expected an integer >= 0")
     if not _is_int(args["capture_batches"]) or args["capture_batches"] < 1:
         raise ValueError(f"ComponentBenchmark(capture_batches={args['capture_batches']!r}): expected an integer >= 1")
+    _check_schedule(args)
     for name, allowed in (("mode", MODES), ("ranks", RANKS)):
         if args[name] not in allowed:
             raise ValueError(f"ComponentBenchmark({name}={args[name]!r}): expected one of {allowed}")

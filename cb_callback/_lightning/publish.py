@@ -14,7 +14,7 @@ import dataclasses
 import errno
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ __all__ = [
     "open_writer",
     "report_failure",
     "save_files",
+    "tensorboard",
     "write_error_file",
     "write_files",
 ]
@@ -132,6 +133,15 @@ def report_failure(step: int, output_dir: Path | None, error: BaseException) -> 
     elif output_dir is not None:
         message += f" ({ERROR_FILE} could not be written in {output_dir} either.)"
     warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def tensorboard(loggers: Sequence[Any], logger_type: type, enabled: bool) -> TensorBoardTarget | None:
+    """The first of ``loggers`` of ``logger_type`` (Lightning's ``TensorBoardLogger``, passed in: this
+    module imports no Lightning) as a target; ``None`` if there is none or ``enabled`` is false."""
+    logger: Any = next((lg for lg in loggers if isinstance(lg, logger_type)), None)
+    if logger is None or not enabled:
+        return None
+    return TensorBoardTarget(logger.log_dir, lambda: logger.experiment)
 
 
 def open_writer(target: TensorBoardTarget | None) -> Any:

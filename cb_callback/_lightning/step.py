@@ -61,6 +61,8 @@ class StepCaptures:
     def __init__(self, first_step: int, count: int) -> None:
         self.first_step, self.count = first_step, count
         self.taken = 0
+        #: The steps taken, in order (the first names the capture).
+        self.steps: list[int] = []
         self.captures: list[Capture] = []
         self._last: int | None = None  # the last step taken
         self._next: int | None = None  # the step being captured
@@ -76,6 +78,8 @@ class StepCaptures:
         """Take the step :meth:`take` began (its capture on a rank that profiles); return whether all are taken."""
         self.taken += 1
         self._last = self._next
+        if self._next is not None:
+            self.steps.append(self._next)
         if capture is not None:
             self.captures.append(capture)
         return self.taken >= self.count
@@ -122,6 +126,7 @@ def plan(
     output_dir: Path | None,
     capture_batch_size: int | None,
     time_bound_s: float | None,
+    series: bool = False,
 ) -> tuple[BenchmarkConfig, dict[str, Any]]:
     """The options of the captured step's profile, and what its report's metadata adds.
 
@@ -139,10 +144,12 @@ def plan(
         capture_batch_size: the samples kept per input; with it (and no
             ``config.batch_size``) the inputs are replicated to the real batch size.
         time_bound_s: a budget for ``max_total_time_s`` (DDP), ``None`` to keep it.
+        series: the run captures several times (``capture_every``/``capture_steps``).
 
     Returns:
         The options, and the metadata: ``capture_step``, ``mode``, ``global_rank``,
-        ``world_size``, ``precision``, ``lightning_module``, ``real_batch_size``.
+        ``world_size``, ``precision``, ``lightning_module``, ``real_batch_size``, and
+        ``capture_series`` (``True``) when the run captures several times.
     """
     opts: dict[str, Any] = {"output_dir": None if output_dir is None else str(output_dir)}
     dtype = peak_dtype(precision) if config.dtype is None else None
@@ -161,6 +168,8 @@ def plan(
         "lightning_module": f"{module.__module__}.{module.__qualname__}",
         "real_batch_size": capture.batch_size,
     }
+    if series:
+        metadata["capture_series"] = True
     return config.replace(**opts), metadata
 
 

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from cb_callback._report.model import ComponentRow, Report
 
 __all__ = [
-    "DEFAULT_LOG_SCALARS",
     "ICICLE_IMAGE_METRICS",
     "SCALAR_METRICS",
+    "SERIES_LOG_SCALARS",
     "TAG_PREFIX",
     "TensorBoardReporter",
     "log_report",
@@ -48,8 +48,10 @@ SCALAR_METRICS: tuple[str, ...] = (
     "total_ms", "fwd_ms", "bwd_ms", "mfu", "tflops", "peak_mem_mb", "gbps", "bw_util",
 )  # fmt: skip
 
-#: Components with scalars besides the root when the report's config does not say.
-DEFAULT_LOG_SCALARS = 10
+#: Components with scalars besides the root when the config leaves it to the report
+#: (``log_scalars=None``) and the report is one capture of a series (curves); the
+#: run's only capture gets the root's alone (one dot per chart is no chart).
+SERIES_LOG_SCALARS = 10
 
 #: The Custom Scalars dashboard's categories: title -> ((chart title, metric), ...).
 _LAYOUT: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
@@ -82,22 +84,26 @@ def _step_time(row: ComponentRow) -> float:
 
 
 def _check_log_scalars(value: Any) -> int | str:
-    if value == "all" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+    if value in ("all", "root") or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
         return value
     raise ValueError(f"log_scalars={value!r} is invalid: expected an integer >= 0 or 'all'")
 
 
 def _configured_log_scalars(report: Report) -> int | str:
-    """``report.metadata["config"]["log_scalars"]``; :data:`DEFAULT_LOG_SCALARS` when absent or invalid."""
+    """``report.metadata["config"]["log_scalars"]``; when it is ``None``, absent or invalid: the root's
+    alone (``"root"``), or :data:`SERIES_LOG_SCALARS` more for a capture of a series
+    (``metadata["capture_series"]``)."""
     config = report.metadata.get("config")
-    value = config.get("log_scalars", DEFAULT_LOG_SCALARS) if isinstance(config, dict) else DEFAULT_LOG_SCALARS
+    value = config.get("log_scalars") if isinstance(config, dict) else None
     try:
-        return _check_log_scalars(value)
+        if value is not None:
+            return _check_log_scalars(value)
     except ValueError:
-        return DEFAULT_LOG_SCALARS
+        pass
+    return SERIES_LOG_SCALARS if report.metadata.get("capture_series") else "root"
 
 
-def scalar_rows(report: Report, log_scalars: int | str = DEFAULT_LOG_SCALARS) -> list[ComponentRow]:
+def scalar_rows(report: Report, log_scalars: int | str = SERIES_LOG_SCALARS) -> list[ComponentRow]:
     """The rows :func:`log_report` writes scalars for, in the order it writes them.
 
     Args:
@@ -106,7 +112,8 @@ def scalar_rows(report: Report, log_scalars: int | str = DEFAULT_LOG_SCALARS) ->
             (status ``ok`` or ``estimated``, at any depth: a container and its
             children may both be chosen) with the largest time over the step,
             ``total_ms * max(calls, 1)``, largest first, ties in report order;
-            ``"all"``: every row, in report order; ``0``: none (not even the root).
+            ``"all"``: every row, in report order; ``"root"``: the root(s) alone;
+            ``0``: none (not even the root).
 
     Returns:
         The rows. A root is a row with no parent in the report (normally just
@@ -123,6 +130,8 @@ def scalar_rows(report: Report, log_scalars: int | str = DEFAULT_LOG_SCALARS) ->
         return []
     paths = {r.path for r in report.rows}
     roots = [r for r in report.rows if r.parent is None or r.parent not in paths]
+    if limit == "root":
+        return roots
     root_paths = {r.path for r in roots}
     measured = [
         r for r in report.rows
@@ -196,8 +205,9 @@ def log_report(
         report: the report to log.
         step: the global step the values are logged at.
         log_scalars: which components get scalars (see :func:`scalar_rows`);
-            ``None``: the report's ``metadata["config"]["log_scalars"]``, else
-            :data:`DEFAULT_LOG_SCALARS`.
+            ``None``: the report's ``metadata["config"]["log_scalars"]``; when that
+            is ``None`` too, the root alone, or :data:`SERIES_LOG_SCALARS` more for a
+            capture of a series.
         layout: also write the Custom Scalars layout. A run has one layout:
             pass ``False`` when the run writes its own.
 
@@ -243,7 +253,8 @@ class TensorBoardReporter:
     Args:
         log_scalars: which components get scalars (:func:`scalar_rows`);
             ``None`` (default): the report's ``metadata["config"]["log_scalars"]``
-            (:class:`cb_callback.BenchmarkConfig`), else :data:`DEFAULT_LOG_SCALARS`.
+            (:class:`cb_callback.BenchmarkConfig`); when that is ``None`` too, the root
+            alone, or :data:`SERIES_LOG_SCALARS` more for a capture of a series.
         layout: also write the Custom Scalars layout (``False``: the run has its own).
 
     Raises:
