@@ -248,10 +248,16 @@ def test_only_the_callback_module_imports_lightning() -> None:
 
 
 @pytest.mark.parametrize(
-    "statement", ["import cb_callback", "import cb_callback.reporters", "from cb_callback import *"]
+    ("statement", "absent"),
+    [
+        # the engine alone: torch, and nothing heavy beside it (issue 15: a light import)
+        ("import cb_callback", ("lightning", "pytorch_lightning", "pandas", "matplotlib", "tensorboard", "plotly")),
+        ("from cb_callback import *", ("lightning", "pytorch_lightning", "pandas", "matplotlib", "tensorboard")),
+        ("import cb_callback.reporters", ("lightning", "pytorch_lightning")),
+    ],
 )
-def test_importing_does_not_import_lightning(statement: str) -> None:
-    lightning = "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
-    code = f"import sys\n{statement}\n{lightning}"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+def test_importing_does_not_import_what_it_does_not_need(statement: str, absent: tuple[str, ...]) -> None:
+    found = f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({absent!r})))"
+    out = subprocess.run([sys.executable, "-c", f"import sys\n{statement}\n{found}"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
 import json
 import math
 import shutil
@@ -10,8 +15,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
-
-import pandas as pd
 
 from cb_callback._report.schema import STATUSES
 
@@ -247,6 +250,8 @@ class Report:
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per component with exactly the columns of :data:`COLUMNS`."""
+        import pandas as pd  # only here: importing cb_callback does not import pandas
+
         return pd.DataFrame([{c: getattr(r, c) for c in COLUMNS} for r in self.rows], columns=list(COLUMNS))
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
 import copy
 import dataclasses
 import math
@@ -10,7 +15,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
 import torch
 from torch import nn
 
@@ -142,6 +146,8 @@ class Comparison:
         then dtype_ref, dtype_cand, mismatch."""
         cols = ["name", "shape_ref", "shape_cand", "max_abs", "max_rel", "rtol", "atol", "ok",
                 "dtype_ref", "dtype_cand", "mismatch"]  # fmt: skip
+        import pandas as pd  # only here: importing cb_callback does not import pandas
+
         return pd.DataFrame([{c: getattr(t, c) for c in cols} for t in self.tensors], columns=cols)
 
     def summary(self) -> str:
