@@ -3,24 +3,39 @@
 from __future__ import annotations
 
 import argparse
-import fnmatch
-import math
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from cb_callback._report.diff import compare_reports, format_diff
-from cb_callback._report.discover import resolve_report_dir
-from cb_callback._report.model import COLUMNS, ComponentRow, Report
-from cb_callback._report.table import format_rows
+from cb_callback._report.discover import (
+    REPORT_FILE,
+    Resolved,
+    StepNotFoundError,
+    describe,
+    resolve_report_dir,
+    split_location,
+)
+from cb_callback._report.listing import format_listing, select_rows
+from cb_callback._report.model import COLUMNS, Report
 
 __all__ = ["main"]
 
 _TRUST = "Snapshots are pickles: only replay snapshots you trust."
 _DIFF_METRICS = tuple(c for c in COLUMNS if c.endswith(("_ms", "_mb", "flops", "bytes", "gbps", "mfu", "util")))
 _DIFF_SORTS = ("change", "path", "a", "b", "ratio")
+_REPORT_SORTS = tuple(c for c in COLUMNS if c not in ("error", "note"))
+_LOCATION_HELP = (
+    "directory with {file} (or the file), or a directory above such as a Lightning log directory: the newest "
+    "{what} under it is taken (which one, and the capture steps there, is said on stderr); DIR@N: the {what} of "
+    "capture step N under DIR"
+)
+_STEP_HELP = (
+    "take the {what} of capture step N (ComponentBenchmark(capture_every=...) writes one per capture, "
+    "under step_<N>/); a step not there exits 2 naming the steps that are"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,9 +50,11 @@ def _parser() -> argparse.ArgumentParser:
         help="profile a snapshot (written by ComponentBenchmark(mode='fork')) offline",
         description=f"Profile a snapshot offline, e.g. on another machine or GPU. Exit status: 0 profiled "
         "and written, 1 profiled but the report files could not be written, 2 could not replay (the "
-        f"snapshot cannot be read, the device is not available, an invalid option). {_TRUST}",
+        "snapshot cannot be read, none of the capture step asked for, the device is not available, an invalid "
+        "option). Progress goes to stderr: on a terminal one line rewritten in place; into a file or a pipe "
+        f"plain lines, one per level of timing rounds. {_TRUST}",
     )
-    replay.add_argument("snapshot", metavar="SNAPSHOT_DIR", type=Path, help="directory with snapshot.pt")
+    _add_snapshot(replay)
     replay.add_argument(
         "--device",
         default=None,
@@ -45,9 +62,9 @@ def _parser() -> argparse.ArgumentParser:
         "captured on when this machine has it, else cpu",
     )
     replay.add_argument(
-        "--out", type=Path, default=None, help="where the report files go; default: SNAPSHOT_DIR/replay"
+        "--out", type=Path, default=None, help="where the report files go; default: the snapshot's directory/replay"
     )
-    replay.add_argument("--top", type=int, default=10, help="hotspots to print (default 10)")
+    replay.add_argument("--top", type=_count, default=10, metavar="K", help="hotspots to print (default 10)")
     _add_compile(replay, top=True)
     replay.add_argument(
         "--script",
@@ -61,23 +78,31 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser(
         "report",
         help="print a saved report's summary and hotspots",
-        description="Print a saved report's summary and hotspots. Exit status: 0 printed, 2 no report "
-        "or one that cannot be read (not JSON, not a report's schema).",
+        description="Print a saved report's summary and hotspots; with --sort, --filter or --depth, the selected "
+        "components in place of the hotspots (one listing). Exit status: 0 printed, 2 no report, none of "
+        "the capture step asked for, or one that cannot be read (not JSON, not a report's schema).",
     )
+    report.add_argument("report", metavar="DIR", help=_LOCATION_HELP.format(what="report", file=REPORT_FILE))
+    report.add_argument("--step", type=_count, default=None, metavar="N", help=_STEP_HELP.format(what="report"))
     report.add_argument(
-        "report",
-        metavar="DIR",
-        type=Path,
-        help="directory with report.json (or the file), or a directory above reports such as a "
-        "Lightning log directory (the newest report under it is taken)",
+        "--top",
+        type=_count,
+        default=None,
+        metavar="K",
+        help="component lines to print: the K hotspots (default 10); with --sort, --filter or --depth the "
+        "first K of the selected components (default all)",
     )
-    report.add_argument("--top", type=int, default=10, help="hotspots to print (default 10)")
     report.add_argument("--html", action="store_true", help="(re)write report.html beside report.json")
-    _add_selection(report, sorts=tuple(c for c in COLUMNS if c not in ("error", "note")), default_sort=None)
+    _add_selection(report, sorts=_REPORT_SORTS, default_sort=None)
 
-    diff = sub.add_parser("diff", help="compare two saved reports component by component")
-    diff.add_argument("a", metavar="A", type=Path, help="baseline report (a directory as for cb report)")
-    diff.add_argument("b", metavar="B", type=Path, help="report to compare with A")
+    diff = sub.add_parser(
+        "diff",
+        help="compare two saved reports component by component",
+        description="Compare two saved reports component by component: two runs, or two captures of one run "
+        "(cb diff DIR@10 DIR@500). Exit status: 0 compared, 2 a report missing or unreadable.",
+    )
+    diff.add_argument("a", metavar="A", help="baseline report: a location as for cb report, DIR@N for capture step N")
+    diff.add_argument("b", metavar="B", help="report to compare with A (as A)")
     diff.add_argument(
         "--metric", default="total_ms", choices=_DIFF_METRICS, help="column to compare (default total_ms)"
     )
@@ -91,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
         "compare outputs and gradients, and time both. Exit status: 0 equivalent, 1 not equivalent, "
         f"2 could not compare. {_TRUST}",
     )
-    compare.add_argument("snapshot", metavar="SNAPSHOT_DIR", type=Path, help="directory with snapshot.pt")
+    _add_snapshot(compare)
     compare.add_argument("--path", required=True, help="the component's dotted path ('' for the root)")
     compare.add_argument(
         "--candidate",
@@ -132,19 +157,46 @@ def _compile_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _add_selection(p: argparse.ArgumentParser, sorts: Sequence[str], default_sort: str | None) -> None:
+    report = default_sort is None  # cb report: sorts by a column; cb diff: by its own keys
     p.add_argument(
         "--sort",
         default=default_sort,
         choices=sorts,
-        help="order of the component lines" + (f" (default {default_sort})" if default_sort else ""),
+        metavar="COLUMN" if report else "KEY",
+        help=(
+            "list the components by this report column (numbers largest first, names A to Z, missing "
+            "values last), shown as the last column when the summary has none for it; one of: " + ", ".join(sorts)
+            if report
+            else f"order of the component lines, one of: {', '.join(sorts)} (default {default_sort})"
+        ),
     )
-    p.add_argument("--depth", type=int, default=None, help="only components this deep or shallower (root 0)")
+    p.add_argument(
+        "--depth", type=_count, default=None, metavar="D", help="only components D deep or shallower (root 0)"
+    )
     p.add_argument(
         "--filter",
         default=None,
         metavar="PATTERN",
-        help="only components whose path matches: a glob (blocks.*.attn) or a substring",
+        help="only components whose path or module type matches, case-insensitively: a substring (attn, "
+        "Conv2d), or with * ? [ a glob that matches the whole path or the whole type (blocks.*.attn, Conv*)",
     )
+
+
+def _add_snapshot(p: argparse.ArgumentParser) -> None:
+    """``SNAPSHOT_DIR`` and ``--step``: a snapshot found as ``cb report`` finds reports."""
+    p.add_argument("snapshot", metavar="SNAPSHOT_DIR", help=_LOCATION_HELP.format(what="snapshot", file="snapshot.pt"))
+    p.add_argument("--step", type=_count, default=None, metavar="N", help=_STEP_HELP.format(what="snapshot"))
+
+
+def _count(text: str) -> int:
+    """An integer >= 0 (a depth, a count, a step), for argparse."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
 
 
 def _default_device(recorded: str | None) -> tuple[str, str | None]:
@@ -161,7 +213,47 @@ def _default_device(recorded: str | None) -> tuple[str, str | None]:
     return recorded, None
 
 
-def _device(args: argparse.Namespace) -> str | None:
+def _location(text: str, step: int | None) -> tuple[Path, int | None] | None:
+    """``(directory, step)`` of a location argument (``DIR@N`` split); ``None`` after one line on stderr.
+
+    ``DIR@N`` and ``--step`` may both be given only when they agree.
+    """
+    path, at = split_location(text)
+    if at is not None and step is not None and at != step:
+        print(f"cb: error: {text} and --step {step} name different steps", file=sys.stderr)
+        return None
+    return path, (at if at is not None else step)
+
+
+def _resolved(
+    text: str, step: int | None, find: Callable[[Path, int | None], Resolved], what: str, filename: str
+) -> Path | None:
+    """The directory a location names (saying on stderr which one, when searched); ``None``: there is none."""
+    where = _location(text, step)
+    if where is None:
+        return None
+    try:
+        resolved = find(*where)
+    except (FileNotFoundError, StepNotFoundError) as e:
+        print(f"cb: error: {e}", file=sys.stderr)
+        return None
+    except OSError as e:
+        print(f"cb: error: cannot read a {what} at {where[0]}: {e}", file=sys.stderr)
+        return None
+    line = describe(resolved, what, filename)
+    if line is not None:
+        print(line, file=sys.stderr)
+    return resolved.directory
+
+
+def _snapshot_dir(args: argparse.Namespace) -> Path | None:
+    """The snapshot ``replay`` / ``compare`` take: ``SNAPSHOT_DIR`` itself or the newest (of ``--step``) under it."""
+    from cb_callback._whatif.snapshot import SNAPSHOT_FILE, resolve_snapshot_dir
+
+    return _resolved(args.snapshot, args.step, resolve_snapshot_dir, "snapshot", SNAPSHOT_FILE)
+
+
+def _device(args: argparse.Namespace, snapshot: Path) -> str | None:
     """Where ``replay`` / ``compare`` run (printing why when not the recorded device); ``None``: not here.
 
     ``None`` after one line on stderr saying why the device cannot be used
@@ -170,7 +262,7 @@ def _device(args: argparse.Namespace) -> str | None:
     """
     from cb_callback._whatif.snapshot import device_problem, read_description
 
-    recorded = read_description(args.snapshot).get("metadata", {}).get("capture_device")
+    recorded = read_description(snapshot).get("metadata", {}).get("capture_device")
     device, note = (args.device, None) if args.device is not None else _default_device(recorded)
     if note is not None:
         print(f"cb: {note}")
@@ -185,24 +277,31 @@ def _device(args: argparse.Namespace) -> str | None:
 def _replay(args: argparse.Namespace) -> int:
     from cb_callback._whatif.snapshot import SnapshotError, load_snapshot
 
-    device = _device(args)
+    directory = _snapshot_dir(args)
+    if directory is None:
+        return 2
+    device = _device(args, directory)
     if device is None:
         return 2
-    out = args.out if args.out is not None else args.snapshot / "replay"
-    print(f"cb: loading {args.snapshot} ({_TRUST.lower()})")
+    out = args.out if args.out is not None else directory / "replay"
+    print(f"cb: loading {directory} ({_TRUST.lower()})")
     try:
-        snapshot = load_snapshot(args.snapshot, map_location=device, script=args.script)
+        snapshot = load_snapshot(directory, map_location=device, script=args.script)
         options = _compile_options(args)
-        snapshot.benchmark_config(device=device, **options)  # an invalid option fails here, not mid-way
+        cfg = snapshot.benchmark_config(device=device, **options)  # an invalid option fails here, not mid-way
     except (SnapshotError, ValueError) as e:
         print(f"cb: error: {e}", file=sys.stderr)
         return 2
+    from cb_callback._engine.progress import ConsoleProgress
     from cb_callback._lightning.publish import error_line
     from cb_callback._report.context import ReportContext
     from cb_callback._report.files import FileReporter
 
-    report = snapshot.profile(device=device, output_dir=out, progress=_progress, **options)
-    print(file=sys.stderr)
+    progress = ConsoleProgress.for_run(snapshot.model, snapshot.batches, cfg, sys.stderr)
+    try:
+        report = snapshot.profile(device=device, output_dir=out, progress=progress, **options)
+    finally:
+        progress.close()
     step = int(snapshot.metadata.get("capture_step", 0) or 0)
     try:
         written = FileReporter().write(report, ReportContext(output_dir=out, step=step))
@@ -213,10 +312,6 @@ def _replay(args: argparse.Namespace) -> int:
     print(report.summary(top=args.top))
     print(f"\ncb: report written to {out} ({', '.join(p.name for p in written)})")
     return 0
-
-
-def _progress(done: int, total: int, path: str) -> None:
-    print(f"\rcb: profiled {done}/{total} components ({path or 'root'})\033[K", end="", file=sys.stderr)
 
 
 def _unreadable(where: Path, e: BaseException) -> str:
@@ -236,63 +331,38 @@ def _unreadable(where: Path, e: BaseException) -> str:
     return f"cannot read a report at {where}: {reason}"
 
 
-def _load(path: Path) -> Report | None:
-    """The report at (or newest under) ``path``; ``None`` after one line on stderr saying why not."""
-    try:
-        directory, others = resolve_report_dir(path)
-    except OSError as e:
-        print(f"cb: error: cannot read a report at {path}: {e}", file=sys.stderr)
+def _load(location: str, step: int | None = None) -> tuple[Report, Path] | None:
+    """The report ``location`` names and its directory; ``None`` after one line on stderr saying why not."""
+    directory = _resolved(location, step, resolve_report_dir, "report", REPORT_FILE)
+    if directory is None:
         return None
     try:
-        report = Report.load(directory)
+        return Report.load(directory), directory
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        print(f"cb: error: {_unreadable(directory / Report.REPORT_FILE, e)}", file=sys.stderr)
+        print(f"cb: error: {_unreadable(directory / REPORT_FILE, e)}", file=sys.stderr)
         return None
-    if directory != path and directory != path.parent:
-        more = f" ({len(others)} older report(s) under it too)" if others else ""
-        print(f"cb: using {directory / 'report.json'}{more}", file=sys.stderr)
-    report.metadata.setdefault("_directory", str(directory))
-    return report
-
-
-def _selected(report: Report, depth: int | None, pattern: str | None) -> list[ComponentRow]:
-    rows = [r for r in report.rows if depth is None or r.depth <= depth]
-    if pattern:
-        if any(ch in pattern for ch in "*?["):
-            rows = [r for r in rows if fnmatch.fnmatchcase(r.path or "(root)", pattern)]
-        else:
-            rows = [r for r in rows if pattern.lower() in (r.path or "(root)").lower()]
-    return rows
 
 
 def _report(args: argparse.Namespace) -> int:
-    report = _load(args.report)
-    if report is None:
+    loaded = _load(args.report, args.step)
+    if loaded is None:
         return 2
-    directory = Path(report.metadata.pop("_directory"))
+    report, directory = loaded
+    selecting = bool(args.sort or args.filter or args.depth is not None)
     try:
-        summary = report.summary(top=args.top)
+        # With a selection its listing replaces the hotspots: one component listing, the one asked for.
+        summary = report.summary(top=0 if selecting else (10 if args.top is None else args.top))
+        listing = (
+            format_listing(report, sort=args.sort, depth=args.depth, pattern=args.filter, top=args.top)
+            if selecting
+            else []
+        )
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # values of the wrong type in a row
-        print(f"cb: error: {_unreadable(directory / Report.REPORT_FILE, e)}", file=sys.stderr)
+        print(f"cb: error: {_unreadable(directory / REPORT_FILE, e)}", file=sys.stderr)
         return 2
     print(summary)
-    if args.sort or args.depth is not None or args.filter:
-        rows = _selected(report, args.depth, args.filter)
-        if args.sort:
-            key = args.sort
-
-            def value(r: ComponentRow) -> Any:
-                v = getattr(r, key)
-                return (0, -v) if isinstance(v, (int, float)) and math.isfinite(v) else (1, str(v))
-
-            rows = sorted(
-                rows,
-                key=value
-                if key not in ("path", "module_type", "status", "parent", "bound")
-                else (lambda r: str(getattr(r, key))),
-            )
-        print(f"\ncomponents ({len(rows)} of {len(report.rows)}):")
-        print(format_rows(rows))
+    if listing:
+        print("\n" + "\n".join(listing))
     if args.html:
         from cb_callback._report.html import write_html
 
@@ -300,21 +370,16 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt(value: float) -> str:
-    return f"{value:.4g}" if math.isfinite(value) else "-"
-
-
 def _diff(args: argparse.Namespace) -> int:
-    a, b = _load(args.a), _load(args.b)
-    if a is None or b is None:
+    loaded_a, loaded_b = _load(args.a), _load(args.b)
+    if loaded_a is None or loaded_b is None:
         return 2  # could not compare: as every command that could not do its work
-    a.metadata.pop("_directory", None)
-    b.metadata.pop("_directory", None)
+    (a, _), (b, _) = loaded_a, loaded_b
     print(f"A: {args.a}  ({a.metadata.get('device_name', '?')}, {a.metadata.get('dtype', '?')})")
     print(f"B: {args.b}  ({b.metadata.get('device_name', '?')}, {b.metadata.get('dtype', '?')})")
     d = compare_reports(a, b, args.metric)
-    keep = {r.path for r in _selected(b, args.depth, args.filter)} | {
-        r.path for r in _selected(a, args.depth, args.filter)
+    keep = {
+        r.path for r in [*select_rows(a.rows, args.depth, args.filter), *select_rows(b.rows, args.depth, args.filter)]
     }
     print("\n".join(format_diff(d, sort=args.sort, paths=keep)))
     if args.html is not None:
@@ -406,12 +471,15 @@ def _compare_cmd(args: argparse.Namespace) -> int:
     from cb_callback._whatif.compare import compare_components
     from cb_callback._whatif.snapshot import SnapshotError, load_snapshot, precision_context
 
-    device = _device(args)
+    directory = _snapshot_dir(args)
+    if directory is None:
+        return 2
+    device = _device(args, directory)
     if device is None:
         return 2
-    print(f"cb: loading {args.snapshot} ({_TRUST.lower()})")
+    print(f"cb: loading {directory} ({_TRUST.lower()})")
     try:
-        snapshot = load_snapshot(args.snapshot, map_location=device, script=args.script)
+        snapshot = load_snapshot(directory, map_location=device, script=args.script)
         factory = _candidate_factory(args.candidate)
         cfg = snapshot.benchmark_config(device=device, output_dir=None, reporters=(), **_compile_options(args))
     except (SnapshotError, ValueError) as e:

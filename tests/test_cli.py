@@ -82,7 +82,7 @@ def test_report_prints_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["report", str(tmp_path), "--top", "1"]) == 0
     assert capsys.readouterr().out == Report.load(tmp_path).summary(top=1) + "\n"
     assert main(["report", str(tmp_path / "missing")]) == 2  # no report: could not do it
-    assert "cb: error: cannot read a report at" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"cb: error: no report.json at or under {tmp_path / 'missing'}\n"
 
 
 def test_diff_prints_per_path_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

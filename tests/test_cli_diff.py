@@ -86,7 +86,8 @@ def test_cb_report_finds_the_report_under_a_lightning_log_dir(
     assert main(["report", str(logs / "version_0"), "--html", "--filter", "a"]) == 0
     captured = capsys.readouterr()
     assert f"cb: using {logs / 'version_0' / 'component_benchmark' / 'report.json'}" in captured.err
-    assert "components (1 of 2):" in captured.out
+    # the one listing: "a" matches the path a (and its type, Linear), not the root (Net)
+    assert "\ncomponents (1 of 2; filter 'a' (path or type); in the report's order):\n" in captured.out
     assert (logs / "version_0" / "component_benchmark" / "report.html").is_file()
     assert main(["report", str(tmp_path / "empty")]) == 2  # no report: could not do it (cb report --help)
     assert "no report.json at or under" in capsys.readouterr().err

@@ -153,9 +153,13 @@ def test_compare_and_replay_help_promise_these_statuses() -> None:
     assert "Exit status: 0 equivalent, 1 not equivalent, 2 could not compare." in sub["compare"].description
     assert (
         "Exit status: 0 profiled and written, 1 profiled but the report files could not be written, 2 could "
-        "not replay (the snapshot cannot be read, the device is not available, an invalid option)."
+        "not replay (the snapshot cannot be read, none of the capture step asked for, the device is not "
+        "available, an invalid option)."
     ) in sub["replay"].description
-    assert "Exit status: 0 printed, 2 no report or one that cannot be read" in sub["report"].description
+    assert (
+        "Exit status: 0 printed, 2 no report, none of the capture step asked for, or one that cannot be read"
+    ) in sub["report"].description
+    assert "Exit status: 0 compared, 2 a report missing or unreadable." in sub["diff"].description
 
 
 # --- cb replay / compare on a device this machine does not have -------------------------------

@@ -75,6 +75,8 @@ def test_routes_serve_runs_page_scripts_and_only_the_reports_files(logdir: Path)
     assert runs == [
         {
             "run": "version_0/component_benchmark",
+            "group": "version_0/component_benchmark",  # one capture: its own run
+            "newest": True,
             "step": 3,
             "components": 4,
             "created_at": runs[0]["created_at"],
@@ -172,3 +174,91 @@ def test_the_components_tab_renders_the_tree(browser: object, tensorboard_url: s
         body = urllib.request.urlopen(href, timeout=10).read().decode()
         assert body.startswith("name,calls")  # the artifact link resolves through the plugin's route
         assert [e for e in log.errors if "components" in e] == []
+
+
+# --- one run, several captures (ComponentBenchmark(capture_every=N)) -----------------------------
+
+CAPTURES = (8, 10, 500)  # by name step_10 < step_500 < step_8: neither the name's order nor the first is the newest
+
+
+@pytest.fixture(scope="module")
+def stepped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """version_0: a capture every N steps (step_<N>/report.json, written in step order); version_1: one capture."""
+    import os
+
+    from cb_callback import ComponentRow, Report
+
+    root = tmp_path_factory.mktemp("tbsteps")
+    for i, step in enumerate(CAPTURES):
+        out = root / "version_0" / "component_benchmark" / f"step_{step}"
+        Report([ComponentRow("", "Net", 0, None, "ok", calls=1, total_ms=1.0)], {"capture_step": step}).save(out)
+        os.utime(out / "report.json", (1_000 + i, 1_000 + i))
+    single = root / "version_1" / "component_benchmark"
+    Report([ComponentRow("", "Net", 0, None, "ok", calls=1, total_ms=1.0)], {"capture_step": 3}).save(single)
+    os.utime(single / "report.json", (500, 500))  # older than every capture of version_0
+    return root
+
+
+def test_runs_list_each_capture_by_step_and_mark_the_newest(stepped: Path) -> None:
+    runs = json.loads(_app(stepped).get("/runs").get_data())
+    # grouped by run, each run's captures by step (8 < 10 < 500, not by name); the newest written
+    # (version_0's step 500, mtime 1002) is the one the tab shows first
+    assert [(r["group"], r["run"], r["step"], r["newest"]) for r in runs] == [
+        ("version_0/component_benchmark", "version_0/component_benchmark/step_8", 8, False),
+        ("version_0/component_benchmark", "version_0/component_benchmark/step_10", 10, False),
+        ("version_0/component_benchmark", "version_0/component_benchmark/step_500", 500, True),
+        ("version_1/component_benchmark", "version_1/component_benchmark", 3, False),
+    ]
+
+
+@pytest.fixture(scope="module")
+def plugin_url(stepped: Path) -> Iterator[str]:
+    """The plugin's routes under TensorBoard's prefix, plus a page that loads the tab as TensorBoard does."""
+    import threading
+
+    from tensorboard.plugins import base_plugin
+    from werkzeug.serving import make_server
+    from werkzeug.wrappers import Response
+
+    routes = ComponentsPlugin(base_plugin.TBContext(logdir=str(stepped))).get_plugin_apps()
+    prefix = "/data/plugin/components"
+    harness = f'<!doctype html><script type="module">import {{render}} from "{prefix}/index.js"; render();</script>'
+
+    def app(environ: dict, start_response: object) -> object:
+        path = environ["PATH_INFO"]
+        if path == "/":
+            return Response(harness, mimetype="text/html")(environ, start_response)
+        if path == "/favicon.ico":  # the browser asks; TensorBoard has one
+            return Response(b"", status=204)(environ, start_response)
+        handler = routes.get(path.removeprefix(prefix)) if path.startswith(prefix) else None
+        if handler is None:
+            return Response("", status=404)(environ, start_response)
+        return handler(environ, start_response)
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+
+
+def test_the_tab_shows_the_newest_capture_and_lists_the_others_by_step(browser: object, plugin_url: str) -> None:
+    with new_page(browser) as (page, log):
+        page.goto(plugin_url + "/")
+        page.locator("#cb-run option").nth(3).wait_for(state="attached")
+        assert page.locator("#cb-run").input_value() == "version_0/component_benchmark/step_500"
+        groups = page.locator("#cb-run optgroup").evaluate_all("gs => gs.map(g => g.label)")
+        assert groups == ["version_0/component_benchmark", "version_1/component_benchmark"]
+        labels = page.locator("#cb-run option").evaluate_all("os => os.map(o => o.textContent)")
+        assert labels == [
+            "step 8 (1 components)",
+            "step 10 (1 components)",
+            "step 500 (1 components)",
+            "step 3 (1 components)",
+        ]
+        src = page.locator("#cb-report").get_attribute("src") or ""
+        assert src.endswith("report?run=version_0%2Fcomponent_benchmark%2Fstep_500")
+        assert log.errors == []

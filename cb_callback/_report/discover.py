@@ -1,14 +1,111 @@
-"""Find component reports under a directory (a Lightning log directory, a TensorBoard logdir)."""
+"""Find component reports under a directory (a Lightning log directory, a TensorBoard logdir), pick one by step.
+
+The rules the ``cb`` commands and the TensorBoard tab share:
+
+- a directory that holds the file (``report.json``, a snapshot's ``snapshot.pt``)
+  is that one; the file itself names its directory;
+- any other directory is searched (itself and below, at most 20,000 directories)
+  and the *newest* one found is taken: the most recently written file;
+- a capture step (``metadata["capture_step"]``, which the callback records; with
+  ``capture_every`` each capture is its own ``step_<N>/`` folder) picks among
+  those found the one of that step (the newest of them if several have it);
+- ``DIR@N`` is shorthand for "DIR, capture step N" unless a path of that very
+  name exists.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-__all__ = ["REPORT_FILE", "find_reports", "resolve_report_dir"]
+__all__ = [
+    "REPORT_FILE",
+    "Found",
+    "Resolved",
+    "StepNotFoundError",
+    "capture_step",
+    "describe",
+    "find_dirs",
+    "find_reports",
+    "report_step",
+    "resolve",
+    "resolve_report_dir",
+    "run_of",
+    "split_location",
+]
 
 REPORT_FILE = "report.json"
 _MAX_DIRS = 20_000  # directories walked at most
+_AT_STEP = re.compile(r"^(?P<base>.*)@(?P<step>\d+)$")
+_STEP_DIR = re.compile(r"^step_\d+$")
+
+
+class StepNotFoundError(LookupError):
+    """No report (snapshot) of the capture step asked for; the message names the steps there are."""
+
+
+@dataclass(frozen=True)
+class Found:
+    """One report (or snapshot) directory found.
+
+    Attributes:
+        directory: the directory holding the file.
+        mtime: the file's modification time (seconds since the epoch): "newest" is the largest.
+        step: its capture step (``metadata["capture_step"]``), ``None`` when it records none.
+    """
+
+    directory: Path
+    mtime: float
+    step: int | None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a location names: the directory taken and, when it was searched for, what else was found.
+
+    Attributes:
+        directory: the directory taken.
+        step: its capture step, when known (always when one was asked for).
+        found: every candidate found under the searched directory, the one taken included;
+            empty when the location named one directly (a directory holding the file, the file).
+        searched: the directory searched (``None`` when the location named one directly).
+        asked: whether a capture step was asked for.
+    """
+
+    directory: Path
+    step: int | None = None
+    found: list[Found] = field(default_factory=list)
+    searched: Path | None = None
+    asked: bool = False
+
+
+def capture_step(metadata: Any) -> int | None:
+    """``metadata["capture_step"]`` when it is a non-negative integer, else ``None``."""
+    step = metadata.get("capture_step") if isinstance(metadata, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+
+def report_step(directory: Path) -> int | None:
+    """The capture step ``directory/report.json`` records; ``None`` when none or unreadable."""
+    try:
+        data = json.loads((directory / REPORT_FILE).read_text(), parse_constant=lambda _: None)
+    except (OSError, ValueError):
+        return None
+    return capture_step(data.get("metadata")) if isinstance(data, dict) else None
+
+
+def split_location(location: str | Path) -> tuple[Path, int | None]:
+    """``DIR@N`` as ``(DIR, N)``; anything else, or a path of that very name that exists, as ``(path, None)``."""
+    text = str(location)
+    match = _AT_STEP.match(text)
+    if match is None or Path(text).exists():
+        return Path(text), None
+    return Path(match["base"] or "."), int(match["step"])
 
 
 def _looks_like_report(path: Path) -> bool:
@@ -21,39 +118,131 @@ def _looks_like_report(path: Path) -> bool:
     return head.lstrip().startswith(b"{") and (b'"rows"' in head or b'"metadata"' in head)
 
 
-def find_reports(root: str | Path) -> list[Path]:
-    """Directories under ``root`` (itself included) that hold a component report, sorted.
+def find_dirs(root: str | Path, filename: str, accept: Callable[[Path], bool] | None = None) -> list[Path]:
+    """Directories under ``root`` (itself included) holding ``filename`` (that ``accept`` takes), sorted.
 
-    Walks at most 20,000 directories; a ``report.json`` counts when it looks like
-    one of ours (a JSON object with ``metadata`` / ``rows``).
+    Walks at most 20,000 directories, each directory's entries in name order.
     """
     found: list[Path] = []
     for seen, (dirpath, dirnames, filenames) in enumerate(os.walk(Path(root)), start=1):
         if seen > _MAX_DIRS:
             break
         dirnames.sort()
-        if REPORT_FILE in filenames and _looks_like_report(Path(dirpath) / REPORT_FILE):
+        if filename in filenames and (accept is None or accept(Path(dirpath) / filename)):
             found.append(Path(dirpath))
     return sorted(found)
 
 
-def resolve_report_dir(path: str | Path) -> tuple[Path, list[Path]]:
-    """The report a user means by ``path``: ``(directory, the other reports found)``.
+def find_reports(root: str | Path) -> list[Path]:
+    """Directories under ``root`` (itself included) that hold a component report, sorted.
+
+    Walks at most 20,000 directories; a ``report.json`` counts when it looks like
+    one of ours (a JSON object with ``metadata`` / ``rows``).
+    """
+    return find_dirs(root, REPORT_FILE, _looks_like_report)
+
+
+def run_of(directory: Path) -> Path:
+    """The run a report belongs to: its directory without a last ``step_<N>`` folder (a capture of several)."""
+    return directory.parent if _STEP_DIR.match(directory.name) else directory
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return float("-inf")
+
+
+def _steps_text(found: Sequence[Found]) -> str:
+    """``8, 10, 500`` (each step once, ascending), plus how many record none."""
+    steps = sorted({f.step for f in found if f.step is not None})
+    without = sum(f.step is None for f in found)
+    text = ", ".join(str(s) for s in steps) if steps else "none"
+    return text + (f" (and {without} without a capture step)" if without and steps else "")
+
+
+def resolve(
+    location: str | Path,
+    step: int | None,
+    *,
+    filename: str,
+    what: str,
+    find: Callable[[Path], list[Path]],
+    step_of: Callable[[Path], int | None],
+    missing: str | None = None,
+) -> Resolved:
+    """The directory ``location`` names, by the rules of this module's docstring.
+
+    Args:
+        location: a directory holding ``filename``, the file, or a directory above such directories.
+        step: the capture step to pick (``None``: the one named, else the newest found).
+        filename: the file that marks a directory (``report.json``, ``snapshot.pt``).
+        what: the noun for messages (``"report"``, ``"snapshot"``).
+        find: the directories under a directory holding ``filename``.
+        step_of: a directory's capture step.
+        missing: the message when nothing is found (``{path}`` is replaced);
+            default ``no <filename> at or under <path>``.
+
+    Raises:
+        FileNotFoundError: nothing at or under ``location``.
+        StepNotFoundError: none of those found has capture step ``step`` (the message lists theirs).
+    """
+    p = Path(location)
+    named = p.parent if p.is_file() else (p if (p / filename).is_file() else None)
+    if named is not None and step is None:
+        return Resolved(named)
+    dirs = find(p) if p.is_dir() else ([named] if named is not None else [])
+    if not dirs:
+        raise FileNotFoundError(f"no {filename} at or under {p}" if missing is None else missing.format(path=p))
+    found = [Found(d, _mtime(d / filename), step_of(d)) for d in dirs]
+    if step is None:
+        newest = max(found, key=lambda f: f.mtime)
+        return Resolved(newest.directory, newest.step, found, p)
+    mine = [f for f in found if f.step == step]
+    if not mine:
+        raise StepNotFoundError(
+            f"no {what} of capture step {step} at or under {p}; capture steps there: {_steps_text(found)}"
+        )
+    newest = max(mine, key=lambda f: f.mtime)
+    return Resolved(newest.directory, step, found, p, asked=True)
+
+
+def resolve_report_dir(path: str | Path, step: int | None = None) -> Resolved:
+    """The report a user means by ``path`` (and ``step``): see this module's docstring.
 
     ``path`` may be a report directory, its ``report.json``, or any directory
     above reports (``lightning_logs/``, ``lightning_logs/version_0``): then the
-    most recently written report under it is taken.
+    most recently written report under it is taken, or with ``step`` the one
+    of that capture step.
 
     Raises:
         FileNotFoundError: when there is no report at or under ``path``.
+        StepNotFoundError: when none there is of capture step ``step``.
     """
-    p = Path(path)
-    if p.is_file():
-        return p.parent, []
-    if (p / REPORT_FILE).is_file():
-        return p, []
-    found = find_reports(p) if p.is_dir() else []
-    if not found:
-        raise FileNotFoundError(f"no {REPORT_FILE} at or under {p}")
-    newest = max(found, key=lambda d: (d / REPORT_FILE).stat().st_mtime)
-    return newest, [d for d in found if d != newest]
+    return resolve(path, step, filename=REPORT_FILE, what="report", find=find_reports, step_of=report_step)
+
+
+def describe(resolved: Resolved, what: str, filename: str) -> str | None:
+    """The line saying which one was taken; ``None`` when the location named it directly.
+
+    Several found, none asked for: ``cb: using DIR/report.json (capture step 500, the
+    newest of 3 reports under LOGS; capture steps: 8, 10, 500; pick one with --step N
+    or DIR@N)``. A step asked for: ``cb: using DIR/report.json (capture step 10;
+    capture steps under LOGS: 8, 10, 500)``, saying so when several have that step.
+    One found: ``cb: using DIR/report.json`` (and its step, when it records one).
+    """
+    if resolved.searched is None:
+        return None
+    taken, found, where = resolved.directory / filename, resolved.found, resolved.searched
+    step = f"capture step {resolved.step}" if resolved.step is not None else None
+    if len(found) == 1:
+        return f"cb: using {taken}" + (f" ({step})" if step else "")
+    steps = _steps_text(found)
+    if not resolved.asked:
+        about = f"{step}, " if step else ""
+        listed = f"; capture steps: {steps}; pick one with --step N or DIR@N" if steps != "none" else ""
+        return f"cb: using {taken} ({about}the newest of {len(found)} {what}s under {where}{listed})"
+    same = sum(f.step == resolved.step for f in found)
+    several = f", the newest of {same} {what}s of that step" if same > 1 else ""
+    return f"cb: using {taken} ({step}{several}; capture steps under {where}: {steps})"

@@ -3,7 +3,8 @@
 Registered under the ``tensorboard_plugins`` entry point (``plugin_name =
 "components"``). It is active when the log directory holds a component report
 (a ``report.json`` written by :class:`cb_callback.ComponentBenchmark` or
-``Report.save``). Its tab lists the reports (runs and capture steps) and shows
+``Report.save``). Its tab lists the reports (each run, and each of its captures
+by step), opens on the most recently written one, and shows a report as
 the same page as ``report.html`` (:func:`cb_callback._report.html.render_html`), with
 plotly.js, the viewer's script and each row's artifacts served by the
 plugin's own routes. No TensorFlow is needed.
@@ -12,7 +13,11 @@ Routes, under ``data/plugin/components/``:
 
 - ``index.js``: the tab (an ES module TensorBoard imports into an iframe);
 - ``runs``: JSON list of the reports: ``run`` (the report's directory relative to
-  the log directory), ``step``, ``created_at``, ``device_name``, ``components``;
+  the log directory), ``group`` (the run it is a capture of: ``run`` without a
+  last ``step_<N>`` folder, as ``ComponentBenchmark(capture_every=N)`` writes
+  each capture), ``step``, ``created_at``, ``device_name``, ``components``, and
+  ``newest`` (true for the most recently written one, which the tab opens
+  on); grouped by ``group``, each group's captures by step;
 - ``report?run=RUN``: the page of one report;
 - ``plotly.js``, ``viewer.js``: the page's scripts;
 - ``artifact?run=RUN&path=PATH``: a file of that report's directory (artifact
@@ -32,7 +37,7 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from cb_callback._report.discover import REPORT_FILE, find_reports
+from cb_callback._report.discover import REPORT_FILE, find_reports, run_of
 from cb_callback._report.html import plotly_js, render_html, viewer_js, with_artifact_tables
 
 __all__ = ["ComponentsPlugin"]
@@ -65,17 +70,35 @@ export async function render() {
     frame.remove();
     return;
   }
+  // One group per run, its captures by step (the route's order); the tab opens on the newest report.
+  const groups = new Map();
   for (const r of runs) {
+    let group = groups.get(r.group);
+    if (!group) {
+      group = document.createElement("optgroup");
+      group.label = r.group || ".";
+      groups.set(r.group, group);
+      select.append(group);
+    }
     const o = document.createElement("option");
     o.value = r.run;
-    o.textContent = `${r.run || "."}  (step ${r.step ?? "?"}, ${r.components} components, ${r.device_name || ""})`;
-    select.append(o);
+    const device = r.device_name ? `, ${r.device_name}` : "";
+    o.textContent = `step ${r.step ?? "?"} (${r.components} components${device})`;
+    o.selected = Boolean(r.newest);
+    group.append(o);
   }
   const show = () => { frame.src = new URL("report?run=" + encodeURIComponent(select.value), base).href; };
   select.addEventListener("change", show);
   show();
 }
 """
+
+
+def _by_group_and_step(run: dict[str, Any]) -> tuple[str, int, float, str]:
+    """The tab's order: by run, then step (a run's captures 8 < 10 < 500, not by name), no step first."""
+    step = run["step"]
+    number = isinstance(step, (int, float)) and not isinstance(step, bool)
+    return (run["group"], int(number), float(step) if number else 0.0, run["run"])
 
 
 class ComponentsPlugin(base_plugin.TBPlugin):
@@ -125,22 +148,31 @@ class ComponentsPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, _INDEX_JS, "application/javascript")
 
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
-        out = []
+        out, mtimes = [], []
         for d in self._reports():
             try:
-                data = json.loads((d / _REPORT_FILE).read_text())
+                data = json.loads((d / _REPORT_FILE).read_text(), parse_constant=lambda _: None)
+                mtime = (d / _REPORT_FILE).stat().st_mtime
             except (OSError, ValueError):
                 continue
-            meta = data.get("metadata") or {}
+            meta = data.get("metadata") if isinstance(data, dict) else None
+            meta = meta if isinstance(meta, dict) else {}
+            step = meta.get("capture_step", meta.get("step"))
             out.append(
                 {
                     "run": self._name(d),
-                    "step": meta.get("capture_step", meta.get("step")),
+                    "group": self._name(run_of(d)),
+                    "step": step,
                     "created_at": meta.get("created_at"),
                     "device_name": meta.get("device_name"),
-                    "components": len(data.get("rows") or []),
+                    "components": len(data.get("rows") or []) if isinstance(data, dict) else 0,
+                    "newest": False,
                 }
             )
+            mtimes.append(mtime)
+        if out:
+            out[max(range(len(out)), key=mtimes.__getitem__)]["newest"] = True
+        out.sort(key=_by_group_and_step)
         return http_util.Respond(request, out, "application/json")
 
     def _serve_report(self, request: wrappers.Request) -> wrappers.Response:

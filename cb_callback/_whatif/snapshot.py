@@ -48,6 +48,7 @@ from cb_callback._engine.precision import AUTOCAST_DTYPES, DEFAULT_DTYPES
 from cb_callback._engine.profile import profile_captured
 from cb_callback._engine.storage import model_device
 from cb_callback._hardware.devices import device_problem
+from cb_callback._report.discover import Resolved, capture_step, find_dirs, resolve
 from cb_callback._report.model import Report
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "SnapshotError",
     "load_snapshot",
     "precision_context",
+    "resolve_snapshot_dir",
     "save_snapshot",
 ]
 
@@ -395,6 +397,26 @@ def read_description(directory: str | Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def resolve_snapshot_dir(location: str | Path, step: int | None = None) -> Resolved:
+    """The snapshot a user means by ``location`` (and ``step``), as ``cb report`` finds reports.
+
+    A directory with ``snapshot.pt`` (or the file) is that snapshot; any other
+    directory is searched and the newest ``snapshot.pt`` under it taken, or with
+    ``step`` the one whose ``snapshot.json`` records that capture step
+    (:mod:`cb_callback._report.discover`).
+
+    Raises:
+        FileNotFoundError: no snapshot at or under ``location``.
+        StepNotFoundError: none there is of capture step ``step``.
+    """
+    return resolve(
+        location, step, filename=SNAPSHOT_FILE, what="snapshot",
+        find=lambda root: find_dirs(root, SNAPSHOT_FILE),
+        step_of=lambda d: capture_step(read_description(d).get("metadata")),
+        missing="no snapshot at or under {path}: expected a directory with " + SNAPSHOT_FILE + " in it or below",
+    )  # fmt: skip
 
 
 class _MainScript:

@@ -1,0 +1,127 @@
+"""A run's progress on a console: components, timing rounds and compile what-ifs counted apart.
+
+The engine reports progress as ``progress(done, total, label)``
+(:class:`cb_callback.BenchmarkConfig`'s ``progress``) with one count over its
+schedule (:class:`cb_callback._engine.schedule.Schedule`): ``total`` is the
+components plus ``rounds`` timing rounds per level (one level with
+``descend="all"``, one per depth with ``"hotspots"``); ``label`` is a
+component's path (``""`` for the root), ``timing round r/R``, or, counted on
+its own, ``compile what-if PATH``. :class:`ConsoleProgress` reads those apart.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+from torch import nn
+
+from cb_callback._engine.batches import merged_calls
+from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._engine.descend import levels
+from cb_callback._engine.inputs import ComponentInputs
+from cb_callback._engine.tree import build_tree
+
+__all__ = ["ConsoleProgress"]
+
+_ROUND = re.compile(r"^timing round (\d+)/(\d+)$")  # Schedule's labels (schedule.time_interleaved)
+_COMPILE = "compile what-if "  # Schedule.compile_phase
+
+
+class ConsoleProgress:
+    """``progress(done, total, label)`` written to ``stream`` as ``cb: components 5/12, timing rounds 3/15``.
+
+    Args:
+        stream: where to write (``sys.stderr``).
+        components: how many components the run has (``None``: count without a total).
+        rounds: timing rounds per level (``BenchmarkConfig.rounds``).
+        levels: how many levels the components are timed in.
+
+    Notes:
+        On a terminal (``stream.isatty()``) one line is rewritten in place
+        (``\\r``, then erase to the end of the line) and :meth:`close` ends it.
+        Into a file or a pipe it writes plain lines only, without ``\\r`` or
+        escape codes: one when a level's timing rounds are done (``(level 2 of
+        3)`` with several), one when the compile what-ifs are, and at
+        :meth:`close` the last state if it was not written yet.
+        When the engine's ``total`` is not ``components + rounds × levels``
+        (a preprocessor that changed the model's tree), components are counted
+        without a total rather than with a wrong one.
+    """
+
+    def __init__(self, stream: TextIO, components: int | None, rounds: int, levels: int) -> None:
+        self.stream, self.components, self.rounds, self.levels = stream, components, rounds, levels
+        isatty = getattr(stream, "isatty", None)
+        self.tty = bool(isatty()) if callable(isatty) else False
+        self.started = self.rounds_done = self.level = 0
+        self._checked = False
+        self._last = ""  # the state last written
+        self._printed = ""  # the state last written as a plain line
+
+    @classmethod
+    def for_run(
+        cls,
+        model: nn.Module,
+        batches: Sequence[Mapping[str, ComponentInputs]],
+        config: BenchmarkConfig,
+        stream: TextIO,
+    ) -> ConsoleProgress:
+        """The progress of profiling ``model`` on ``batches`` with ``config``: the components of its tree.
+
+        The tree is the engine's (:func:`cb_callback._engine.tree.build_tree`,
+        as ``profile_captured`` builds it, ``max_depth`` applied).
+        """
+        nodes, _ = build_tree(model, merged_calls(batches), config.max_depth)
+        depth_levels = 1 if config.descend == "all" else len(levels(nodes))
+        return cls(stream, len(nodes), config.rounds, depth_levels)
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        """One progress call of the engine (see the module docstring)."""
+        if label.startswith(_COMPILE):
+            self._write(f"cb: compile what-if {done}/{total} ({label[len(_COMPILE) :]})", done == total)
+            return
+        if not self._checked:
+            self._checked = True
+            if self.components is not None and total != self.components + self.rounds * self.levels:
+                self.components = None
+        match = _ROUND.match(label)
+        if match is None:
+            self.started += 1
+            self._write(f"{self._counts(rounds=False)} ({label or 'root'})", False)
+            return
+        r, of = int(match[1]), int(match[2])
+        self.level += r == 1
+        self.rounds_done += 1
+        self._write(self._counts(rounds=True), r == of)
+
+    def _counts(self, *, rounds: bool) -> str:
+        total = f"/{self.components}" if self.components is not None else ""
+        text = f"cb: components {self.started}{total}"
+        if rounds:
+            text += f", timing rounds {self.rounds_done}/{self.rounds * self.levels}"
+            if self.levels > 1:
+                text += f" (level {self.level} of {self.levels})"
+        return text
+
+    def _write(self, state: str, milestone: bool) -> None:
+        self._last = state
+        if self.tty:
+            self.stream.write(f"\r{state}\033[K")
+            self.stream.flush()
+        elif milestone:
+            self._line(state)
+
+    def _line(self, state: str) -> None:
+        self.stream.write(state + "\n")
+        self.stream.flush()
+        self._printed = state
+
+    def close(self) -> None:
+        """End the terminal's line; into a file, write the last state unless it was the last line written."""
+        if self.tty and self._last:
+            self.stream.write("\n")
+            self.stream.flush()
+        elif not self.tty and self._last and self._last != self._printed:
+            self._line(self._last)
+        self._last = ""
