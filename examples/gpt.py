@@ -224,8 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     if bench.report is None:
         raise SystemExit("no report: training stopped before the capture step")
     print(bench.report.summary())
-    print(f"\nreport files: {bench.output_dir}")
-    print(f"interactive:  {Path(bench.output_dir) / 'report.html'}")
+    print(f"\nreport files: {bench.output_dir} (report.json, components.csv, report.html, icicle_*.png)")
+    print(f"report.html:  {Path(bench.output_dir) / 'report.html'}  (open it in a browser; works offline)")
     print(f"TensorBoard:  tensorboard --logdir {out}")
     print(f"({math.ceil(sum(p.numel() for p in module.parameters()) / 1e3)} k parameters, {device})")
 

@@ -93,8 +93,8 @@ def main() -> None:
         return
     print()
     print(bench.report.summary(top=8))
-    print(f"\nreport files: {bench.output_dir} (report.json, components.csv, icicle_*.png)")
-    print(f"interactive:  {Path(bench.output_dir) / 'report.html'}  (open it in a browser; works offline)")
+    print(f"\nreport files: {bench.output_dir} (report.json, components.csv, report.html, icicle_*.png)")
+    print(f"report.html:  {Path(bench.output_dir) / 'report.html'}  (open it in a browser; works offline)")
     print(f"TensorBoard:  tensorboard --logdir {logger.log_dir}")
 
 

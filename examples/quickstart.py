@@ -1,6 +1,8 @@
 """Profile every component of a small model from a plain PyTorch script.
 
-Run: ``python examples/quickstart.py`` (or ``make demo`` before the DLRM example).
+Run: ``python examples/quickstart.py`` (after ``make install``; ``make demo`` runs
+``examples/dlrm.py``, not this script). It prints the summary and the path of the
+``report.html`` it wrote.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import torch
 from torch import nn
 
 from cb_callback import profile_components
-from cb_callback.reporters import FileReporter
 
 
 class Block(nn.Module):
@@ -40,17 +41,20 @@ class TinyRecModel(nn.Module):
         return self.head(self.blocks(self.embedding(ids)))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="cb_out/quickstart", help="where the report files go")
     parser.add_argument("--batch-size", type=int, default=512)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     model = TinyRecModel()
     ids = torch.randint(0, 50_000, (args.batch_size, 20))
-    report = profile_components(model, (ids,), output_dir=args.out, reporters=[FileReporter()])
+    # With an output_dir, profile_components writes report.json, components.csv, report.html and icicle PNGs.
+    report = profile_components(model, (ids,), output_dir=args.out)
     print(report.summary())
-    print(f"\nreport files: {Path(args.out).resolve()} (report.json, components.csv, icicle_*.png)")
+    out = Path(args.out).resolve()
+    print(f"\nreport files: {out} (report.json, components.csv, report.html, icicle_*.png)")
+    print(f"report.html:  {out / 'report.html'}  (open it in a browser; works offline)")
 
 
 if __name__ == "__main__":

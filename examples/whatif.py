@@ -16,6 +16,9 @@ On the GPT example (``examples/gpt.py``):
    second candidate with the tanh approximation of GELU in the MLP is *not*
    equivalent, and the comparison names the tensor that differs.
 
+It writes the what-if's report to ``--out`` (default ``cb_out/whatif``) and prints
+the path of its ``report.html``.
+
 Run::
 
     python examples/whatif.py                    # inductor on CPU: compiles take a minute or two
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", default="32,64", help="sequence lengths of the batches (dynamic shapes)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--min-run-time", type=float, default=0.05, help="timing budget per component and pass (s)")
-    parser.add_argument("--out", default=None, help="write the report (report.html, report.json …) here")
+    parser.add_argument("--out", default="cb_out/whatif", help="where the report (report.html, report.json …) goes")
     args = parser.parse_args(argv)
 
     gpt = _gpt()
@@ -111,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{info['recompiles']} recompile(s) over the batches, compile {info['compile_s']:.1f} s, "
                 f"outputs close: {info['outputs_close']}"
             )
+
+    print(f"report.html:  {Path(args.out).resolve() / 'report.html'}  (open it in a browser; works offline)")
 
     print("\n== 3. re-authoring, checked on the captured inputs of blocks.0")
     with Capture(model) as cap:

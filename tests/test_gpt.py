@@ -115,11 +115,13 @@ def test_gpt_lightning_module_trains_with_the_callback(ex: ModuleType, tmp_path:
     assert attn.fwd_flops == _linear(C, 3 * C) + SDPA_FWD + _linear(C, C)
 
 
-def test_whatif_example_runs_its_three_checks(capsys: pytest.CaptureFixture[str]) -> None:
+def test_whatif_example_runs_its_three_checks(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     whatif = load_example("whatif")
     argv = ["--backend", "eager", "--compile-top", "2", "--lengths", "8,16", "--batch-size", "2", "--min-run-time", "0"]
-    assert whatif.main(argv) == 0  # the hand LayerNorm is equivalent, the tanh-GELU MLP is not
+    assert whatif.main([*argv, "--out", str(tmp_path)]) == 0  # the hand LayerNorm is equivalent, the tanh-GELU MLP not
     out = capsys.readouterr().out
+    assert f"report.html:  {tmp_path.resolve() / 'report.html'}" in out  # the page it wrote, by its path
+    assert (tmp_path / "report.html").is_file()
     assert "compiling root whole:" in out and "p90 ms" in out
     assert "equivalent: all 4 compared tensors are allclose" in out
     assert "NOT equivalent" in out and "grad[fc.weight]" in out
