@@ -71,3 +71,22 @@ def test_a_timing_plugin_needs_all_three_hooks() -> None:
 
     with pytest.raises(TypeError, match=r"timing plugin 'half' has sampler\(\) but no callable budget_s\(\) hook"):
         validate_plugin(Half(), "metric")
+
+
+class Broken(FixedClock):
+    name = "broken_clock"
+
+    def sampler(self, ctx: MeasureContext) -> Callable[[], Sample]:
+        raise RuntimeError("no clock here")
+
+
+def test_a_users_timing_plugin_that_raises_fails_the_row_and_says_why() -> None:
+    report = profile_components(nn.Linear(4, 4), torch.randn(2, 4), metrics=[Broken()], load_plugins=False)
+    row = report.row("")
+    # before: the row kept status not_run with no values, the error hidden in metric_errors
+    assert (row.status, row.error) == ("failed", "broken_clock metric raised RuntimeError: no clock here")
+
+
+def test_two_timing_plugins_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"metrics=\['fixed_clock', 'broken_clock'\]: one timing plugin"):
+        profile_components(nn.Linear(4, 4), torch.randn(2, 4), metrics=[FixedClock(), Broken()], load_plugins=False)

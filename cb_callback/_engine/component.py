@@ -147,7 +147,11 @@ class ComponentRun:
         self.preprocessors = preprocessors
         self.user_metrics = list(metrics)
         # One timing plugin: a user's TimedMetric replaces the built-in LatencyMetric.
-        user_timing = next((p for p in self.user_metrics if isinstance(p, TimedMetric)), None)
+        timers = [p for p in self.user_metrics if isinstance(p, TimedMetric)]
+        if len(timers) > 1:
+            names = [getattr(p, "name", type(p).__name__) for p in timers]
+            raise ValueError(f"metrics={names}: one timing plugin (TimedMetric) at most replaces the latency metric")
+        user_timing = timers[0] if timers else None
         self.builtin = [p for p in builtin_metrics() if user_timing is None or not isinstance(p, TimedMetric)]
         plugins: list[Any] = [*self.builtin, *self.user_metrics]
         #: Times every component's runs, interleaved by the schedule.
@@ -349,12 +353,13 @@ class ComponentRun:
     def _plugin_error(self, row: ComponentRow, plugin: Any, e: BaseException, fatal: bool | None = None) -> bool:
         """Record a plugin's error; return whether the component has failed.
 
-        ``fatal`` (default: the plugin is a built-in) fails the component;
+        ``fatal`` (default: the plugin is a built-in, or the timing plugin, a
+        user's too: without it the row has no times) fails the component;
         otherwise the error lands in ``details["metric_errors"]``.
         """
         self._after_error(e)
         if fatal is None:
-            fatal = any(plugin is b for b in self.builtin)
+            fatal = plugin is self.timing or any(plugin is b for b in self.builtin)
         if fatal:
             row.status, row.error = "failed", f"{plugin.name} metric raised {_error_text(e)}"
             return True

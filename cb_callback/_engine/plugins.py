@@ -8,7 +8,7 @@ Third parties register plugins through the entry-point group
 ``cb_callback.plugins``: each entry point names a plugin class (instantiated
 without arguments) or instance; its kind is read from the methods it has.
 
-When each metric hook runs, per component (see the README, "Plugins"):
+When each metric hook runs, per component (see docs/plugins.md):
 
 1. :meth:`InstrumentingMetric.instrument` before the component's first run;
    the :class:`~cb_callback.Instrument` observes the one pass that all of them

@@ -81,7 +81,7 @@ class ComponentRow:
             raise ValueError(f"status={self.status!r} is not one of {STATUSES}")
 
 
-#: The DataFrame columns, in order (a contract: see the README).
+#: The DataFrame columns, in order (a contract: see docs/columns.md).
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ComponentRow) if f.name != "details")
 
 

@@ -4,5 +4,5 @@ from __future__ import annotations
 
 __all__ = ["STATUSES"]
 
-#: Every status a row can have. See the README ("Rows") for their meaning.
+#: Every status a row can have. See docs/columns.md for their meaning.
 STATUSES = ("ok", "estimated", "failed", "not_run", "skipped")
