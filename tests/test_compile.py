@@ -423,7 +423,10 @@ class _LongOnly(nn.Module):
 def test_children_separately_uses_the_parents_batch_only() -> None:
     # batches of length 2, 4 and 2048: the root's median batch is a short one, where b did not run
     batches = [torch.randn(1, n, 256) for n in (2, 4, 2048)]
-    report = profile_components(_LongOnly(), batches=batches, compile=True, compile_options=EAGER, **FAST)
+    # a warm-up run and the median of 3: one cold first run (7.7 ms for the 2-row batch once, on a busy
+    # machine) must not make a short batch look like the long one
+    opts = {**FAST, "warmup": 1, "min_repeats": 3, "max_repeats": 3}
+    report = profile_components(_LongOnly(), batches=batches, compile=True, compile_options=EAGER, **opts)
     root, a = report.row(""), report.row("a")
     mid = root.details["median_batch"]
     # 2048 rows through two Linear(256, 256), ~1 GFLOP with the backward, is never the median
