@@ -1,4 +1,4 @@
-"""``DistributedModelParallel``: unwrapped to the model's paths on one rank, refused on several."""
+"""``DistributedModelParallel`` on one rank: the model's paths, the planner estimate; refused on several ranks."""
 
 from __future__ import annotations
 
@@ -18,11 +18,15 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+import cb_callback
 import cb_callback.integrations.torchrec._sharded as sharded
 from cb_callback import BenchmarkConfig, PrepareContext, profile_components
 from cb_callback.integrations.torchrec import (
     ShardedModelCheck,
+    dmp_unwrapper,
     hidden_tbe_grad_targets,
+    planned_perf,
+    register_dmp_paths,
     tbe_modules,
     unwrap_model,
 )
@@ -90,3 +94,87 @@ def test_several_ranks_are_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch)
 def test_unwrap_leaves_plain_modules_alone() -> None:
     lin = nn.Linear(2, 2)
     assert unwrap_model(lin) is lin
+
+
+# --- paths without extra arguments (issue 16 §4) ------------------------------------------------------------------
+
+
+def test_register_dmp_paths_hands_the_unwrapper_to_the_public_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    got: list[Any] = []
+    monkeypatch.setattr(cb_callback, "register_module_unwrapper", got.append, raising=False)
+    monkeypatch.setattr(sharded, "_paths_registered", False)
+    assert register_dmp_paths() is True and got == [dmp_unwrapper]
+    assert register_dmp_paths() is True and got == [dmp_unwrapper]  # idempotent: registered once
+
+
+def test_register_dmp_paths_is_a_no_op_until_the_api_exists(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(cb_callback, "register_module_unwrapper", raising=False)
+    monkeypatch.setattr(sharded, "_paths_registered", False)
+    assert register_dmp_paths() is False
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_dmp_unwrapper_stands_a_dmp_for_the_model_it_wraps(one_rank: None) -> None:
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    model = _dlrm()
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"))
+    assert dmp_unwrapper(dmp) is model  # DMP shards the model in place and wraps it in DDP: past both
+    assert dmp_unwrapper(dmp._dmp_wrapped_module) is None and dmp_unwrapper(model) is None
+
+
+@pytest.mark.xfail(
+    not hasattr(cb_callback, "register_module_unwrapper"),
+    reason="waits for the engine's cb_callback.register_module_unwrapper (proposed in docs/torchrec.md)",
+    strict=True,
+)
+@pytest.mark.filterwarnings("ignore")
+def test_dmp_paths_are_the_unsharded_models_without_extra_arguments(one_rank: None) -> None:
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    model = _dlrm()
+    paths = {p for p, _ in model.named_modules() if ".embedding_bags" not in p}
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"))
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=["a"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 2]))
+    report = profile_components(dmp, (torch.randn(2, 4), kjt), **FAST, **PEAKS)  # no preprocessor
+    got = {r.path for r in report}
+    assert paths <= got and not any(p.startswith("_dmp_wrapped_module") for p in got)
+
+
+# --- planned_perf -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_planned_perf_of_a_one_rank_dmp_keys_by_unsharded_path_with_the_planners_defaults(one_rank: None) -> None:
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    dmp = DistributedModelParallel(_dlrm(), device=torch.device("cpu"))
+    (ps,) = dmp.plan.plan["sparse_arch.embedding_bag_collection"].values()
+    assert (ps.sharding_type, ps.compute_kernel) == ("data_parallel", "dense")  # what torchrec plans on 1 CPU rank
+    planned = planned_perf(dmp)
+    assert list(planned) == ["sparse_arch.embedding_bag_collection"]
+    entry = planned["sparse_arch.embedding_bag_collection"]
+    assert entry["assumptions"]["batch_size"] == 512  # torchrec's planner default, as DMP's own planner used
+    assert entry["assumptions"]["world_size"] == 1 and entry["assumptions"]["bwd_compute_multiplier"] == 2
+    (shard,) = entry["tables"]["t0"]["shards"]
+    assert (shard["rank"], shard["size"]) == (0, [100, 8])
+    # one replica: its 100 x 8 x 4-byte gradient all-reduced at the cross-host bandwidth (x 1 local rank),
+    # plus 9.22 optimizer passes at the dense kernel's half of the DDR bandwidth (torchrec's constants)
+    grad = 100 * 8 * 4
+    cross, ddr = 12.5 * 1024**3 / 1000, 51 * 1024**3 / 1000
+    assert entry["bwd_comms_ms"] == pytest.approx(grad / cross + grad * 9.22 / (0.5 * ddr), rel=1e-12)
+    assert entry["fwd_comms_ms"] == 0.0 and entry["ranks"].keys() == {"0"}
+    # a DMP inside another module: keyed under that module's path
+    holder = nn.Module()
+    holder.net = dmp
+    assert list(planned_perf(holder)) == ["net.sparse_arch.embedding_bag_collection"]
+    with pytest.raises(ValueError, match="batch_size=0"):
+        planned_perf(dmp, batch_size=0)
+    # a plan entry the model lacks is that entry's one-line error, not an exception
+    dmp.plan.plan["sparse_arch.gone"] = dmp.plan.plan["sparse_arch.embedding_bag_collection"]
+    assert planned_perf(dmp)["sparse_arch.gone"]["error"] == "the plan names 'sparse_arch.gone', which the model lacks"
+
+
+def test_planned_perf_names_the_missing_dmp() -> None:
+    with pytest.raises(ValueError, match="no torchrec DistributedModelParallel in Linear's tree"):
+        planned_perf(nn.Linear(2, 2))

@@ -14,7 +14,13 @@ needs to profile torchrec models (through ``cb_callback``'s public API only):
   ``FusedEmbeddingBagCollection``, sharded lookups): their placeholder tensor,
   or a dense TBE's weights, so the isolated backward of every component that
   holds one (and of its parents) runs and measures the fused backward — the
-  gradient scatter and the optimizer update (see :mod:`._grad_targets`).
+  gradient scatter and the optimizer update (see :mod:`._grad_targets`);
+* the unsharded paths of ``DistributedModelParallel`` models (``sparse_arch.…``,
+  not ``_dmp_wrapped_module.module.sparse_arch.…``), once ``cb_callback`` has a
+  public way to register a module unwrapper (see :func:`register_dmp_paths`).
+
+:func:`planned_perf` gives torchrec's planner estimate of each sharded module
+(see :mod:`._planner`).
 
 Then use::
 
@@ -40,7 +46,8 @@ from ._jagged import (
     take_kjt,
     take_kt,
 )
-from ._sharded import ShardedModelCheck, unwrap_model
+from ._planner import planned_perf
+from ._sharded import ShardedModelCheck, dmp_unwrapper, register_dmp_paths, unwrap_model
 from ._traffic import (
     register_tbe_traffic_rules,
     tbe_backward_bytes,
@@ -50,9 +57,12 @@ from ._traffic import (
 __all__ = [
     "ReduceHashSize",
     "ShardedModelCheck",
+    "dmp_unwrapper",
     "fused_tbe_state_saver",
     "hidden_tbe_grad_targets",
+    "planned_perf",
     "register",
+    "register_dmp_paths",
     "take_jt",
     "take_kjt",
     "take_kt",
@@ -64,7 +74,7 @@ __all__ = [
 
 
 def register() -> None:
-    """Register the integration's batch rules, traffic rules, state saver and grad targets (idempotent).
+    """Register the integration's batch rules, traffic rules, state saver, grad targets and DMP paths (idempotent).
 
     Called on import; call it again after loading more fbgemm operator
     libraries so their TBE ops get traffic rules too.
@@ -73,6 +83,7 @@ def register() -> None:
     register_tbe_traffic_rules()
     register_fused_state_saver()
     register_hidden_tbe_grad_targets()
+    register_dmp_paths()
 
 
 register()

@@ -1,4 +1,4 @@
-"""Sharded models (``DistributedModelParallel``): unwrap, and refuse what would deadlock."""
+"""Sharded models (``DistributedModelParallel``): their paths, unwrapping, and refusing what would deadlock."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch import nn
 
 import cb_callback
 
-__all__ = ["ShardedModelCheck", "sharded_modules", "unwrap_model"]
+__all__ = ["ShardedModelCheck", "dmp_unwrapper", "register_dmp_paths", "sharded_modules", "unwrap_model"]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -32,6 +32,47 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             continue
         break
     return model
+
+
+def dmp_unwrapper(module: nn.Module) -> nn.Module | None:
+    """The model a ``DistributedModelParallel`` wraps (past its DDP wrapper); ``None`` for any other module.
+
+    The function this integration gives the engine so that a DMP's path segments
+    (``_dmp_wrapped_module.module``) vanish from report paths, wherever the DMP
+    sits in the tree (the root, or a LightningModule's attribute).
+    """
+    dmp_mod = sys.modules.get("torchrec.distributed.model_parallel")
+    dmp_cls = getattr(dmp_mod, "DistributedModelParallel", None) if dmp_mod else None
+    if dmp_cls is not None and isinstance(module, dmp_cls):
+        inner = module.module
+        return inner if isinstance(inner, nn.Module) else None
+    return None
+
+
+def register_dmp_paths() -> bool:
+    """Have the engine report a DMP model under the unsharded model's paths (idempotent).
+
+    Returns:
+        ``True`` once :func:`dmp_unwrapper` is registered; ``False`` while
+        ``cb_callback`` has no public way to register it (then pass
+        :class:`ShardedModelCheck` to get the unsharded paths at the root).
+    """
+    global _paths_registered
+    if _paths_registered:
+        return True
+    # TODO(issue 16 §4, lead): `cb_callback.register_module_unwrapper(fn)` is the proposed public API
+    # (docs/torchrec.md, "Paths of a DMP model"): fn(module) returns the module a wrapper stands for, or None;
+    # the engine puts it at the wrapper's path wherever it names components (capture, tree, report).
+    # This is the one place the integration calls it; until the engine has it, this is a no-op.
+    register = getattr(cb_callback, "register_module_unwrapper", None)
+    if register is None:
+        return False
+    register(dmp_unwrapper)
+    _paths_registered = True
+    return True
+
+
+_paths_registered = False
 
 
 def sharded_modules(model: nn.Module) -> list[str]:
