@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from cb_callback._api import profile_components  # the engine's, writing files where output_dir says
 from cb_callback._engine.capture import Capture
+from cb_callback._engine.collectives import register_lockstep_module
+from cb_callback._engine.comm import collective_bytes
 from cb_callback._engine.config import BenchmarkConfig
 from cb_callback._engine.inputs import (
     ComponentInputs,
@@ -34,6 +36,7 @@ from cb_callback._engine.isolate import (
     Replay,
     ReplayInputs,
     register_grad_targets,
+    register_output_resolver,
     unobserved,
 )
 from cb_callback._engine.plugins import (
@@ -44,12 +47,14 @@ from cb_callback._engine.plugins import (
     PrepareContext,
     Preprocessor,
     TimedMetric,
+    register_metric,
 )
 from cb_callback._engine.preprocess import ReplicateBatch
 from cb_callback._engine.profile import profile_captured
 from cb_callback._engine.state import StateGuard, register_state_saver
 from cb_callback._engine.storage import storage_key
 from cb_callback._engine.timing import Sample, SampleSet
+from cb_callback._engine.tree import register_module_unwrapper
 from cb_callback._hardware.registry import register_device_peaks
 from cb_callback._metrics.flops import FlopsMetric, register_flop_rule
 from cb_callback._metrics.latency import LatencyMetric
@@ -96,6 +101,7 @@ __all__ = [
     "StateGuard",
     "TimedMetric",
     "TrafficMetric",
+    "collective_bytes",
     "compare_components",
     "profile_captured",
     "profile_components",
@@ -103,6 +109,10 @@ __all__ = [
     "register_device_peaks",
     "register_flop_rule",
     "register_grad_targets",
+    "register_lockstep_module",
+    "register_metric",
+    "register_module_unwrapper",
+    "register_output_resolver",
     "register_state_saver",
     "register_traffic_rule",
     "replicate_batch",

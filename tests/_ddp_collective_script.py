@@ -1,12 +1,15 @@
 """A two-process CPU DDP fit whose model all-reduces a statistic inside a submodule's forward.
 
 What ``SyncBatchNorm`` does (torch's own refuses CPU inputs): ``GlobalCenter``
-subtracts the mean over every rank's batch. Replaying it on one rank would wait
-forever for the other, so the profile must skip it, with ``ranks="zero"`` and
-with ``ranks="all"`` (run by test_callback_ddp.py; each rank writes
-``rank_<r>.json``).
+subtracts the mean over every rank's batch. Replaying it on one rank alone would
+wait forever for the other: it is replayed on both ranks together (lockstep),
+with ``ranks="zero"`` and with ``ranks="all"`` (run by test_ddp_collectives.py;
+each rank writes ``rank_<r>.json``).
 
-Usage: ``PYTHONPATH=<repo> python tests/_ddp_collective_script.py OUT``
+With ``plain`` the same fit runs without the callbacks (the unprofiled twin); each rank also writes its
+final parameters (``params``: name -> the tensor's values as nested lists).
+
+Usage: ``PYTHONPATH=<repo> python tests/_ddp_collective_script.py OUT [plain]``
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 
-def main(out: Path) -> None:
+def main(out: Path, plain: bool = False) -> None:
     import lightning.pytorch as pl
     import torch
     import torch.distributed as dist
@@ -46,7 +49,7 @@ def main(out: Path) -> None:
     pl.seed_everything(0, verbose=False)
     trainer = pl.Trainer(
         strategy="ddp", devices=2, accelerator="cpu", max_steps=3, default_root_dir=str(out), logger=False,
-        callbacks=[zero, every], enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[] if plain else [zero, every], enable_progress_bar=False, enable_model_summary=False,
         enable_checkpointing=False, limit_val_batches=0,
     )  # fmt: skip
     trainer.fit(CenteredMLP())
@@ -55,11 +58,14 @@ def main(out: Path) -> None:
     def rows(report: Any) -> dict[str, list[Any]] | None:
         if report is None:
             return None
-        return {r.path: [r.status, r.error, r.note] for r in report.rows}
+        return {r.path: [r.status, r.error, r.note, r.comm_bytes, r.comm_ms, r.fwd_flops] for r in report.rows}
 
-    result = {"rank": rank, "global_step": trainer.global_step, "zero": rows(zero.report), "all": rows(every.report)}
+    result = {
+        "rank": rank, "global_step": trainer.global_step, "zero": rows(zero.report), "all": rows(every.report),
+        "params": {n: p.detach().tolist() for n, p in trainer.lightning_module.named_parameters()},
+    }  # fmt: skip
     (out / f"rank_{rank}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), plain=sys.argv[2:] == ["plain"])

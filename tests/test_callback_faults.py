@@ -42,7 +42,7 @@ def test_hooks_are_removed_in_teardown_too(tmp_path: Path) -> None:
     model = MLPModule()
     cb = ComponentBenchmark(capture_step=0, **OPTS)
     cb._active = True
-    trainer: Any = type("T", (), {"global_step": 0, "sanity_checking": False, "global_rank": 0})()
+    trainer: Any = type("T", (), {"global_step": 0, "sanity_checking": False, "global_rank": 0, "world_size": 1})()
     cb.on_train_batch_start(trainer, model, None, 0)
     assert cb._capture is not None and cb._capture.active
     cb.teardown(trainer, model, "fit")

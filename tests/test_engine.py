@@ -55,6 +55,8 @@ def test_columns_are_the_contract() -> None:
         "noise",  # issue 7: appended after bound
         "compiled_ms",
         "compile_speedup",  # issue 10: the compile what-if, after noise
+        "comm_bytes",  # issue 16: the collectives of the component, after compile_speedup
+        "comm_ms",
     ]
     assert list(COLUMNS) == list(report.to_dataframe().columns)
 

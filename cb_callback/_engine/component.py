@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
@@ -17,6 +18,7 @@ from torch import nn
 
 from cb_callback._engine.collectives import CollectiveInReplay, refuse_collectives
 from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._engine.fsdp import has_unit, save_fsdp_state
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.isolate import Replay, instrumented_pass
 from cb_callback._engine.plugins import (
@@ -109,6 +111,10 @@ class Pending:
     committed_s: float = 0.0
     #: Which captured batch it replays (0 with one batch).
     batch: int = 0
+    #: The instrumented pass's seconds.
+    pass_s: float = 0.0
+    #: Its timed samples, once the lockstep phase took them (the schedule keeps the others').
+    samples: SampleSet | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -136,8 +142,13 @@ class ComponentRun:
         metrics: Sequence[Any],
         forward_context: Callable[[], AbstractContextManager[Any]] | None,
         batch_sizes: Sequence[int | None] = (),
+        lockstep: bool = False,
     ) -> None:
         self.model = model
+        #: Under a process group of several ranks: a component that communicates is not given up
+        #: but left for the lockstep phase (:mod:`cb_callback._engine.lockstep`), in ``deferred``.
+        self.lockstep = lockstep
+        self.deferred: list[tuple[str, int, str]] = []  # (path, batch, why)
         #: Each captured batch's batch size (for ``ReplicateBatch``); empty: the run's one.
         self.batch_sizes = list(batch_sizes)
         self.calls = calls
@@ -188,16 +199,25 @@ class ComponentRun:
         return inputs
 
     def start(
-        self, row: ComponentRow, module: nn.Module, calls: Mapping[str, ComponentInputs] | None = None, batch: int = 0
+        self,
+        row: ComponentRow,
+        module: nn.Module,
+        calls: Mapping[str, ComponentInputs] | None = None,
+        batch: int = 0,
+        collectives: bool = False,
+        warm: bool = True,
     ) -> Pending | None:
         """Replay one component once, observed; ``None`` when it failed (``row`` says why).
 
         ``calls`` is the batch's captured calls (default: the run's first batch).
 
         One instrumented forward + backward is observed by every
-        :class:`InstrumentingMetric` (FLOPs, bytes, memory) and serves as the
-        first warm-up. The timed runs come later, interleaved with the other
-        components' (:meth:`finish` takes their samples).
+        :class:`InstrumentingMetric` (FLOPs, bytes, memory, collectives) and
+        serves as the first warm-up. The timed runs come later, interleaved with
+        the other components' (:meth:`finish` takes their samples). Collectives
+        are refused (the component is deferred to the lockstep phase, or given
+        up) unless ``collectives``: every rank replays it now, in lockstep (then
+        ``warm=False`` leaves the rest of the warm-up to the lockstep phase).
         """
         calls = self.calls if calls is None else calls
         captured = calls[row.path]
@@ -220,6 +240,7 @@ class ComponentRun:
             seed=self.cfg.seed,
             forward_context=self.forward_context,
             grad_enabled=captured.grad_enabled and (self.cfg.backward or torch.is_grad_enabled()),
+            accumulate=collectives or has_unit(module),
         )
         ctx = MeasureContext(
             row.path, module, replay, self.cfg, self.device, {}, artifact_dir=artifact_dir(self.cfg, row.path)
@@ -227,17 +248,24 @@ class ComponentRun:
         try:
             instruments = [p.instrument(ctx) for p in self.observing]
             pass0 = time.perf_counter()
-            with refuse_collectives():  # under DDP: a collective would wait forever for the other ranks
+            # Under DDP, on one rank: a collective would wait forever for the other ranks.
+            restore = None if collectives else save_fsdp_state(module)  # a refused one leaves FSDP half way
+            with contextlib.nullcontext() if collectives else refuse_collectives():
                 result = instrumented_pass(replay, instruments, self.cfg.backward, path=row.path)
             pass_s = time.perf_counter() - pass0
         except CollectiveInReplay as e:
-            self._communicates(row, module, e)
+            if restore is not None:
+                restore()
+            self._communicates(row, module, e, batch)
             return None
         except Exception as e:
             self._after_error(e)
             wrapped = collective_in(e)
             if wrapped is not None:  # user code re-raised it as something else
-                self._communicates(row, module, wrapped)
+                self._communicates(row, module, wrapped, batch)
+                return None
+            if collectives:  # in lockstep: no probe on one rank (its collectives would wait)
+                row.status, row.error = "failed", f"replay raised {_error_text(e)}"
                 return None
             try:
                 with refuse_collectives():  # never a real collective on one rank
@@ -245,7 +273,7 @@ class ComponentRun:
             except Exception as plain:
                 wrapped = collective_in(plain)
                 if wrapped is not None:
-                    self._communicates(row, module, wrapped)
+                    self._communicates(row, module, wrapped, batch)
                     return None
                 self._after_error(plain)
                 row.status, row.error = "failed", f"replay raised {_error_text(plain)}"
@@ -265,7 +293,7 @@ class ComponentRun:
             values["unknown_leaves"] = inputs.unknown_leaves
         try:
             sampler = self.timing.sampler(ctx)
-            for _ in range(max(self.cfg.warmup - 1, 0)):  # the instrumented pass was the first warm-up run
+            for _ in range(max(self.cfg.warmup - 1, 0) if warm else 0):  # the pass was the first warm-up run
                 sampler()
             budget = self.timing.budget_s(ctx)
         except Exception as e:
@@ -273,13 +301,22 @@ class ComponentRun:
             return None
         # The instrumented pass runs under counting modes (slower than a plain run): an upper estimate.
         committed = max(budget, max(self.cfg.min_repeats, 1) * pass_s)
-        return Pending(row, ctx, values, sampler, budget, committed, batch)
+        return Pending(row, ctx, values, sampler, budget, committed, batch, pass_s)
 
-    def _communicates(self, row: ComponentRow, module: nn.Module, e: CollectiveInReplay) -> None:
-        """Not replayed (and never probed): a container is estimated from its other children."""
+    def defer(self, row: ComponentRow, batch: int, why: str) -> None:
+        """Leave the component for the lockstep phase (``row`` is filled there)."""
+        row.status, row.note = "skipped", f"replayed in lockstep across ranks ({why})"
+        self.deferred.append((row.path, batch, why))
+
+    def _communicates(self, row: ComponentRow, module: nn.Module, e: CollectiveInReplay, batch: int = 0) -> None:
+        """Deferred to the lockstep phase; without one (never probed), a container is estimated from
+        its other children."""
+        row.details["collective"] = e.op
+        if self.lockstep:
+            self.defer(row, batch, f"it communicates: {e.op}")
+            return
         row.status = "estimated" if any(True for _ in module.children()) else "skipped"
         row.note = str(e)
-        row.details["collective"] = e.op
 
     def finish(self, pending: Pending, samples: SampleSet) -> None:
         """Fill the row from its samples, then run the plugins that replay on their own."""

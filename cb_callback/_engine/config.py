@@ -115,6 +115,16 @@ class BenchmarkConfig:
             captures the run several times (``metadata["capture_series"]``: curves).
             The engine does not use it: it reaches the reporter through
             ``report.metadata["config"]``.
+        ranks: under a process group of several ranks (each calls the engine
+            with its own replica or shard and inputs): ``"all"`` every rank
+            profiles every component and rank 0's report adds each row's spread
+            over the ranks (``details["ranks"]``); ``"zero"`` rank 0 profiles, the
+            others only take part in the replays that communicate (they return a
+            report of those). The components that communicate are replayed on
+            every rank together either way (:mod:`cb_callback._engine.lockstep`).
+        lockstep_timeout_s: how long a rank waits for the others at an agreement
+            point of the lockstep replays; ``None``: 900 s (half the default
+            process group timeout).
         compile: the compile what-if: after every component's eager timing,
             compile each chosen component alone with ``torch.compile`` and time
             it as its eager run was timed (same captured inputs, warm-up and
@@ -162,6 +172,8 @@ class BenchmarkConfig:
     compile: bool = False
     compile_options: Mapping[str, Any] | None = None
     compile_top: int | None = None
+    ranks: Literal["all", "zero"] = "all"
+    lockstep_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         self._check_artifacts()
@@ -200,6 +212,10 @@ class BenchmarkConfig:
         positive_number("peak_flops", allow_none=True)
         if self.descend not in ("all", "hotspots"):
             raise bad("descend", "expected 'all' or 'hotspots'")
+        if self.ranks not in ("all", "zero"):
+            raise bad("ranks", "expected 'all' or 'zero'")
+        if self.lockstep_timeout_s is not None:
+            positive_number("lockstep_timeout_s")
         positive_number("descend_share", allow_zero=True)
         if self.descend_share > 1:
             raise bad("descend_share", "expected a share in [0, 1]")

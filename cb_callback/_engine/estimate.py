@@ -9,7 +9,10 @@ from cb_callback._report.model import ComponentRow
 __all__ = ["ADDITIVE", "derive", "estimate_from_children"]
 
 #: Per-call values that add up over children (weighted by their calls).
-ADDITIVE = ("fwd_ms", "bwd_ms", "cpu_ms", "device_ms", "fwd_flops", "bwd_flops", "bytes", "activation_mb")
+ADDITIVE = (
+    "fwd_ms", "bwd_ms", "cpu_ms", "device_ms", "fwd_flops", "bwd_flops", "bytes", "activation_mb", "comm_bytes",
+    "comm_ms",
+)  # fmt: skip
 
 _NAN = float("nan")
 

@@ -31,10 +31,53 @@ __all__ = [
     "flatten_output",
     "instrumented_pass",
     "register_grad_targets",
+    "register_output_resolver",
     "unobserved",
 ]
 
 _GRAD_TARGETS: list[Callable[[nn.Module], Iterable[torch.Tensor]]] = []
+_RESOLVERS: dict[type, Callable[[Any], Any]] = {}
+
+
+def register_output_resolver(cls: type, fn: Callable[[Any], Any]) -> None:
+    """Resolve outputs of type ``cls`` (and its subclasses) inside the replayed forward.
+
+    A forward that returns a handle to a result still in flight (torchrec's
+    ``LazyAwaitable``: its collectives are issued, ``.wait()`` finishes them)
+    would be timed without the wait and have no tensor to differentiate.
+    ``fn(obj)`` returns the result (``lambda a: a.wait()``); it runs inside the
+    timed forward, on the output itself and on each leaf of a returned tuple,
+    list or dict, as the real step's consumer would.
+
+    Raises:
+        ValueError: ``cls`` is not a class, ``fn`` not callable, or ``cls`` already has a resolver.
+    """
+    if not isinstance(cls, type) or not callable(fn):
+        raise ValueError(f"register_output_resolver({cls!r}, {fn!r}): expected a class and a callable")
+    if cls in _RESOLVERS:
+        raise ValueError(f"an output resolver for {cls.__qualname__} is already registered")
+    _RESOLVERS[cls] = fn
+
+
+def _resolver(x: Any) -> Callable[[Any], Any] | None:
+    return next((_RESOLVERS[c] for c in type(x).__mro__ if c in _RESOLVERS), None) if _RESOLVERS else None
+
+
+def _resolved(out: Any) -> Any:
+    """``out`` with every registered resolver applied (see :func:`register_output_resolver`)."""
+    if not _RESOLVERS:
+        return out
+    for _ in range(4):  # a resolver may return another handle
+        fn = _resolver(out)
+        if fn is None:
+            break
+        out = fn(out)
+
+    def leaf(x: Any) -> Any:
+        resolve = _resolver(x)
+        return x if resolve is None else resolve(x)
+
+    return pytree.tree_map(leaf, out)
 
 
 def register_grad_targets(fn: Callable[[nn.Module], Iterable[torch.Tensor]]) -> None:
@@ -71,12 +114,16 @@ class ReplayInputs:
 
 
 class Backward:
-    """A forward's graph, kept to replay its backward many times.
+    """A forward's graph, kept to replay its backward.
 
-    Calling it runs ``torch.autograd.grad(outputs, targets, grad_outputs,
-    retain_graph=True)``: the gradient w.r.t. the inputs that required grad in the
-    real step and the component's parameters that require grad. ``.grad`` fields
-    are not touched.
+    :meth:`run` runs ``torch.autograd.grad(outputs, targets, grad_outputs)``:
+    the gradient w.r.t. the inputs that required grad in the real step and the
+    component's parameters that require grad; ``.grad`` fields are not touched.
+    With ``accumulate`` (a component holding FSDP2 units, or any component
+    replayed in lockstep) it runs ``torch.autograd.backward`` instead, as the
+    real step's ``loss.backward()`` does: every node runs, collectives included,
+    and FSDP's post-backward hook reduce-scatters the gradients it finds; the
+    targets' ``.grad`` are set aside for the run and put back after it.
     """
 
     def __init__(
@@ -84,13 +131,35 @@ class Backward:
         outputs: list[torch.Tensor],
         grad_outputs: list[torch.Tensor],
         targets: list[torch.Tensor],
+        accumulate: bool = False,
     ) -> None:
         self.outputs = outputs
         self.grad_outputs = grad_outputs
         self.targets = targets
+        self.accumulate = accumulate
+
+    def run(self, retain_graph: bool = False) -> tuple[torch.Tensor | None, ...]:
+        """The backward once (``retain_graph``: keep the graph for another)."""
+        if self.accumulate:
+            # Every node of the graph runs, as in ``loss.backward()``: a collective in a backward
+            # node that leads to no target (torchrec's output all-to-all on a rank whose shards
+            # have no differentiable leaf) still runs, so no rank waits for one the others skip.
+            # The targets' ``.grad`` start empty and are put back after: nothing accumulates.
+            saved = [t.grad for t in self.targets]
+            for t in self.targets:
+                t.grad = None
+            try:
+                torch.autograd.backward(self.outputs, self.grad_outputs, retain_graph=retain_graph)
+            finally:
+                for t, g in zip(self.targets, saved, strict=True):
+                    t.grad = g
+            return ()
+        return torch.autograd.grad(
+            self.outputs, self.targets, self.grad_outputs, retain_graph=retain_graph, allow_unused=True
+        )
 
     def __call__(self, _: Any = None) -> tuple[torch.Tensor | None, ...]:
-        return torch.autograd.grad(self.outputs, self.targets, self.grad_outputs, retain_graph=True, allow_unused=True)
+        return self.run(retain_graph=True)
 
 
 class Replay:
@@ -127,8 +196,11 @@ class Replay:
         seed: int = 0,
         forward_context: Callable[[], AbstractContextManager[Any]] | None = None,
         grad_enabled: bool = True,
+        accumulate: bool = False,
     ) -> None:
         self.module = module
+        #: Backwards accumulate into ``.grad`` (:class:`Backward`): an FSDP2 unit's reduce-scatter runs.
+        self.accumulate = accumulate
         self.inputs = inputs
         self.device = device
         self.seed = seed
@@ -221,7 +293,7 @@ class Replay:
                 m.training = flag
         with torch.set_grad_enabled(self.grad_enabled), self._context():
             call = self.module if self._call is None else self._call
-            return call(*inp.args, **inp.kwargs)
+            return _resolved(call(*inp.args, **inp.kwargs))
 
     def grad_targets(self, inputs: ReplayInputs) -> list[torch.Tensor]:
         """Inputs that required grad (their leaves), the component's parameters that do,
@@ -273,7 +345,7 @@ class Replay:
             gen.manual_seed(self.seed)
             grads = [torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype) for t in outputs]
             self._grad_outputs = (key, grads)
-        return Backward(outputs, list(self._grad_outputs[1]), targets)
+        return Backward(outputs, list(self._grad_outputs[1]), targets, self.accumulate)
 
     def probe(self, backward: bool = True) -> bool:
         """One plain forward and (if any) one backward; raises what they raise.
@@ -489,7 +561,7 @@ def instrumented_pass(
             with contextlib.ExitStack() as bw:
                 for ins in observers:
                     bw.enter_context(ins.observe(bwd_ctx))
-                torch.autograd.grad(bwd.outputs, bwd.targets, bwd.grad_outputs, allow_unused=True)
+                bwd.run()
         result = PassResult(mutates_inputs=mutated, backward_ran=bwd is not None, output=out)
         del out, bwd
         for ctx in (whole_ctx, fwd_ctx, bwd_ctx):

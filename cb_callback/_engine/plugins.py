@@ -56,6 +56,8 @@ __all__ = [
     "checked_values",
     "load_entry_point_plugins",
     "models_restored",
+    "register_metric",
+    "registered_metrics",
     "validate_plugin",
 ]
 
@@ -189,7 +191,7 @@ class MeasureContext:
 #: The row columns a metric plugin may fill; the engine fills every other column.
 MEASURED_COLUMNS: tuple[str, ...] = (
     "fwd_ms", "bwd_ms", "cpu_ms", "device_ms", "fwd_flops", "bwd_flops",
-    "activation_mb", "peak_mem_mb", "bytes", "noise",
+    "activation_mb", "peak_mem_mb", "bytes", "noise", "comm_bytes", "comm_ms",
 )  # fmt: skip
 
 #: Keys a metric plugin may not return: the columns the engine fills (``path``,
@@ -352,6 +354,29 @@ def _kind_of(plugin: Any) -> str | None:
 
 
 _LOADED: dict[str, list[Any]] | None = None
+_REGISTERED_METRICS: dict[str, Any] = {}
+
+
+def register_metric(plugin: Any) -> None:
+    """Have every profile of this process use the metric plugin ``plugin``.
+
+    For integrations (the torchrec one registers its sharded-embedding metric on
+    import): a registered plugin runs after the built-in ones and before those
+    of ``metrics=`` and the entry points, in the order registered, as a user
+    plugin (a raising one lands in ``details["metric_errors"]``). Registering a
+    plugin under a ``name`` taken replaces the one registered before.
+
+    Raises:
+        TypeError: ``plugin`` fits no metric contract (:func:`validate_plugin`).
+    """
+    plugin = validate_plugin(plugin, "metric")
+    _REGISTERED_METRICS.pop(plugin.name, None)
+    _REGISTERED_METRICS[plugin.name] = plugin
+
+
+def registered_metrics() -> list[Any]:
+    """The plugins :func:`register_metric` registered, in order."""
+    return list(_REGISTERED_METRICS.values())
 
 
 def load_entry_point_plugins(

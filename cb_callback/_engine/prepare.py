@@ -15,6 +15,7 @@ from cb_callback._engine.plugins import (
     PrepareContext,
     Preprocessor,
     load_entry_point_plugins,
+    registered_metrics,
     validate_plugin,
 )
 from cb_callback._engine.storage import model_device
@@ -70,10 +71,13 @@ def resolve_device(wanted: Any, model: nn.Module) -> torch.device:
 
 
 def _plugins(cfg: BenchmarkConfig) -> tuple[list[Any], list[Any], list[Any]]:
-    """The user's preprocessors, metric plugins and reporters, validated; then the entry points'."""
+    """The user's preprocessors, metric plugins (after the registered ones) and reporters, validated;
+    then the entry points'."""
     found = load_entry_point_plugins() if cfg.load_plugins else {"metric": [], "reporter": [], "preprocessor": []}
     pre = [validate_plugin(p, "preprocessor") for p in cfg.preprocessors] + found["preprocessor"]
-    met = [validate_plugin(p, "metric") for p in cfg.metrics] + found["metric"]
+    mine = [validate_plugin(p, "metric") for p in cfg.metrics]
+    names = {p.name for p in mine}  # a plugin passed in metrics= wins over a registered one of its name
+    met = [p for p in registered_metrics() if p.name not in names] + mine + found["metric"]
     rep = [validate_plugin(p, "reporter") for p in cfg.reporters] + found["reporter"]
     return pre, met, rep
 

@@ -15,10 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from cb_callback._engine import lockstep
 from cb_callback._engine.batches import batch_size_of, merged_calls
 from cb_callback._engine.capture import Capture
 from cb_callback._engine.component import ComponentRun
 from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._engine.fsdp import fsdp1_problem
 from cb_callback._engine.inputs import (
     ComponentInputs,
     InputCopyError,
@@ -26,6 +28,7 @@ from cb_callback._engine.inputs import (
     leading_batch_size,
     to_device,
 )
+from cb_callback._engine.lockstep import Coordinator, check_plan
 from cb_callback._engine.metadata import run_metadata
 from cb_callback._engine.plugins import models_restored
 from cb_callback._engine.prepare import Prepared, infer_dtype, prepare
@@ -119,11 +122,16 @@ def _profile(
         meta["batches"] = len(batches)
     dtype = infer_dtype(model, device, cfg)
     sizes = [prepared.context.batch_size, *(batch_size_of(c) for c in batches[1:])] if multi else []
+    if (problem := fsdp1_problem(model)) is not None:
+        raise ValueError(f"cb_callback: {problem}")
+    coord = Coordinator.create(cfg.lockstep_timeout_s)  # several ranks: what communicates runs in lockstep
     run = ComponentRun(
         model, calls, cfg, device, prepared.context, [*builtin_preprocessors(cfg), *prepared.preprocessors],
-        prepared.metrics, forward_context, sizes,
+        prepared.metrics, forward_context, sizes, lockstep=coord is not None,
     )  # fmt: skip
     nodes, modules = build_tree(model, calls, cfg.max_depth)
+    if coord is not None:
+        check_plan(coord, [(n.path, n.module_type) for n in nodes], _plan_options(cfg, len(batches)))
     # The guard also restores the RNG a CPU calibration draws from; every preprocessor of the run
     # (profile_components prepared them) is undone after the replays, also on error.
     with models_restored(prepared.preprocessors, model, prepared.context), StateGuard(model):
@@ -131,8 +139,10 @@ def _profile(
         peaks = _peaks(device, dtype, cfg)
         budget0 = time.perf_counter()  # max_total_time_s excludes the one-off calibration
         load = LoadProbe()
-        schedule = Schedule(run, nodes, modules, batches, calls, cfg, device, budget0)
+        schedule = Schedule(run, nodes, modules, batches, calls, cfg, device, budget0, coord)
         schedule.run_levels()
+        if coord is not None:
+            lockstep.phase(schedule, coord)
         if cfg.compile:
             schedule.compile_phase()
         load.stop()
@@ -141,6 +151,10 @@ def _profile(
     estimate_parents(nodes, rows)
     derive_all(rows.values(), peaks)
     fill_share(rows, schedule.per_batch)
+    if coord is not None:
+        meta["ranks"] = {"world_size": coord.world, "rank": coord.rank, "profiles": cfg.ranks}
+        if cfg.ranks == "all":
+            lockstep.merge_ranks(coord, rows)
     for row in rows.values():
         row.compile_speedup = compile_speedup(row)
     if cfg.compile:
@@ -159,6 +173,13 @@ def _profile(
     ctx = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
     _write(report, prepared.reporters, ctx)
     return report
+
+
+def _plan_options(cfg: BenchmarkConfig, n_batches: int) -> dict[str, Any]:
+    """The options every rank's plan depends on: ranks with different ones cannot replay in lockstep."""
+    names = ("descend", "descend_share", "ranks", "backward", "max_depth", "warmup", "rounds", "min_repeats",
+             "max_repeats", "include", "exclude")  # fmt: skip
+    return {**{n: getattr(cfg, n) for n in names}, "batches": n_batches}
 
 
 def _peaks(device: torch.device, dtype: str, cfg: BenchmarkConfig) -> Peaks:
@@ -235,7 +256,9 @@ def profile_components(
     Raises:
         ValueError: an unknown option or an invalid value (naming it), or
             ``batches`` together with ``args``/``kwargs``, or a batch that is
-            not ``(args, kwargs)``.
+            not ``(args, kwargs)``, or a model sharded with FSDP1
+            (``FullyShardedDataParallel``; the message names FSDP2, the
+            supported path).
 
     Notes:
         Isolation cannot see cross-module fusion, cache warmth left by the
@@ -253,6 +276,8 @@ def profile_components(
     cfg = (config or BenchmarkConfig()).replace(**options) if options else (config or BenchmarkConfig())
     if not isinstance(model, nn.Module):
         raise ValueError(f"model={type(model).__name__!r} is not an nn.Module")
+    if (problem := fsdp1_problem(model)) is not None:  # before the capture forward: nothing runs
+        raise ValueError(f"cb_callback: {problem}")
     inference = torch.is_inference_mode_enabled()
     grad_note = _grad_mode_note(inference)
     if grad_note is not None and cfg.backward:

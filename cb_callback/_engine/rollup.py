@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from cb_callback._engine.estimate import derive, estimate_from_children
+from cb_callback._engine.parts import derive_parts
 from cb_callback._engine.quality import inconsistent_pairs
 from cb_callback._engine.tree import Node
 from cb_callback._hardware.peaks import Peaks, bandwidth_ceiling
@@ -107,9 +108,11 @@ def pairs_by_batch(per_batch: Mapping[str, Mapping[int, ComponentRow]], n: int) 
 
 def derive_all(rows: Iterable[ComponentRow], peaks: Peaks) -> None:
     """Each row's derived rates (:func:`cb_callback._engine.estimate.derive`) and, for a measured
-    row whose working set picks a cache level, ``details["bw_ceiling"]`` (the level and its GB/s)."""
+    row whose working set picks a cache level, ``details["bw_ceiling"]`` (the level and its GB/s); a plugin's
+    ``details["parts"]`` and ``details["planned"]`` completed (:mod:`cb_callback._engine.parts`)."""
     for row in rows:
         derive(row, peaks.flops, peaks.bandwidth)
+        derive_parts(row, peaks.bandwidth)
         ceiling = bandwidth_ceiling(peaks, row.details.get("working_set_bytes")) if row.status == "ok" else None
         if ceiling is not None and ceiling.bandwidth is not None:
             row.details["bw_ceiling"] = {"level": ceiling.name, "gbps": ceiling.bandwidth / 1e9}

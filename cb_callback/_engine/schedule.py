@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from cb_callback._engine.batches import input_signature, merge_batches
+from cb_callback._engine.collectives import lockstep_reasons
 from cb_callback._engine.component import ComponentRun, Pending, params_mb
 from cb_callback._engine.config import BenchmarkConfig
 from cb_callback._engine.descend import (
@@ -21,6 +22,7 @@ from cb_callback._engine.descend import (
     not_descended_note,
     step_cost_ms,
 )
+from cb_callback._engine.fsdp import has_unit, is_unit, shard_bytes, unit_of
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.quality import inconsistent_pairs, is_noisy
 from cb_callback._engine.timing import SampleSet, cpu_canary, interleave
@@ -59,8 +61,16 @@ class Schedule:
         cfg: BenchmarkConfig,
         device: torch.device,
         budget0: float,
+        coord: Any = None,
     ) -> None:
         self.run, self.nodes, self.modules, self.cfg, self.device = run, nodes, modules, cfg, device
+        #: The lockstep coordinator under several ranks (``None``: one process).
+        self.coord = coord
+        #: Whether this rank fills rows (``ranks="zero"``: rank 0 alone; every rank replays in lockstep).
+        self.profiles = coord is None or cfg.ranks == "all" or coord.rank == 0
+        self.units = {p for p, m in modules.items() if is_unit(m)} if coord is not None else set()
+        # Components whose collectives a rank-local probe would not see (DDP's backward all-reduce).
+        self._lockstep_why = lockstep_reasons(modules) if coord is not None else {}
         self.batches, self.calls, self.budget0 = list(batches), calls, budget0
         self.multi = len(self.batches) > 1
         self.by_path = {n.path: n for n in nodes}
@@ -109,6 +119,9 @@ class Schedule:
             row.details["aliases"] = list(node.aliases)
         if node.shared_with:
             row.details["shared_with"] = list(node.shared_with)
+        if self.coord is not None and has_unit(self.modules[node.path]):
+            local, full = shard_bytes(self.modules[node.path])  # params_mb counts the unsharded parameters
+            row.details["sharded"] = {"params_local_mb": local / 2**20, "params_full_mb": full / 2**20}
         self.rows[node.path] = row
         return row
 
@@ -126,6 +139,8 @@ class Schedule:
             row.status, row.note = "skipped", reason
         elif over and (path != "" or cfg.max_total_time_s == 0):
             row.status, row.note = "skipped", budget_note(cfg.max_total_time_s or 0.0, spent, committed, len(started))
+        elif path in self.calls and self._lockstep_only(node, row):
+            pass
         elif path in self.calls and not self.multi:
             begun = self.run.start(row, self.modules[path])
             if begun is not None:
@@ -142,6 +157,59 @@ class Schedule:
             row.status, row.note = "estimated", "never called itself (a container)"
         else:
             row.status, row.note = "not_run", "neither it nor a descendant ran in the captured forward"
+
+    def _lockstep_only(self, node: Node, row: ComponentRow) -> bool:
+        """Whether the component is left to the lockstep phase (an FSDP2 unit's child: its parameters
+        are sharded until its unit is unsharded), or not replayed here at all (``ranks="zero"``)."""
+        if self.coord is None:
+            return False
+        unit = unit_of(node.path, self.units) if node.path not in self.units else None
+        if unit is not None:
+            for b, batch_calls in enumerate(self.batches):
+                if node.path in batch_calls:
+                    row_b = self.row_of(node.path, b) if self.multi else row
+                    self.run.defer(row_b, b, f"its FSDP2 unit {unit or 'root'} holds its parameters sharded")
+            return True
+        why = self._lockstep_why.get(node.path)
+        if why is not None:
+            for b, batch_calls in enumerate(self.batches):
+                if node.path in batch_calls:
+                    self.run.defer(self.row_of(node.path, b) if self.multi else row, b, why)
+            return True
+        if not self.profiles:
+            row.status, row.note = "skipped", "profiled on rank 0 (ranks='zero'): this rank replays in lockstep only"
+            return True
+        return False
+
+    def row_of(self, path: str, batch: int) -> ComponentRow:
+        """The row of ``path`` for ``batch`` (with several batches, its batch's own, made when first asked)."""
+        if not self.multi:
+            return self.rows[path]
+        rows = self.per_batch.setdefault(path, {})
+        if batch not in rows:
+            calls = self.batches[batch][path].calls if path in self.batches[batch] else 0
+            rows[batch] = dataclasses.replace(self.rows[path], calls=calls, details={})
+        return rows[batch]
+
+    def time_local(self, started: list[Pending]) -> None:
+        """Time rank-local components outside the levels (an FSDP2 unit's children) and fill their rows."""
+        timed = time_interleaved(started, self.rows, self.cfg, self._done, self._steps, self.device, self.canary_s)
+        for p in started:
+            self.run.finish(p, timed[p.key])
+            if not self.multi:
+                self.samples[p.row.path] = timed[p.key]
+        self.pending += started
+
+    def merge(self, paths: set[str]) -> None:
+        """With several batches: merge the per-batch rows of ``paths`` (filled outside their level)."""
+        if not self.multi:
+            return
+        for path in paths:
+            if path in self.per_batch:
+                shapes = {
+                    b: input_signature(self.batches[b][path]) for b in self.per_batch[path] if path in self.batches[b]
+                }
+                merge_batches(self.rows[path], self.per_batch[path], shapes)
 
     def _finish(
         self, level: Sequence[Node], started: Sequence[Pending], timed: Mapping[tuple[str, int], SampleSet]
@@ -176,7 +244,7 @@ class Schedule:
         cfg = self.cfg
         measured: dict[str, list[Pending]] = {}
         for p in self.pending:
-            if p.row.status == "ok":
+            if p.row.status == "ok" and not _across_ranks(p.row):
                 measured.setdefault(p.row.path, []).append(p)
         over = {path: self.cost(path) or 0.0 for path in measured}
         ok = [self.rows[path] for path in measured if self.rows[path].status == "ok"]
@@ -288,7 +356,7 @@ def artifact_targets(
     """
     chosen: dict[str, Any] = {}
     for p in pending:
-        if p.row.status != "ok":
+        if p.row.status != "ok" or _across_ranks(p.row):
             continue
         mid = rows[p.row.path].details.get("median_batch")
         if p.row.path not in chosen or p.batch == mid:
@@ -298,6 +366,12 @@ def artifact_targets(
         return ok
     top = {id(p) for p in sorted(ok, key=lambda p: cost.get(p.row.path) or 0.0, reverse=True)[: cfg.artifacts_top]}
     return [p for p in ok if id(p) in top]
+
+
+def _across_ranks(row: ComponentRow) -> bool:
+    """Replayed in lockstep, or under its FSDP unit unsharded: not replayed again on one rank (the
+    compile what-if and the artifacts replay alone)."""
+    return "lockstep" in row.details or "fsdp" in row.details
 
 
 def budget_note(limit: float, spent: float, committed: float, started: int) -> str:

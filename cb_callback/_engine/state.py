@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 import numpy as np
@@ -17,9 +17,14 @@ __all__ = ["RngState", "StateGuard", "register_state_saver", "seeded"]
 # Extra savers: callables ``saver(module) -> restore()`` for state that is not a
 # parameter or buffer (e.g. an optimizer step counter kept as a python attribute).
 _SAVERS: list[Callable[[nn.Module], Callable[[], None]]] = []
+# Per saver, the parameters whose values and gradients it puts back itself (the guard does not judge them).
+_OWNS: list[Callable[[nn.Module], Iterable[torch.Tensor]]] = []
 
 
-def register_state_saver(saver: Callable[[nn.Module], Callable[[], None]]) -> None:
+def register_state_saver(
+    saver: Callable[[nn.Module], Callable[[], None]],
+    owns: Callable[[nn.Module], Iterable[torch.Tensor]] | None = None,
+) -> None:
     """Register ``saver(root) -> restore`` for state :class:`StateGuard` does not know.
 
     ``saver`` is called on entering the guard with the guarded module and returns
@@ -27,10 +32,14 @@ def register_state_saver(saver: Callable[[nn.Module], Callable[[], None]]) -> No
     optimizers whose step counters are plain attributes and whose kernels write
     tables without bumping a version counter; a parameter that a replay writes in
     a way the guard cannot foresee (see :class:`StateGuard`) needs one too.
+    ``owns(root)``, when given, lists the parameters whose values and ``.grad`` the
+    saver puts back itself: the guard does not warn about their version counters.
     """
     if saver in _SAVERS:
         raise ValueError(f"state saver {saver!r} is already registered")
     _SAVERS.append(saver)
+    if owns is not None:
+        _OWNS.append(owns)
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -89,10 +98,10 @@ def _written_by_replays(module: nn.Module) -> set[int]:
 class _Param:
     """One parameter's saved state: its ``.grad`` object, versions, and host copies if written."""
 
-    __slots__ = ("data", "grad", "grad_copy", "grad_version", "name", "param", "version")
+    __slots__ = ("data", "grad", "grad_copy", "grad_version", "name", "owned", "param", "version")
 
-    def __init__(self, name: str, p: nn.Parameter, written: bool) -> None:
-        self.name, self.param = name, p
+    def __init__(self, name: str, p: nn.Parameter, written: bool, owned: bool = False) -> None:
+        self.name, self.param, self.owned = name, p, owned
         self.version = p._version
         self.grad = p.grad
         self.grad_version = None if p.grad is None else p.grad._version
@@ -106,6 +115,8 @@ class _Param:
             p.data.copy_(self.data)
         if p.grad is not self.grad:
             p.grad = self.grad
+        if self.owned:  # a registered saver puts its values and gradient back
+            return None
         lost = self.data is None and p._version != self.version
         if self.grad is not None and self.grad._version != self.grad_version:
             if self.grad_copy is not None:
@@ -166,9 +177,10 @@ class StateGuard:
 
     def __enter__(self) -> StateGuard:
         written = _written_by_replays(self._module)
+        owned = {id(t) for owns in _OWNS for t in owns(self._module)}
         with torch.no_grad():
             for name, p in self._module.named_parameters():
-                self._params.append(_Param(name, p, id(p) in written))
+                self._params.append(_Param(name, p, id(p) in written and id(p) not in owned, id(p) in owned))
             for mod in self._module.modules():
                 self._flags.append((mod, mod.training))
                 for name, buf in mod._buffers.items():

@@ -4,14 +4,64 @@ from __future__ import annotations
 
 import fnmatch
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from torch import nn
 
 from cb_callback._engine.inputs import ComponentInputs
 
-__all__ = ["Node", "Placement", "build_tree", "component_paths", "filter_reasons"]
+__all__ = ["Node", "Placement", "build_tree", "component_paths", "filter_reasons", "register_module_unwrapper"]
+
+_UNWRAPPERS: list[Callable[[nn.Module], nn.Module | None]] = []
+
+
+def register_module_unwrapper(fn: Callable[[nn.Module], nn.Module | None]) -> None:
+    """Have a wrapper module stand for the module it wraps, in every path the engine names.
+
+    ``fn(module)`` returns the module a wrapper stands for (a descendant of it), or
+    ``None`` for any other module. The wrapper keeps its own path and row; the
+    wrapped module's children take paths below the wrapper's, and the modules
+    in between (the wrapper's plumbing, e.g. ``_dmp_wrapped_module.module`` of
+    torchrec's ``DistributedModelParallel``) get no path and no row. Register at
+    import time (an integration does on import).
+
+    Raises:
+        ValueError: ``fn`` is already registered, or is not callable.
+    """
+    if not callable(fn):
+        raise ValueError(f"register_module_unwrapper({fn!r}): expected a callable fn(module) -> module or None")
+    if fn in _UNWRAPPERS:
+        raise ValueError(f"module unwrapper {fn!r} is already registered")
+    _UNWRAPPERS.append(fn)
+
+
+def _renames(root: nn.Module) -> list[tuple[str, str]]:
+    """``(chain, wrapper)`` raw names: below ``chain`` (the wrapped module) names start at ``wrapper``."""
+    if not _UNWRAPPERS:
+        return []
+    out = []
+    for raw, module in root.named_modules(remove_duplicate=False):
+        for fn in _UNWRAPPERS:
+            inner = fn(module)
+            if inner is None or inner is module:
+                continue
+            rel = next((r for r, m in module.named_modules() if m is inner and r), None)
+            if rel is not None:
+                out.append((f"{raw}.{rel}" if raw else rel, raw))
+    return out
+
+
+def _renamed(name: str, renames: list[tuple[str, str]]) -> str | None:
+    """``name`` with each wrapper's plumbing taken out; ``None`` for a module of that plumbing."""
+    for chain, wrapper in renames:
+        inside = wrapper == "" or name.startswith(wrapper + ".")
+        if name != wrapper and inside and (name == chain or chain.startswith(name + ".")):
+            return None
+        if name.startswith(chain + "."):
+            rest = name[len(chain) + 1 :]
+            name = f"{wrapper}.{rest}" if wrapper else rest
+    return name
 
 
 @dataclass
@@ -77,7 +127,12 @@ def component_paths(root: nn.Module) -> dict[str, Placement]:
     out: dict[str, Placement] = {}
     canon: dict[str, str] = {}  # every name -> the node it is
     node_of: dict[tuple[int, str | None], str] = {}  # (module, parent node) -> node path
-    for index, (name, mod) in enumerate(root.named_modules(remove_duplicate=False)):
+    renames = _renames(root)
+    for index, (raw, mod) in enumerate(root.named_modules(remove_duplicate=False)):
+        renamed = _renamed(raw, renames)
+        if renamed is None:  # a wrapper's plumbing (register_module_unwrapper)
+            continue
+        name = renamed
         if name == "":
             canon[""] = ""
             node_of[(id(mod), None)] = ""

@@ -24,7 +24,7 @@ from cb_callback._lightning import step as _step
 from cb_callback._lightning.args import DISABLE_ENV, check_callback_args, disabled_by_env
 from cb_callback._lightning.child import ChildResult
 from cb_callback._lightning.fork import Fork, fork_report
-from cb_callback._lightning.spawn import fork_problem
+from cb_callback._lightning.spawn import fork_problem, fork_sharded_problem
 from cb_callback._lightning.step import StepCaptures
 from cb_callback._lightning.when import CaptureSchedule
 from cb_callback._report.context import ReportContext
@@ -50,8 +50,7 @@ class ComponentBenchmark(Callback):
     ``component_benchmark/`` (curves over the captures). The options from ``max_depth`` to ``load_plugins``
     are :class:`cb_callback.BenchmarkConfig`'s; below is what differs (docs/callback.md has the details).
 
-    Example: ``L.Trainer(callbacks=[cb := ComponentBenchmark(capture_step=10)]).fit(model)``, then
-    ``print(cb.report.summary())``.
+    Example: ``L.Trainer(callbacks=[cb := ComponentBenchmark(capture_step=10)]).fit(model)``; ``cb.report``.
 
     Args:
         capture_step: the ``trainer.global_step`` whose first micro-batch is captured (resumed past it: its first).
@@ -68,7 +67,7 @@ class ComponentBenchmark(Callback):
         output_dir: default ``<log_dir>/component_benchmark``; ``ranks="all"`` adds ``rank_<global_rank>/``.
         log_to_tensorboard: log to the first ``TensorBoardLogger`` of ``trainer.loggers``.
         stop_after: stop training once every scheduled capture is profiled (not with ``capture_every``).
-        ranks: ``"zero"``: rank 0 profiles, the others wait; ``"all"``: every rank profiles, rank 0 logs.
+        ranks: ``"zero"``: rank 0 profiles; ``"all"``: every rank does (sharded: every rank replays in lockstep).
         enabled: ``False`` makes the callback do nothing (so does ``CB_DISABLE=1``).
         fork_timeout_s: how long ``on_train_end`` waits for the fork child (``None``: no limit).
 
@@ -76,16 +75,14 @@ class ComponentBenchmark(Callback):
         ValueError: an invalid argument, naming it.
 
     Attributes:
-        report: the latest :class:`cb_callback.Report` once profiling finished, else ``None``.
-        reports: every capture's report by its first step.
+        report: the latest :class:`cb_callback.Report` once profiled, else ``None``; ``reports``: each by its step.
         output_dir: the resolved output directory (after ``setup``).
 
     Notes:
-        Training is unchanged (bit-identical losses and weights): hooks only copy inputs, the replay runs
-        after the (last) captured batch (with gradient accumulation, its step's first micro-batch) and
-        restores weights, buffers, grads, flags and RNG streams. A fork child still profiling holds the next
-        capture back to the first step after it finishes. Isolation cannot see fusion across modules, cache
-        state or overlap with communication; ``"fork"`` timings include contention.
+        Training is unchanged (bit-identical losses and weights): hooks only copy inputs, the replay runs after
+        the (last) captured batch (with gradient accumulation, its step's first micro-batch) and restores
+        weights, grads, buffers, flags, RNG and FSDP's state. A fork child still profiling holds the next
+        capture back. Isolation cannot see fusion across modules, cache state or overlap with communication.
     """
 
     def __init__(
@@ -111,7 +108,7 @@ class ComponentBenchmark(Callback):
         capture_batches: int = 1, capture_every: int | None = None, capture_steps: Sequence[int] | None = None,
         capture_batch_size: int | None = None, output_dir: str | None = None,
         log_to_tensorboard: bool = True, stop_after: bool = False, ranks: Literal["zero", "all"] = "zero",
-        enabled: bool = True, fork_timeout_s: float | None = 300.0,
+        enabled: bool = True, fork_timeout_s: float | None = 300.0, lockstep_timeout_s: float | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         self.config = check_callback_args(locals())  # every argument, by name
@@ -164,9 +161,8 @@ class ComponentBenchmark(Callback):
             self.mode = "pause"
         place.check_pause_device(self.config.device if self.mode == "pause" else None)
         log_dir = lambda: trainer.log_dir or trainer.default_root_dir  # noqa: E731  (a broadcast: every rank asks)
-        self.output_dir = place.output_dir(
-            self._output_dir_arg, log_dir, self.ranks, trainer.world_size, trainer.global_rank
-        )
+        ws, rank = trainer.world_size, trainer.global_rank
+        self.output_dir = place.output_dir(self._output_dir_arg, log_dir, self.ranks, ws, rank)
         if (message := self._schedule.unreachable_warning(trainer.max_steps)) is not None:
             self._warned_unreached = True
             rank_zero_warn(message)
@@ -189,7 +185,11 @@ class ComponentBenchmark(Callback):
         window = self._schedule.window()
         if window is not None and not trainer.sanity_checking and window.take(step):
             self._pending = True
-            if place.profiles_on_rank(self.ranks, trainer.global_rank):
+            if self.mode == "fork" and (problem := fork_sharded_problem(pl_module, trainer.world_size)) is not None:
+                rank_zero_warn(problem)  # every rank sees the same model: every rank switches
+                self.mode = "pause"
+            lockstep = self.mode == "pause" and trainer.world_size > 1  # every rank replays what communicates
+            if place.profiles_on_rank(self.ranks, trainer.global_rank) or lockstep:
                 self._capture = _step.step_capture(pl_module, self.capture_batch_size).__enter__()
 
     def _disarm(self) -> Capture | None:
@@ -228,7 +228,8 @@ class ComponentBenchmark(Callback):
         """Profile (pause) or fork after the capture's last batch, named by its first ``step``; never raises."""
         if not window.captures:  # a rank that does not profile
             return
-        out = self._schedule.output_dir(self.output_dir, step) if self._files_ok else None
+        mine = place.profiles_on_rank(self.ranks, trainer.global_rank)  # else: it takes part in lockstep only
+        out = self._schedule.output_dir(self.output_dir, step) if self._files_ok and mine else None
         for message in _step.capture_warnings(step, pl_module, window.captures[0], outputs):
             rank_zero_warn(message)
         cfg, metadata = _step.plan(
@@ -243,7 +244,8 @@ class ComponentBenchmark(Callback):
                 show = trainer.is_global_zero and trainer.progress_bar_callback is not None
                 forward = trainer.precision_plugin.forward_context
                 report = run.profile_here(pl_module, window, cfg, metadata, ctx, forward, show)
-                self._publish(trainer, report, _publish.write_files(report, ctx), step)
+                if mine:
+                    self._publish(trainer, report, _publish.write_files(report, ctx), step)
                 return
             device = str(self.config.device or pl_module.device)
             self._fork = run.fork(pl_module, window, cfg, metadata, out, device, step, trainer.precision)

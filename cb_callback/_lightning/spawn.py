@@ -12,8 +12,9 @@ import multiprocessing
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
-__all__ = ["fork_problem", "refuse_training_in_spawned_child", "spawn_problem"]
+__all__ = ["fork_problem", "fork_sharded_problem", "refuse_training_in_spawned_child", "spawn_problem"]
 
 _GUARD_RE = re.compile(r"""__name__\s*==\s*["']__main__["']""")
 
@@ -91,4 +92,25 @@ def fork_problem(model_cls: type) -> str | None:
     return (
         f"cb_callback: ComponentBenchmark(mode='fork') cannot fork: {problem}. Profiling in-process "
         "(mode='pause') instead."
+    )
+
+
+def fork_sharded_problem(module: Any, world_size: int) -> str | None:
+    """The warning for a fork-mode capture of a sharded model over several ranks, or ``None``.
+
+    A forked child has no process group: it could not replay an FSDP2 unit, a
+    torchrec sharded module or anything else that must run on every rank
+    together. Such a capture is profiled in-process, in lockstep, instead.
+    """
+    if world_size <= 1:
+        return None
+    from cb_callback._engine.collectives import lockstep_reasons
+    from cb_callback._engine.fsdp import has_unit
+
+    why = "it holds FSDP2 units" if has_unit(module) else lockstep_reasons({"": module}).get("")
+    if why is None:
+        return None
+    return (
+        f"cb_callback: ComponentBenchmark(mode='fork') cannot fork a sharded model over {world_size} ranks ({why}): "
+        "its child process has no process group. Profiling in-process (mode='pause'), every rank in lockstep, instead."
     )

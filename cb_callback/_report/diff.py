@@ -62,7 +62,7 @@ UNKNOWN_NOISE = 0.05
 
 #: Counted or sized, not timed: judged exactly (equal is unchanged, any difference a change).
 EXACT_METRICS = frozenset(
-    {"fwd_flops", "bwd_flops", "bytes", "params_mb", "activation_mb", "peak_mem_mb", "intensity", "calls"}
+    {"fwd_flops", "bwd_flops", "bytes", "params_mb", "activation_mb", "peak_mem_mb", "intensity", "calls", "comm_bytes"}
 )
 
 #: Rates and fractions of a timed run: compared per call (a rate times a call count means
@@ -70,7 +70,7 @@ EXACT_METRICS = frozenset(
 RATE_METRICS = frozenset({"mfu", "bw_util", "tflops", "gbps", "share", "compile_speedup"})
 
 #: Besides every ``*_ms`` column, what adds up over the step's calls: compared as ``metric × calls``.
-OVER_STEP_METRICS = frozenset({"fwd_flops", "bwd_flops", "bytes", "activation_mb"})
+OVER_STEP_METRICS = frozenset({"fwd_flops", "bwd_flops", "bytes", "activation_mb", "comm_bytes"})
 
 #: Fractions, shown in percent.
 _PERCENT = frozenset({"mfu", "bw_util", "share"})

@@ -52,6 +52,8 @@ ADDED_COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "noise": ("noise %", lambda v: _cell(v, 1, 100.0)),
     "compiled_ms": ("compiled ms", lambda v: _cell(v, 3)),
     "compile_speedup": ("compile x", lambda v: _cell(v, 2)),
+    "comm_bytes": ("comm MB", lambda v: _cell(v, 3, 1e-6)),
+    "comm_ms": ("comm ms", lambda v: _cell(v, 3)),
 }
 
 

@@ -35,6 +35,10 @@ class ComponentRow:
     its timed runs (IQR ÷ median of fwd + bwd). ``compiled_ms`` is fwd + bwd of
     the component compiled alone with ``torch.compile`` (``BenchmarkConfig.compile``;
     NaN when not compiled) and ``compile_speedup`` is ``total_ms / compiled_ms``.
+    ``comm_bytes`` is the payload of the collectives the component issues per call,
+    forward and backward (as nccl-tests counts it; 0 when it issues none) and
+    ``comm_ms`` their time (measured when it was replayed in lockstep across ranks,
+    each collective waited for as it is issued; NaN otherwise).
     ``details["flags"]`` lists the
     row's measurement-quality flags (see :mod:`cb_callback._engine.quality`).
 
@@ -74,6 +78,8 @@ class ComponentRow:
     noise: float = _NAN
     compiled_ms: float = _NAN
     compile_speedup: float = _NAN
+    comm_bytes: float = _NAN
+    comm_ms: float = _NAN
     details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,466 @@
+"""Replaying what communicates on every rank together, on a plan rank 0 decides, never a hang.
+
+Under a process group of several ranks each rank profiles its own replica or
+shard of the model on its own captured inputs. A component whose replay
+communicates (an FSDP2 unit, a torchrec sharded module, a module that
+all-reduces, a DTensor module) cannot be replayed on one rank alone: its
+collectives would wait for the others forever. Those components are replayed in
+*lockstep*: every rank runs the same replays in the same order, so their
+collectives complete and are measured for real. What does not communicate is
+replayed rank-locally, as on one process.
+
+The protocol, on a gloo group of its own (:class:`Coordinator`) whose timeout
+bounds every agreement (``BenchmarkConfig.lockstep_timeout_s``; default half the
+default process group's timeout, 15 min):
+
+1. *Fingerprint* (:func:`check_plan`): every rank's component paths and types,
+   the options that decide the plan, and the dense input shapes of what it
+   captured, gathered first. Ranks with different models or options fail on
+   every rank with one ``ValueError`` naming the first difference, before
+   anything is replayed.
+2. *Which components communicate* is found rank-locally (their instrumented
+   pass refuses collectives and raises at the first one; see
+   :mod:`cb_callback._engine.collectives`); FSDP2 units' children are known from
+   the tree. Rank 0 takes the union of every rank's and broadcasts the plan:
+   the components, in breadth-first order.
+3. Per component, every rank: a probe that refuses collectives (an error before
+   the first collective is reported, not waited for), then the instrumented
+   pass with collectives running (FLOPs, bytes, memory, and each collective's
+   payload), then an *agreement point* where every rank says whether it got
+   there. Rank 0 decides the number of timed runs (from the slowest rank's pass)
+   and broadcasts it; every rank runs exactly that many, in ``rounds`` slices
+   with an agreement point after each. A rank whose run raises issues the rest
+   of that run's collectives on zero tensors (:func:`cb_callback._engine.comm.drain`)
+   so the others finish it, then every rank fails the component at the next
+   agreement point and goes on. Last, three passes time each collective
+   (waited for as it is issued): ``comm_ms``.
+4. An FSDP2 unit's children are replayed with the unit unsharded: one
+   all-gather on every rank, then each rank's own replays (rank-local, no
+   collective), then the unit is resharded.
+
+What is bounded by what: an agreement point waits at most the coordinator's
+timeout for the slowest rank. A rank that fails between two collectives of a
+component's very first lockstep pass cannot be drained (its sequence is not
+known yet): the others then wait in the model's own collective until the
+model's process group times out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch import nn
+
+from cb_callback._engine.collectives import CollectiveInReplay, distributed_world_size, refuse_collectives
+from cb_callback._engine.comm import CommCounter, comm_table, drain
+from cb_callback._engine.component import ComponentRun, Pending
+from cb_callback._engine.fsdp import is_unit, save_fsdp_state, unsharded
+from cb_callback._engine.inputs import ComponentInputs
+from cb_callback._engine.isolate import PassContext, Phase, Replay, instrumented_pass
+from cb_callback._engine.timing import Sample, SampleSet
+from cb_callback._report.model import ComponentRow
+from cb_callback._report.model import error_text as _error_text
+
+__all__ = ["COMM_PASSES", "DEFAULT_TIMEOUT_S", "Coordinator", "Step", "check_plan", "run_plan"]
+
+#: The coordinator's timeout without ``lockstep_timeout_s``: half the default process group's (30 min).
+DEFAULT_TIMEOUT_S = 900.0
+
+#: Passes that time each collective of a lockstep component (``comm_ms`` is their median).
+COMM_PASSES = 3
+
+
+class Coordinator:
+    """Agreement among the ranks of the default process group, on a gloo group of its own.
+
+    Args:
+        timeout_s: how long an agreement waits for the slowest rank.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        dist = torch.distributed
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.timeout_s = timeout_s
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+    @classmethod
+    def create(cls, timeout_s: float | None) -> Coordinator | None:
+        """A coordinator when the default process group has several ranks, else ``None``."""
+        if distributed_world_size() <= 1:
+            return None
+        return cls(DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s))
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        box = [obj if self.rank == 0 else None]
+        torch.distributed.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+
+def _dense_shapes(inputs: ComponentInputs | None) -> list[tuple[int, ...]] | None:
+    if inputs is None:
+        return None
+    leaves = torch.utils._pytree.tree_leaves((inputs.args, inputs.kwargs))
+    return [tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor) and t.layout == torch.strided]
+
+
+def check_plan(coord: Coordinator, paths: Sequence[tuple[str, str]], options: Mapping[str, Any]) -> None:
+    """Fail on every rank, naming the first difference, when the ranks' trees or plan options differ.
+
+    Args:
+        coord: the coordinator.
+        paths: every component's ``(path, module type)``, in the tree's order.
+        options: the options every rank must share (descend, ranks, backward …).
+
+    Raises:
+        ValueError: on every rank, the same message.
+    """
+    mine = {"paths": list(paths), "options": dict(options)}
+    every = coord.gather(mine)
+    first = every[0]
+    for rank, theirs in enumerate(every[1:], start=1):
+        if theirs == first:
+            continue
+        if theirs["options"] != first["options"]:
+            diff = sorted(k for k in first["options"] if first["options"][k] != theirs["options"].get(k))
+            what = (
+                f"options differ: {diff[0]}={first['options'][diff[0]]!r} on rank 0, {theirs['options'].get(diff[0])!r}"
+            )
+        else:
+            at = next(
+                (i for i, (a, b) in enumerate(zip(first["paths"], theirs["paths"], strict=False)) if a != b),
+                min(len(first["paths"]), len(theirs["paths"])),
+            )
+            what = f"component {at} is {_named(first['paths'], at)} on rank 0 and {_named(theirs['paths'], at)}"
+        raise ValueError(
+            f"cb_callback: the ranks cannot profile in lockstep: {what} on rank {rank}. Every rank must "
+            "profile the same model (same tree) with the same options; nothing was replayed"
+        )
+
+
+def _named(paths: Sequence[Any], at: int) -> str:
+    return f"{paths[at][0] or 'root'} ({paths[at][1]})" if at < len(paths) else "missing"
+
+
+@dataclass
+class Step:
+    """One item of the lockstep plan: a component (``unit=None``), or a unit's children under it unsharded."""
+
+    path: str
+    batch: int
+    children: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.path, self.batch)
+
+
+def run_plan(
+    coord: Coordinator,
+    plan: Sequence[Step],
+    *,
+    run: ComponentRun,
+    rows: Callable[[str, int], ComponentRow],
+    modules: Mapping[str, nn.Module],
+    batches: Sequence[Mapping[str, ComponentInputs]],
+    profiles: bool,
+    time_local: Callable[[list[Pending]], Mapping[tuple[str, int], SampleSet]],
+) -> dict[tuple[str, int], Pending]:
+    """Run the plan on every rank (see the module docstring); return the lockstep components' pendings.
+
+    Args:
+        coord: the coordinator.
+        plan: the steps, the same on every rank.
+        run: how each component is measured.
+        rows: the row of ``(path, batch)``.
+        modules: the modules by path.
+        batches: each batch's captured calls.
+        profiles: whether this rank fills rows (``ranks="zero"``: rank 0 only); every rank takes part
+            in the collectives.
+        time_local: times rank-local pendings (an FSDP unit's children) and fills their rows.
+    """
+    done: dict[tuple[str, int], Pending] = {}
+    for step in plan:
+        if step.children:
+            _children(coord, step, run, rows, modules, batches, profiles, time_local)
+            continue
+        pending = _component(coord, step, run, rows(step.path, step.batch), modules[step.path], batches[step.batch])
+        if pending is not None:
+            done[step.key] = pending
+    return done
+
+
+def _agree(coord: Coordinator, error: str | None) -> str | None:
+    """Every rank's error at an agreement point: the first one, named by its rank, else ``None``."""
+    errors = coord.gather(error)
+    first = next(((r, e) for r, e in enumerate(errors) if e is not None), None)
+    if first is None:
+        return None
+    rank, text = first
+    return text if rank == coord.rank else f"on rank {rank}: {text}"
+
+
+def _fail(row: ComponentRow, error: str) -> None:
+    row.status, row.error = "failed", error
+    row.note = None
+
+
+def _component(
+    coord: Coordinator,
+    step: Step,
+    run: ComponentRun,
+    row: ComponentRow,
+    module: nn.Module,
+    calls: Mapping[str, ComponentInputs],
+) -> Pending | None:
+    """One communicating component, replayed in lockstep; its pending (samples and comm filled) or ``None``."""
+    cfg = run.cfg
+    probe_error = None if step.path in calls else "the real step did not call it on this rank"
+    if probe_error is None:
+        probe_error = _probe(run, row, module, calls, step.batch)
+    error = _agree(coord, probe_error)
+    if error is not None:
+        _fail(row, error)
+        return None
+    reference = CommCounter(keep=True)
+    row.status, row.note = "not_run", None
+    with reference:  # one pass: the sequence of collectives every run issues (to drain a run that fails)
+        pending = run.start(row, module, calls, step.batch, collectives=True, warm=False)
+    error = _agree(coord, None if pending is not None else (row.error or "its replay failed"))
+    if error is not None or pending is None:
+        _fail(row, error or row.error or "its replay failed")
+        return None
+    repeats = coord.broadcast(
+        _repeats(pending.budget_s, max(coord.gather(pending.pass_s)), cfg.min_repeats, cfg.max_repeats)
+    )
+    kept = reference.kept
+    error = _warm(coord, pending, max(cfg.warmup - 1, 0), kept)
+    samples, error = (
+        (SampleSet(), error) if error is not None else _timed_runs(coord, pending, repeats, max(cfg.rounds, 1), kept)
+    )
+    if error is not None:
+        _fail(row, error)
+        return None
+    samples.timed_s = sum(s.total_ms for s in samples.samples) / 1e3
+    pending.values.update(_comm_times(pending, cfg.backward))
+    run.finish(pending, samples)
+    pending.row.details["lockstep"] = {"ranks": coord.world, "repeats": repeats}
+    pending.samples = samples
+    return pending
+
+
+def _warm(coord: Coordinator, pending: Pending, n: int, kept: Sequence[tuple[Any, Any, Any]]) -> str | None:
+    """``n`` untimed runs on every rank (the rest of ``warmup``); a run that raises is drained."""
+    error = None
+    for _ in range(n):
+        counter = CommCounter()
+        try:
+            with counter:
+                pending.sampler()
+        except Exception as e:
+            error = error or f"a warm-up run raised {_error_text(e)}"
+            drain(kept[len(counter.calls) :])
+    return _agree(coord, error)
+
+
+def _probe(
+    run: ComponentRun, row: ComponentRow, module: nn.Module, calls: Mapping[str, ComponentInputs], batch: int
+) -> str | None:
+    """A replay that refuses collectives: ``None`` when it reaches its first collective (or has none),
+    else why it failed before communicating."""
+    try:
+        inputs = run.inputs_for(row.path, module, calls, batch)
+        replay = Replay(module, inputs, device=run.device, seed=run.cfg.seed, forward_context=run.forward_context)
+        restore = save_fsdp_state(module)  # a refused collective leaves FSDP's hooks half way
+        try:
+            with refuse_collectives():
+                replay.probe(run.cfg.backward)
+        finally:
+            restore()
+    except CollectiveInReplay:
+        return None
+    except Exception as e:
+        return f"replay raised {_error_text(e)} (before its first collective)"
+    return None
+
+
+def _repeats(budget_s: float, pass_s: float, low: int, high: int) -> int:
+    """Timed runs for a component: its budget over the slowest rank's instrumented pass, in ``[low, high]``."""
+    need = math.ceil(budget_s / pass_s) if pass_s > 0 else high
+    return min(max(need, low, 1), high)
+
+
+def _timed_runs(
+    coord: Coordinator, pending: Pending, repeats: int, rounds: int, kept: Sequence[tuple[Any, Any, Any]]
+) -> tuple[SampleSet, str | None]:
+    """``repeats`` timed runs in ``rounds`` slices, an agreement point after each; a run that raises is drained."""
+    samples = SampleSet()
+    for r in range(rounds):
+        n = math.ceil((repeats - len(samples.samples)) / (rounds - r)) if repeats > len(samples.samples) else 0
+        error: str | None = None
+        for i in range(n + (1 if n >= 2 else 0)):  # a slice of two or more starts with an untimed run
+            counter = CommCounter()
+            try:
+                with counter:
+                    sample = pending.sampler()
+            except Exception as e:
+                error = error or f"a timed run raised {_error_text(e)}"
+                drain(kept[len(counter.calls) :])
+                continue
+            if i > 0 or n < 2:
+                samples.samples.append(sample)
+        samples.rounds += 1 if n else 0
+        error = _agree(coord, error)
+        if error is not None:
+            return samples, error
+    return samples, None
+
+
+def _comm_times(pending: Pending, backward: bool) -> dict[str, Any]:
+    """``comm_ms`` (median over :data:`COMM_PASSES` passes of the sum of every collective's time, each
+    waited for as it is issued) and ``details["comm"]`` with each op's ``ms`` (that pass's)."""
+    totals: list[float] = []
+    tables: list[list[dict[str, Any]]] = []
+    for _ in range(COMM_PASSES):
+        counter = CommCounter(wait=True)
+        with counter:
+            instrumented_pass(pending.ctx.replay, [_Phases(counter)], backward, path=pending.row.path)
+        totals.append(sum(c.ms for c in counter.calls))
+        tables.append(comm_table(counter.calls))
+    mid = sorted(range(len(totals)), key=totals.__getitem__)[len(totals) // 2]
+    return {"comm_ms": statistics.median(totals), "comm": tables[mid], "comm_passes": COMM_PASSES}
+
+
+class _Phases:
+    """An instrument that names the phase each collective of a comm pass ran in."""
+
+    def __init__(self, counter: CommCounter) -> None:
+        self.counter = counter
+
+    def observe(self, ctx: PassContext) -> AbstractContextManager[None]:
+        if ctx.phase is Phase.PASS:
+            return contextlib.nullcontext()
+        return self.counter.in_phase(ctx.phase.value)
+
+    def values(self) -> dict[str, Any]:
+        return {}
+
+
+def _children(
+    coord: Coordinator,
+    step: Step,
+    run: ComponentRun,
+    rows: Callable[[str, int], ComponentRow],
+    modules: Mapping[str, nn.Module],
+    batches: Sequence[Mapping[str, ComponentInputs]],
+    profiles: bool,
+    time_local: Callable[[list[Pending]], Mapping[tuple[str, int], SampleSet]],
+) -> None:
+    """A unit's children, replayed rank-locally while the unit is unsharded (one all-gather on every rank)."""
+    unit = modules[step.path]
+    error = _agree(coord, None if is_unit(unit) else f"{step.path or 'root'} is not an FSDP unit on this rank")
+    if error is not None:
+        for child in step.children:
+            _fail(rows(child, step.batch), error)
+        return
+    started: list[Pending] = []
+    with unsharded(unit):
+        if profiles:
+            for child in step.children:
+                row = rows(child, step.batch)
+                row.status, row.note = "not_run", None
+                calls = batches[step.batch]
+                if child not in calls:
+                    row.status, row.note = "not_run", "neither it nor a descendant ran in the captured forward"
+                    continue
+                begun = run.start(row, modules[child], calls, step.batch)
+                if begun is not None:
+                    row.details["fsdp"] = f"replayed with its unit {step.path or 'root'} unsharded (compute only)"
+                    started.append(begun)
+            time_local(started)
+        coord.gather(None)  # the others wait here while this rank times its children
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _sample_total(s: Sample) -> float:
+    return s.total_ms
+
+
+def plan_of(deferred: Sequence[Sequence[tuple[str, int, str]]], order: Sequence[str], units: set[str]) -> list[Step]:
+    """The lockstep plan from every rank's deferred components (rank 0 decides it; every rank runs it).
+
+    The union of what each rank deferred, in the tree's order: an FSDP2 unit's children as one step
+    under their unit (placed at the first child), every other component a step of its own.
+    """
+    from cb_callback._engine.fsdp import unit_of
+
+    keys = sorted({(p, b) for rank in deferred for p, b, _ in rank}, key=lambda k: (order.index(k[0]), k[1]))
+    steps: list[Step] = []
+    groups: dict[tuple[str, int], int] = {}
+    for path, batch in keys:
+        unit = unit_of(path, units) if path not in units else None
+        if unit is None:
+            steps.append(Step(path, batch))
+        elif (unit, batch) in groups:
+            at = groups[(unit, batch)]
+            steps[at] = Step(unit, batch, (*steps[at].children, path))
+        else:
+            groups[(unit, batch)] = len(steps)
+            steps.append(Step(unit, batch, (path,)))
+    return steps
+
+
+def phase(schedule: Any, coord: Coordinator) -> None:
+    """The lockstep phase of a run (after every level's rank-local replays; see the module docstring)."""
+    every = coord.gather(list(schedule.run.deferred))
+    order = [n.path for n in schedule.nodes]
+    plan = coord.broadcast(plan_of(every, order, schedule.units) if coord.rank == 0 else None)
+    done = run_plan(
+        coord, plan, run=schedule.run, rows=schedule.row_of, modules=schedule.modules, batches=schedule.batches,
+        profiles=schedule.profiles, time_local=schedule.time_local,
+    )  # fmt: skip
+    for (path, _), pending in done.items():
+        schedule.pending.append(pending)
+        if not schedule.multi and pending.samples is not None:
+            schedule.samples[path] = pending.samples
+    schedule.merge({s.path for s in plan} | {c for s in plan for c in s.children})
+
+
+def merge_ranks(coord: Coordinator, rows: Mapping[str, ComponentRow]) -> None:
+    """Each row's ``total_ms`` and ``comm_ms`` on every rank, in ``details["ranks"]`` (min, median,
+    max, the straggler: the rank of the max), on every rank (the same figures; rank 0 reports them)."""
+    mine = {p: (r.total_ms, r.comm_ms, r.status) for p, r in rows.items()}
+    every = coord.gather(mine)
+    for path, row in rows.items():
+        out: dict[str, Any] = {}
+        for i, name in enumerate(("total_ms", "comm_ms")):
+            per_rank = [e.get(path, (math.nan, math.nan, ""))[i] for e in every]
+            finite = [(v, r) for r, v in enumerate(per_rank) if isinstance(v, float) and math.isfinite(v)]
+            if not finite:
+                continue
+            values = sorted(v for v, _ in finite)
+            out[name] = {
+                "per_rank": per_rank, "min": values[0], "median": statistics.median(values), "max": values[-1],
+            }  # fmt: skip
+            if name == "total_ms":
+                out["straggler"] = max(finite)[1]
+        if out:
+            row.details["ranks"] = out

@@ -1,0 +1,207 @@
+"""Two CPU ranks (gloo) profiling in lockstep: an FSDP2 model, a plan mismatch, a rank that raises.
+
+Run by test_lockstep.py, one scenario per process pair; each rank writes ``rank_<r>.json`` into OUT.
+
+Usage: ``PYTHONPATH=<repo> python tests/_lockstep_script.py SCENARIO OUT``
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+FEATURES, HIDDEN, CLASSES, BATCH = 16, 32, 4, 8
+OPTS: dict[str, Any] = dict(
+    warmup=1, min_run_time_s=0.0, min_repeats=2, max_repeats=2, rounds=2, peak_flops=1e12, peak_bandwidth=1e11,
+    load_plugins=False,
+)  # fmt: skip
+
+
+class Block(nn.Module):
+    """A residual MLP block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(FEATURES, HIDDEN)
+        self.fc2 = nn.Linear(HIDDEN, FEATURES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class Net(nn.Module):
+    """Three blocks and a head (what the issue's FSDP2 case shards)."""
+
+    def __init__(self, extra: bool = False) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block() for _ in range(3)])
+        self.head = nn.Linear(FEATURES, CLASSES)
+        if extra:  # a different model on one rank: the plan mismatch
+            self.extra = nn.Linear(CLASSES, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def sharded(extra: bool = False) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Net(extra)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def batch(rank: int) -> torch.Tensor:
+    return torch.randn(BATCH, FEATURES, generator=torch.Generator().manual_seed(rank))
+
+
+def rows(report: Any) -> dict[str, dict[str, Any]]:
+    def num(v: float) -> float | None:
+        return v if isinstance(v, float) and math.isfinite(v) else None
+
+    return {
+        r.path: {
+            "status": r.status, "error": r.error, "note": r.note, "fwd_flops": num(r.fwd_flops),
+            "bwd_flops": num(r.bwd_flops), "comm_bytes": num(r.comm_bytes), "comm_ms": num(r.comm_ms),
+            "params_mb": num(r.params_mb), "ranks": r.details.get("ranks"), "comm": r.details.get("comm"),
+        }
+        for r in report.rows
+    }  # fmt: skip
+
+
+def fsdp(rank: int, out: Path, ranks: str) -> dict[str, Any]:
+    """One real step, a profile on every rank, one more step; the same without the profile."""
+    from cb_callback import profile_components
+
+    def twin(profile: bool) -> tuple[list[torch.Tensor], list[torch.Tensor | None], Any]:
+        model = sharded()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = batch(rank)
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        t0 = time.perf_counter()
+        report = profile_components(model, x, ranks=ranks, **OPTS) if profile else None
+        seconds.append(time.perf_counter() - t0)
+        loss = model(x).sum()
+        loss.backward()
+        grads = [None if p.grad is None else p.grad.to_local().clone() for p in model.parameters()]
+        opt.step()
+        return [p.to_local().clone() for p in model.parameters()], grads, report
+
+    seconds: list[float] = []
+    a, ga, report = twin(True)
+    b, gb, _ = twin(False)
+    same = all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    same_grads = all(x is not None and y is not None and torch.equal(x, y) for x, y in zip(ga, gb, strict=True))
+    return {
+        "identical": same, "identical_grads": same_grads, "rows": rows(report), "seconds": seconds[0],
+        "meta_ranks": report.metadata.get("ranks"),
+    }  # fmt: skip
+
+
+def mismatch(rank: int, out: Path) -> dict[str, Any]:
+    """Rank 1 profiles a model with one more module: a clear error on both ranks, nothing replayed."""
+    from cb_callback import profile_components
+
+    torch.manual_seed(0)
+    layers = [nn.Linear(FEATURES, FEATURES), Center(), nn.ReLU(), nn.Linear(FEATURES, CLASSES)]
+    if rank == 1:
+        layers.append(nn.ReLU())
+    model = nn.Sequential(*layers)
+    before = [p.detach().clone() for p in model.parameters()]
+    t0 = time.perf_counter()
+    try:
+        profile_components(model, batch(rank), **OPTS)
+    except ValueError as e:
+        seconds = time.perf_counter() - t0
+        return {"error": str(e), "seconds": seconds, "center_calls": model[1].count, "untouched": _same(model, before)}
+    return {"error": None}
+
+
+def _same(model: nn.Module, before: list[torch.Tensor]) -> bool:
+    """Every parameter equal to its copy taken before the profile, bit for bit, and no gradient left."""
+    params = list(model.parameters())
+    return all(torch.equal(p, b) and p.grad is None for p, b in zip(params, before, strict=True))
+
+
+class Center(nn.Module):
+    """x minus the mean over every rank's batch (an all-reduce in its forward); on rank 1 its sixth call
+    raises before the all-reduce (a timed run: the others must not wait for it forever)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count += 1
+        if dist.get_rank() == 1 and self.count == 6:
+            raise RuntimeError("rank 1 gives up")
+        total = x.detach().sum(0, keepdim=True)
+        dist.all_reduce(total)
+        return x - total / (BATCH * dist.get_world_size())
+
+
+def raises(rank: int, out: Path) -> dict[str, Any]:
+    from cb_callback import profile_components
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(FEATURES, FEATURES), Center(), nn.ReLU(), nn.Linear(FEATURES, CLASSES))
+    before = [p.detach().clone() for p in model.parameters()]
+    t0 = time.perf_counter()
+    report = profile_components(model, batch(rank), **OPTS)
+    seconds = time.perf_counter() - t0
+    return {"rows": rows(report), "seconds": seconds, "center_calls": model[1].count, "untouched": _same(model, before)}
+
+
+def unsharded_flops(out: Path) -> None:
+    """The same model, not sharded, on one process: the FLOPs the sharded profile must equal."""
+    from cb_callback import profile_components
+
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    report = profile_components(Net(), batch(0), **OPTS)
+    result = {"rows": rows(report), "seconds": time.perf_counter() - t0}
+    (out / "unsharded.json").write_text(json.dumps(result))
+
+
+def _worker(rank: int, scenario: str, out: Path) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank, world_size=2)
+    try:
+        if scenario in ("fsdp", "fsdp_zero"):
+            result = fsdp(rank, out, "zero" if scenario == "fsdp_zero" else "all")
+        elif scenario == "mismatch":
+            result = mismatch(rank, out)
+        else:
+            result = raises(rank, out)
+    except Exception:
+        result = {"crash": traceback.format_exc()}
+    (out / f"rank_{rank}.json").write_text(json.dumps(result, default=str))
+    dist.destroy_process_group()
+
+
+def main(scenario: str, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if scenario == "unsharded":
+        unsharded_flops(out)
+        return
+    mp.spawn(_worker, args=(scenario, out), nprocs=2, join=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))

@@ -1,0 +1,132 @@
+"""Lockstep replay across two CPU ranks (gloo): FSDP2 measured whole, a plan mismatch, a rank that raises.
+
+Each scenario runs ``tests/_lockstep_script.py`` in a subprocess with a timeout that fails the test:
+nothing here can hang CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "tests" / "_lockstep_script.py"
+
+# The FSDP2 model: three blocks Linear(16, 32) -> ReLU -> Linear(32, 16) and a head Linear(16, 4).
+BLOCK_PARAMS = 16 * 32 + 32 + 32 * 16 + 16  # 1072 floats: one unit's flat parameter, all-gathered whole
+HEAD_PARAMS = 16 * 4 + 4  # 68 floats: the root unit's own (the head's)
+# A block unit per call: its forward all-gathers its 1072 floats, its backward all-gathers them again
+# (resharded after forward) and reduce-scatters the 1072-float gradient: 3 x 1072 x 4 bytes.
+BLOCK_COMM = 3 * BLOCK_PARAMS * 4
+# The root: its own all-gather and reduce-scatter (a root is not resharded after forward: no backward
+# all-gather) plus the three blocks'.
+ROOT_COMM = 2 * HEAD_PARAMS * 4 + 3 * BLOCK_COMM
+
+
+def _run(scenario: str, out: Path, timeout: int = 240) -> list[dict[str, Any]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CB_DISABLE": ""}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), scenario, str(out)], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if scenario == "unsharded":
+        return [json.loads((out / "unsharded.json").read_text())]
+    results = [json.loads((out / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    for r in results:
+        assert "crash" not in r, r["crash"]
+    return results
+
+
+@pytest.fixture(scope="module")
+def unsharded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    (result,) = _run("unsharded", tmp_path_factory.mktemp("unsharded"))
+    return result
+
+
+@pytest.mark.slow
+def test_fsdp2_every_row_is_measured_with_its_communication_and_training_is_untouched(
+    tmp_path: Path, unsharded: dict[str, Any]
+) -> None:
+    ranks = _run("fsdp", tmp_path)
+    for rank, result in enumerate(ranks):
+        # a step after profiling leaves the same local shards and gradients as on an unprofiled twin
+        assert result["identical"] and result["identical_grads"], rank
+        rows = result["rows"]
+        # every unit and every child of a unit measured (before: 11 of 12 rows failed or estimated);
+        # "blocks" is a ModuleList, never called itself: estimated from its three blocks as always
+        assert {p: r["status"] for p, r in rows.items() if r["status"] != "ok"} == {"blocks": "estimated"}, rank
+        for path, row in rows.items():  # FLOPs are the unsharded model's, forward and backward
+            mine = unsharded["rows"][path]
+            assert (row["fwd_flops"], row["bwd_flops"]) == (mine["fwd_flops"], mine["bwd_flops"]), path
+        for b in range(3):
+            assert rows[f"blocks.{b}"]["comm_bytes"] == BLOCK_COMM
+            # a unit's children replay with the unit unsharded: compute alone
+            assert rows[f"blocks.{b}.fc1"]["comm_bytes"] == rows[f"blocks.{b}.fc2"]["comm_bytes"] == 0
+        assert rows[""]["comm_bytes"] == ROOT_COMM and rows["head"]["comm_bytes"] == 0
+        table = {(c["op"], c["phase"]): (c["count"], c["bytes"]) for c in rows["blocks.1"]["comm"]}
+        assert table == {
+            ("c10d._allgather_base_", "forward"): (1, BLOCK_PARAMS * 4),
+            ("c10d._allgather_base_", "backward"): (1, BLOCK_PARAMS * 4),
+            ("c10d._reduce_scatter_base_", "backward"): (1, BLOCK_PARAMS * 4),
+        }
+        assert rows["blocks.1"]["comm_ms"] is not None and rows["blocks.1"]["comm_ms"] > 0  # finite, timed
+    # ranks="all": each row's spread over the ranks, the same on both
+    spread = ranks[0]["rows"][""]["ranks"]
+    assert spread == ranks[1]["rows"][""]["ranks"]
+    per_rank = spread["total_ms"]["per_rank"]
+    assert len(per_rank) == 2 and spread["total_ms"]["max"] == max(per_rank)
+    assert spread["straggler"] == per_rank.index(max(per_rank))
+    assert ranks[0]["meta_ranks"] == {"world_size": 2, "rank": 0, "profiles": "all"}
+
+
+@pytest.mark.slow
+def test_fsdp2_with_ranks_zero_every_rank_takes_part_in_the_lockstep_replays(tmp_path: Path) -> None:
+    ranks = _run("fsdp_zero", tmp_path)
+    assert ranks[0]["identical"] and ranks[1]["identical"]
+    zero, one = ranks[0]["rows"], ranks[1]["rows"]
+    assert {p for p, r in zero.items() if r["status"] != "ok"} == {"blocks"}
+    # rank 1 replayed the units with rank 0 (their collectives needed it) but not the rank-local rest
+    assert one["blocks.0"]["status"] == "ok" and one["head"]["status"] == "skipped"
+    assert zero[""]["ranks"] is None  # no spread over the ranks with ranks="zero"
+
+
+@pytest.mark.slow
+def test_a_plan_mismatch_is_an_error_on_every_rank_within_seconds(tmp_path: Path) -> None:
+    ranks = _run("mismatch", tmp_path, timeout=120)
+    message = (
+        "cb_callback: the ranks cannot profile in lockstep: component 5 is missing on rank 0 and 4 (ReLU) on "
+        "rank 1. Every rank must profile the same model (same tree) with the same options; nothing was replayed"
+    )
+    for result in ranks:
+        assert result["error"] == message
+        assert result["seconds"] < 30
+        assert result["center_calls"] == 1  # the capture forward only: nothing was replayed
+        assert result["untouched"] is True
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_mid_replay_fails_that_component_on_every_rank_and_the_run_goes_on(tmp_path: Path) -> None:
+    ranks = _run("raise", tmp_path, timeout=180)
+    for rank, result in enumerate(ranks):
+        rows = result["rows"]
+        # Center (path 1) raises on rank 1 at its sixth call, a timed run of the root's lockstep
+        # replay (call 1 the capture, 2 the rank-local probe, 3-5 the root's probe, pass and first
+        # run). Rank 1 drained that run's all-reduce, so rank 0 finished it; then both failed the root
+        # (estimated from its children) and went on: Center itself is measured.
+        root = rows[""]
+        assert root["status"] == "estimated", rank
+        expected = "a timed run raised RuntimeError: rank 1 gives up"
+        assert root["error"] == (expected if rank == 1 else f"on rank 1: {expected}")
+        assert {p: r["status"] for p, r in rows.items() if p} == dict.fromkeys(["0", "1", "2", "3"], "ok")
+        # one all-reduce per forward of a [1, 16] float32 sum: 64 bytes
+        assert rows["1"]["comm_bytes"] == 64.0
+        assert result["seconds"] < 120
+        # the failed and drained runs left nothing behind: weights as before, no gradient
+        assert result["untouched"] is True
