@@ -11,8 +11,10 @@ Each rank:
 3. calls ``cb_callback.profile_components`` on the profiled model with that step's batch (every rank at once);
 4. compares the two models' local state (tables, fused optimizer state, dense parameters): right after the
    profile and after one more real step on both;
-5. writes ``OUT/<sharding>/rank_<r>.json``: the plan, the report's rows (``path -> [status, error, note, module_type,
-   total_ms]``), ``torchrec_planned`` (:func:`cb_callback.integrations.torchrec.planned_perf` of the plan), the
+5. writes ``OUT/<sharding>/rank_<r>.json``: the plan, the report's rows (``path -> [status, error, note,
+   module_type, total_ms, fwd_ms, bwd_ms, comm_bytes, comm_ms, bytes, details["comm"], details["no_backward"],
+   {details "torchrec", "parts", "planned", "ranks"}]``), ``torchrec_planned``
+   (:func:`cb_callback.integrations.torchrec.planned_perf` of the plan), the
    twin comparison (``state_diff_after_profile``, ``state_diff_after_step``: the names of the tensors that differ),
    and ``error`` (the profile's exception, if it raised; the script still writes its file).
 
@@ -174,7 +176,17 @@ def state_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def rows_of(report: Any) -> dict[str, list[Any]]:
-    return {r.path: [r.status, r.error, r.note, r.module_type, r.total_ms] for r in report.rows}
+    def num(v: float) -> float | None:
+        return v if v == v and abs(v) != float("inf") else None
+
+    return {
+        r.path: [
+            r.status, r.error, r.note, r.module_type, num(r.total_ms), num(r.fwd_ms), num(r.bwd_ms),
+            num(r.comm_bytes), num(r.comm_ms), num(r.bytes), r.details.get("comm"), r.details.get("no_backward"),
+            {k: r.details[k] for k in ("torchrec", "parts", "planned", "ranks") if k in r.details},
+        ]
+        for r in report.rows
+    }  # fmt: skip
 
 
 def plan_of(dmp: Any) -> dict[str, dict[str, list[Any]]]:
@@ -249,7 +261,7 @@ def summary(out: Path, shardings: list[str]) -> str:
                 continue
             res = json.loads(path.read_text())
             lines.append(f"[{sharding}] rank {rank}: error={res['error']}")
-            for p, (status, error, note, mtype, _) in (res.get("rows") or {}).items():
+            for p, (status, error, note, mtype, *_) in (res.get("rows") or {}).items():
                 why = (error or note or "")[:110]
                 lines.append(f"  {p or '<root>'} [{mtype}] {status} {why}")
             lines.append(f"  state differs after profile: {res.get('state_diff_after_profile')}")

@@ -21,8 +21,8 @@ pytest.importorskip("torchrec")
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "_dmp_script.py"
 GLOO_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
+RUNS = (*GLOO_TYPES, "mixed")  # mixed: t0 table-wise on rank 0, t1 column-wise, t2 row-wise, t3 data-parallel
 EBC = "sparse_arch.embedding_bag_collection"
-PREFIX = "_dmp_wrapped_module.module."  # today's paths (no unwrapper registered by the engine yet)
 ROWS = {"t0": 100, "t1": 110, "t2": 120, "t3": 130}  # the script's tables, all of dim 8, fp32
 # torchrec's default bandwidths (planner/constants.py), bytes per ms
 INTRA_HOST_BW = 600 * 1024 * 1024 * 1024 / 1000
@@ -43,38 +43,139 @@ def _run(out: Path, shardings: str, *extra: str) -> dict[str, list[dict[str, Any
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    """The 4 sharding types gloo runs, even batches (4 samples per rank), one 2-rank launch."""
-    return _run(tmp_path_factory.mktemp("dmp"), ",".join(GLOO_TYPES))
+    """The 4 sharding types gloo runs and a plan mixing them, even batches (4 samples per rank), one 2-rank launch."""
+    return _run(tmp_path_factory.mktemp("dmp"), ",".join(RUNS))
 
 
 def _status(result: dict[str, Any]) -> dict[str, str]:
-    return {p.removeprefix(PREFIX): row[0] for p, row in result["rows"].items()}
+    return {p: row[0] for p, row in result["rows"].items()}
+
+
+# The script's rows: path -> [status, error, note, module_type, total_ms, fwd_ms, bwd_ms, comm_bytes, comm_ms, bytes,
+# details["comm"], details["no_backward"], {the details "torchrec", "parts", "planned", "ranks"}]
+TOTAL, BWD, COMM_BYTES, COMM, NO_BWD, DETAILS = 4, 6, 7, 10, 11, 12
+B, W, D = 4, 2, 8  # samples per rank, ranks, embedding dim
+I64, F32 = 8, 4
+SPLITS = W * 3 * I64  # an input dist's first all-to-all: 3 counts (lengths, ids, batch) for each destination rank
+
+
+def _ids(rank: int) -> list[list[int]]:
+    """The ids of each feature in ``rank``'s batch of the profiled step (the script's own batch)."""
+    from tests._dmp_script import rank_batch
+
+    kjt = rank_batch(rank, 0, False)[1]
+    return [kjt[f"f{i}"].values().tolist() for i in range(len(ROWS))]
+
+
+def _expected(sharding: str, rank: int, plan: dict[str, list[Any]]) -> dict[str, Any]:
+    """The sharded EBC's collectives on ``rank``, derived from the batches and the plan (nccl-tests' payloads).
+
+    Input dist (per sharding type): the splits, then every length and id bound for each rank (int64): table- and
+    data-parallel features go to one rank (their table's), column-wise ones to every rank holding a column shard,
+    row-wise lengths to every rank and each id to the rank whose row block holds it. Output dist (fp32 pooled
+    embeddings, all W x B samples): all-to-all of this rank's shards (column-wise: D/2 wide), row-wise a
+    reduce-scatter of the full W x B x D tensor per table; the backward runs them in reverse: the all-to-all sends
+    back the gradient of what this rank received (B samples, every table of the type), the row-wise all-gather
+    the full tensor. A data-parallel table's gradient is all-reduced (DDP) in the backward.
+    """
+    ids = _ids(rank)
+    tables = {t: int(t[1]) for t in ROWS}  # table name -> its feature index
+    mine = [t for t, (_, _, ranks) in plan.items() if rank in ranks]
+    stages: dict[str, int] = {}
+    fwd: dict[str, int] = {}
+    bwd: dict[str, int] = {}
+
+    def add(table: dict[str, int], op: str, nbytes: int) -> None:
+        table[op] = table.get(op, 0) + nbytes
+
+    by_type: dict[str, list[str]] = {}
+    for t, (stype, _, _) in plan.items():
+        by_type.setdefault(stype, []).append(t)
+    for stype, ts in by_type.items():
+        feats = [tables[t] for t in ts]
+        if stype == "data_parallel":
+            add(bwd, "c10d.allreduce_", sum(ROWS[t] * D * F32 for t in ts))
+            continue
+        lengths = B * len(feats) * (1 if stype == "table_wise" else W)
+        sent = sum(len(ids[f]) for f in feats) * (W if stype == "column_wise" else 1)
+        stages["input_dist"] = stages.get("input_dist", 0) + SPLITS + (lengths + sent) * I64
+        if stype == "row_wise":
+            full = len(ts) * D * W * B * F32
+            stages[f"output_dist:{stype}"] = full
+            add(fwd, "c10d._reduce_scatter_base_", full)
+            add(bwd, "c10d._allgather_base_", full)
+            continue
+        width = D // 2 if stype == "column_wise" else D
+        local = sum(1 for t in ts if t in mine) * width * W * B * F32
+        stages[f"output_dist:{stype}"] = local
+        add(fwd, "c10d.alltoall_base_", local)
+        add(bwd, "c10d.alltoall_base_", len(ts) * D * B * F32)
+    if "input_dist" in stages:
+        add(fwd, "c10d.alltoall_base_", stages["input_dist"])
+    return {"stages": stages, "forward": fwd, "backward": bwd, "total": sum(fwd.values()) + sum(bwd.values())}
+
+
+def _received_ids(sharding: str, table: str, rank: int) -> int:
+    """Ids of ``table``'s feature that reach ``rank``'s lookup: data-parallel its own, row-wise those in its block."""
+    f = int(table[1])
+    if sharding == "data_parallel":
+        return len(_ids(rank)[f])
+    every = [v for r in range(W) for v in _ids(r)[f]]
+    if sharding == "row_wise":
+        block = -(-ROWS[table] // W)  # torchrec's row-wise block: ceil(rows / world)
+        return sum(1 for v in every if v // block == rank)
+    return len(every)  # table-wise (the owner), column-wise (every column shard)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sharding", GLOO_TYPES)
+@pytest.mark.parametrize("sharding", RUNS)
 def test_each_sharding_type_trains_and_profiles_on_gloo_and_leaves_training_untouched(
     runs: dict[str, list[dict[str, Any]]], sharding: str
 ) -> None:
     ranks = runs[sharding]
-    for res in ranks:
+    for rank, res in enumerate(ranks):
         assert res["error"] is None, res.get("traceback")
-        kernel = "dense" if sharding == "data_parallel" else "fused"
-        assert {t: ps[:2] for t, ps in res["plan"][EBC].items()} == {t: [sharding, kernel] for t in ROWS}
+        if sharding != "mixed":
+            kernel = "dense" if sharding == "data_parallel" else "fused"
+            assert {t: ps[:2] for t, ps in res["plan"][EBC].items()} == {t: [sharding, kernel] for t in ROWS}
         # the twin is built and stepped like the profiled model: equal losses, bit for bit
         assert res["losses"][0] == res["losses"][1] and res["losses_after"][0] == res["losses_after"][1]
         # profiling changed no table, fused optimizer state or dense parameter, nor the next step
         assert res["state_diff_after_profile"] == [] and res["state_diff_after_step"] == []
         status = _status(res)
-        dense = [p for p in status if p.startswith(("dense_arch", "over_arch", "inter_arch"))]
-        # dense arch 7 (itself, model, _mlp, 2 perceptrons, 2 linears), inter arch 1, over arch 7
-        assert len(dense) == 15 and {status[p] for p in dense} == {"ok"}
-        # TODAY (no lockstep replay yet, issue 16 §4 replaces these two lines): a sharded EBC that
-        # communicates in its forward is skipped and, its own children never running, fails to be
-        # estimated; data-parallel sharding communicates in backward only (DDP's all-reduce, which the
-        # isolated autograd.grad backward never triggers), so every row is measured rank-locally.
-        expected = "ok" if sharding == "data_parallel" else "failed"
-        assert status[EBC] == expected and status["sparse_arch"] == expected
+        # unsharded paths, with no extra argument; every row that ran is measured: the dense arch 7 (itself,
+        # model, _mlp, 2 perceptrons, 2 linears), inter arch 1, over arch 7, the root, sparse arch and its EBC
+        assert not any(p.startswith("_dmp_wrapped_module") for p in status)
+        ran = {p: st for p, st in status.items() if ".embedding_bags" not in p}
+        assert len(ran) == 18 and set(ran.values()) == {"ok"}, {p: st for p, st in ran.items() if st != "ok"}
+        # the sharded EBC keeps its tables in its lookups: its embedding_bags placeholders never run
+        assert {st for p, st in status.items() if ".embedding_bags" in p} == {"not_run"}
+        row = res["rows"][EBC]
+        # replayed in lockstep on both ranks, forward and backward (the fused update inside it, then undone)
+        assert row[NO_BWD] is None and row[BWD] > 0
+        want = _expected(res["sharding"], rank, res["plan"][EBC])
+        assert row[COMM_BYTES] == want["total"]
+        comm = {(c["phase"], c["op"]): c["bytes"] for c in row[COMM]}
+        assert comm == {**{("forward", k): v for k, v in want["forward"].items()},
+                        **{("backward", k): v for k, v in want["backward"].items()}}  # fmt: skip
+        assert all(c["ms"] > 0 for c in row[COMM])  # each timed, waited for as issued
+        details = row[DETAILS]
+        assert {s["stage"]: s["comm_bytes"] for s in details["torchrec"]["stages"]} == want["stages"]
+        # one part per local lookup: the tables on this rank, the ids it received, its TBE bytes and own time
+        types = details["torchrec"]["sharding_types"]
+        assert [p["name"] for p in details["parts"]] == [f"lookup:{t}" for t in types]
+        for part, stype in zip(details["parts"], types, strict=True):
+            tables = sorted(t for t, (st, _, rk) in res["plan"][EBC].items() if st == stype and rank in rk)
+            assert part["tables"] == tables
+            assert part["ids"] == sum(_received_ids(stype, t, rank) for t in tables)
+            assert part["fwd_ms"] > 0 and (part["bytes"] > 0) == (part["ids"] > 0)
+        # beside it, torchrec's planner estimate of this rank's shards: planned_perf's, to the last bit
+        planned, mine = details["planned"], res["torchrec_planned"][EBC]["ranks"][str(rank)]
+        assert {k: planned[k] for k in mine} == mine and planned["rank"] == rank
+        # rank 0 merges both ranks' times: exactly what each rank measured
+        spread = details["ranks"]["total_ms"]
+        assert spread["per_rank"] == [ranks[0]["rows"][EBC][TOTAL], ranks[1]["rows"][EBC][TOTAL]]
+        assert details["ranks"]["straggler"] == max((0, 1), key=lambda r: spread["per_rank"][r])
     assert _status(ranks[0]).keys() == _status(ranks[1]).keys()
 
 

@@ -1,4 +1,4 @@
-"""``DistributedModelParallel`` on one rank: the model's paths, the planner estimate; refused on several ranks."""
+"""``DistributedModelParallel`` on one rank: the model's paths, the planner estimate, the sharded-embedding metric."""
 
 from __future__ import annotations
 
@@ -83,12 +83,50 @@ def test_dmp_on_one_rank_profiles_under_the_unsharded_paths(one_rank: None) -> N
     assert report.row("sparse_arch").details["bwd_bytes"] >= 100 * 8 * 4
 
 
-def test_several_ranks_are_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.filterwarnings("ignore")
+def test_the_sharded_embedding_metric_splits_the_row_and_puts_the_plan_beside_it(one_rank: None) -> None:
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    dmp = DistributedModelParallel(_dlrm(), device=torch.device("cpu"))
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=["a"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 2]))
+    report = profile_components(dmp, (torch.randn(2, 4), kjt), **FAST, **PEAKS)  # no extra argument
+    ebc = report.row("sparse_arch.embedding_bag_collection")
+    # one sharding type on one rank (data-parallel): no collective in its forward, one local lookup
+    assert ebc.details["torchrec"] == {"sharding_types": ["data_parallel"], "stages": []}
+    (part,) = ebc.details["parts"]
+    assert (part["name"], part["kind"], part["tables"], part["ids"]) == ("lookup:data_parallel", "lookup", ["t0"], 3)
+    # the lookup's bytes are its TBE op's, charged by the same rule the row's byte count used
+    assert part["bytes"] == ebc.details["top_bytes_ops"]["fbgemm.dense_embedding_codegen_lookup_function"]
+    assert part["fwd_ms"] > 0 and part["runs"] >= 5
+    # the engine derived the bandwidth: bytes over the lookup's own forward, against the peak given
+    assert part["gbps"] == part["bytes"] / (part["fwd_ms"] / 1e3) / 1e9
+    assert part["bw_util"] == part["bytes"] / (part["fwd_ms"] / 1e3) / PEAKS["peak_bandwidth"]
+    # beside it, torchrec's estimate of this rank's shards at the captured batch (2 samples)
+    planned = ebc.details["planned"]
+    want = planned_perf(dmp, batch_size=2)["sparse_arch.embedding_bag_collection"]
+    assert planned["source"] == "torchrec EmbeddingPerfEstimator" and planned["rank"] == 0
+    for key in ("fwd_compute_ms", "fwd_comms_ms", "bwd_compute_ms", "bwd_comms_ms", "input_dist_comms_ms", "total_ms"):
+        assert planned[key] == want["ranks"]["0"][key]
+    assert planned["assumptions"] == want["assumptions"]
+    # the measured split: the lookup alone is the forward compute; no collective ran, so no comms
+    measured = planned["measured"]
+    assert measured["fwd_compute_ms"] == part["fwd_ms"] and measured["fwd_comms_ms"] == 0.0
+    assert measured["bwd_compute_ms"] == ebc.bwd_ms and measured["total_ms"] == ebc.total_ms
+    planned_total = want["ranks"]["0"]["total_ms"] + planned["input_dist_comms_ms"]  # its input all-to-all joins
+    assert planned["ratio"]["total_ms"] == ebc.total_ms / planned_total
+    # other rows get nothing from it
+    assert all("planned" not in r.details and "parts" not in r.details for r in report if r is not ebc)
+
+
+def test_several_ranks_are_not_refused_any_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the sharded modules are replayed in lockstep on every rank (tests/test_torchrec_dmp.py runs 2 ranks)
     monkeypatch.setattr(sharded, "sharded_modules", lambda model: ["sparse_arch.embedding_bag_collection"])
     monkeypatch.setattr(sharded, "_world_size", lambda: 4)
     ctx = PrepareContext(config=BenchmarkConfig(), device=torch.device("cpu"), metadata={})
-    with pytest.raises(NotImplementedError, match="ReduceHashSize"):
-        ShardedModelCheck().prepare_model(nn.Linear(2, 2), ctx)
+    lin = nn.Linear(2, 2)
+    assert ShardedModelCheck().prepare_model(lin, ctx) is lin
+    ebc = "sparse_arch.embedding_bag_collection"
+    assert ctx.metadata["torchrec_sharded"] == {"world_size": 4, "sharded_modules": [ebc]}
 
 
 def test_unwrap_leaves_plain_modules_alone() -> None:
@@ -101,16 +139,10 @@ def test_unwrap_leaves_plain_modules_alone() -> None:
 
 def test_register_dmp_paths_hands_the_unwrapper_to_the_public_api(monkeypatch: pytest.MonkeyPatch) -> None:
     got: list[Any] = []
-    monkeypatch.setattr(cb_callback, "register_module_unwrapper", got.append, raising=False)
+    monkeypatch.setattr(cb_callback, "register_module_unwrapper", got.append)
     monkeypatch.setattr(sharded, "_paths_registered", False)
     assert register_dmp_paths() is True and got == [dmp_unwrapper]
     assert register_dmp_paths() is True and got == [dmp_unwrapper]  # idempotent: registered once
-
-
-def test_register_dmp_paths_is_a_no_op_until_the_api_exists(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(cb_callback, "register_module_unwrapper", raising=False)
-    monkeypatch.setattr(sharded, "_paths_registered", False)
-    assert register_dmp_paths() is False
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -123,11 +155,6 @@ def test_dmp_unwrapper_stands_a_dmp_for_the_model_it_wraps(one_rank: None) -> No
     assert dmp_unwrapper(dmp._dmp_wrapped_module) is None and dmp_unwrapper(model) is None
 
 
-@pytest.mark.xfail(
-    not hasattr(cb_callback, "register_module_unwrapper"),
-    reason="waits for the engine's cb_callback.register_module_unwrapper (proposed in docs/torchrec.md)",
-    strict=True,
-)
 @pytest.mark.filterwarnings("ignore")
 def test_dmp_paths_are_the_unsharded_models_without_extra_arguments(one_rank: None) -> None:
     from torchrec.distributed.model_parallel import DistributedModelParallel

@@ -16,8 +16,12 @@ needs to profile torchrec models (through ``cb_callback``'s public API only):
   holds one (and of its parents) runs and measures the fused backward — the
   gradient scatter and the optimizer update (see :mod:`._grad_targets`);
 * the unsharded paths of ``DistributedModelParallel`` models (``sparse_arch.…``,
-  not ``_dmp_wrapped_module.module.sparse_arch.…``), once ``cb_callback`` has a
-  public way to register a module unwrapper (see :func:`register_dmp_paths`).
+  not ``_dmp_wrapped_module.module.sparse_arch.…``; see :func:`register_dmp_paths`),
+  and replays that wait on a sharded module's ``LazyAwaitable`` output;
+* the :class:`ShardedEmbeddingMetric` (see :mod:`._stages`): a sharded
+  embedding module's row split into its input all-to-all, local lookups (with
+  bytes and bandwidth) and output all-to-all, and torchrec's planner estimate
+  beside it.
 
 :func:`planned_perf` gives torchrec's planner estimate of each sharded module
 (see :mod:`._planner`).
@@ -47,7 +51,8 @@ from ._jagged import (
     take_kt,
 )
 from ._planner import planned_perf
-from ._sharded import ShardedModelCheck, dmp_unwrapper, register_dmp_paths, unwrap_model
+from ._sharded import ShardedModelCheck, dmp_unwrapper, register_awaitable_outputs, register_dmp_paths, unwrap_model
+from ._stages import ShardedEmbeddingMetric, register_default_sharded_metric, register_sharded_metric
 from ._traffic import (
     register_tbe_traffic_rules,
     tbe_backward_bytes,
@@ -56,6 +61,7 @@ from ._traffic import (
 
 __all__ = [
     "ReduceHashSize",
+    "ShardedEmbeddingMetric",
     "ShardedModelCheck",
     "dmp_unwrapper",
     "fused_tbe_state_saver",
@@ -63,6 +69,7 @@ __all__ = [
     "planned_perf",
     "register",
     "register_dmp_paths",
+    "register_sharded_metric",
     "take_jt",
     "take_kjt",
     "take_kt",
@@ -74,7 +81,7 @@ __all__ = [
 
 
 def register() -> None:
-    """Register the integration's batch rules, traffic rules, state saver, grad targets and DMP paths (idempotent).
+    """Register the integration's rules, state saver, grad targets, DMP paths and sharded metric (idempotent).
 
     Called on import; call it again after loading more fbgemm operator
     libraries so their TBE ops get traffic rules too.
@@ -84,6 +91,8 @@ def register() -> None:
     register_fused_state_saver()
     register_hidden_tbe_grad_targets()
     register_dmp_paths()
+    register_awaitable_outputs()
+    register_default_sharded_metric()
 
 
 register()

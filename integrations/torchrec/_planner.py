@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["PERF_FIELDS", "default_topology", "planned_perf"]
+__all__ = ["PERF_FIELDS", "default_topology", "module_perf", "planned_perf", "rank_topology"]
 
 # torchrec's Perf fields (ms each), in the order of the keys planned_perf writes
 PERF_FIELDS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "input_dist_comms", "prefetch_compute")
@@ -46,13 +46,20 @@ def _world_size(dmp: Any) -> int:
     return 1
 
 
-def default_topology(dmp: Any) -> Any:
-    """The ``Topology`` DMP builds when it plans by itself: its world size, its device type, the default bandwidths."""
+def rank_topology(world: int, device_type: str) -> Any:
+    """The ``Topology`` DMP builds when it plans by itself for ``world`` ranks of ``device_type``.
+
+    Its local world size is ``LOCAL_WORLD_SIZE`` (else the world size); the bandwidths are torchrec's defaults.
+    """
     from torchrec.distributed.comm import get_local_size
     from torchrec.distributed.planner import Topology
 
-    world = _world_size(dmp)
-    return Topology(world_size=world, compute_device=dmp.device.type, local_world_size=get_local_size(world))
+    return Topology(world_size=world, compute_device=device_type, local_world_size=get_local_size(world))
+
+
+def default_topology(dmp: Any) -> Any:
+    """The ``Topology`` DMP builds when it plans by itself: its world size, its device type, the default bandwidths."""
+    return rank_topology(_world_size(dmp), dmp.device.type)
 
 
 def _unsharded_twin(sharded: nn.Module) -> nn.Module | None:
@@ -151,6 +158,30 @@ def _module_perf(
             _add(entry, shard.perf)
             _add(entry["ranks"].setdefault(str(shard.rank), _zero()), shard.perf)
         entry["tables"][opt.name] = table_entry
+    return entry
+
+
+def module_perf(
+    path: str,
+    module_plan: Mapping[str, Any],
+    sharded: nn.Module,
+    topology: Any,
+    batch_size: int,
+    constraints: Mapping[str, Any] | None = None,
+    sharders: list[Any] | None = None,
+) -> dict[str, Any]:
+    """One sharded module's entry of :func:`planned_perf` (with ``assumptions``), from its plan alone.
+
+    ``sharders``: default torchrec's embedding (bag) collection sharders, which
+    is what DMP shards with unless given others.
+    """
+    if sharders is None:
+        from torchrec.distributed.embedding import EmbeddingCollectionSharder
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+        sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+    entry = _module_perf(path, module_plan, sharded, sharders, topology, batch_size, constraints)
+    entry["assumptions"] = _assumptions(topology, batch_size, constraints)
     return entry
 
 

@@ -1,4 +1,4 @@
-"""Sharded models (``DistributedModelParallel``): their paths, unwrapping, and refusing what would deadlock."""
+"""Sharded models (``DistributedModelParallel``): their paths, unwrapping, and waiting on their outputs."""
 
 from __future__ import annotations
 
@@ -52,23 +52,15 @@ def dmp_unwrapper(module: nn.Module) -> nn.Module | None:
 def register_dmp_paths() -> bool:
     """Have the engine report a DMP model under the unsharded model's paths (idempotent).
 
+    Registers :func:`dmp_unwrapper` with :func:`cb_callback.register_module_unwrapper`.
+
     Returns:
-        ``True`` once :func:`dmp_unwrapper` is registered; ``False`` while
-        ``cb_callback`` has no public way to register it (then pass
-        :class:`ShardedModelCheck` to get the unsharded paths at the root).
+        ``True`` once registered.
     """
     global _paths_registered
-    if _paths_registered:
-        return True
-    # TODO(issue 16 §4, lead): `cb_callback.register_module_unwrapper(fn)` is the proposed public API
-    # (docs/torchrec.md, "Paths of a DMP model"): fn(module) returns the module a wrapper stands for, or None;
-    # the engine puts it at the wrapper's path wherever it names components (capture, tree, report).
-    # This is the one place the integration calls it; until the engine has it, this is a no-op.
-    register = getattr(cb_callback, "register_module_unwrapper", None)
-    if register is None:
-        return False
-    register(dmp_unwrapper)
-    _paths_registered = True
+    if not _paths_registered:
+        cb_callback.register_module_unwrapper(dmp_unwrapper)
+        _paths_registered = True
     return True
 
 
@@ -92,23 +84,14 @@ def _world_size() -> int:
 
 
 class ShardedModelCheck(cb_callback.Preprocessor):
-    """Unwrap ``DistributedModelParallel``; refuse a sharded model on more than one rank.
+    """Unwrap ``DistributedModelParallel`` at the root and record the sharded modules.
 
     ``prepare_model`` returns the module inside the DMP wrapper (paths as in the
-    unsharded model). With one rank (``world_size == 1``, e.g. ``gloo`` on a
-    CPU), sharded modules run their collectives against themselves and profile
-    like any module. With several ranks, replaying a sharded module (or any
-    ancestor of one) on one rank alone would wait forever for the others, so it
-    raises ``NotImplementedError`` naming the sharded modules and the fix:
-    profile the unsharded model (tables on ``meta`` plus :class:`ReduceHashSize`)
-    on one process.
-
-    Notes:
-        A sharded embedding's fused backward (its TBE is hidden inside the
-        sharded lookups) is not reached by the isolated backward, which
-        differentiates only w.r.t. the module's visible parameters: its
-        ``bwd_ms`` covers no embedding update. The report's metadata
-        ``"torchrec_sharded"`` lists the sharded modules and the world size.
+    unsharded model; importing the integration does that anyway, wherever the
+    DMP sits: :func:`register_dmp_paths`) and writes the report's metadata
+    ``"torchrec_sharded"``: the sharded modules' paths and the world size. On
+    several ranks the sharded modules (they run all-to-alls) are replayed on
+    every rank together (the engine's lockstep replay), so nothing is refused.
     """
 
     name = "sharded_model_check"
@@ -116,14 +99,28 @@ class ShardedModelCheck(cb_callback.Preprocessor):
     def prepare_model(self, model: nn.Module, ctx: cb_callback.PrepareContext) -> nn.Module:
         inner = unwrap_model(model)
         paths = sharded_modules(inner)
-        world = _world_size()
         if paths:
-            ctx.metadata["torchrec_sharded"] = {"world_size": world, "sharded_modules": paths}
-        if paths and world > 1:
-            raise NotImplementedError(
-                f"cb_callback: {len(paths)} sharded module(s) ({', '.join(paths[:3])}) issue collectives "
-                f"across {world} ranks; replaying one on a single rank would deadlock. Profile the "
-                "unsharded model on one process instead (declare the tables on the 'meta' device and "
-                "add ReduceHashSize(max_rows=...)), or run with world_size=1."
-            )
+            ctx.metadata["torchrec_sharded"] = {"world_size": _world_size(), "sharded_modules": paths}
         return inner
+
+
+def register_awaitable_outputs() -> bool:
+    """Have replays wait on torchrec's ``LazyAwaitable`` outputs (a sharded module's forward returns one:
+    its collectives issued, ``.wait()`` finishes them), inside the timed forward (idempotent).
+
+    Returns:
+        ``True`` once registered; ``False`` when torchrec's distributed types cannot be imported.
+    """
+    global _awaitables_registered
+    if _awaitables_registered:
+        return True
+    try:
+        from torchrec.distributed.types import LazyAwaitable
+    except ImportError:
+        return False
+    cb_callback.register_output_resolver(LazyAwaitable, lambda a: a.wait())
+    _awaitables_registered = True
+    return True
+
+
+_awaitables_registered = False

@@ -32,7 +32,7 @@ import torch
 
 import cb_callback
 
-__all__ = ["register_tbe_traffic_rules", "tbe_backward_bytes", "tbe_forward_bytes"]
+__all__ = ["register_tbe_traffic_rules", "tbe_backward_bytes", "tbe_forward_bytes", "tbe_op_bytes"]
 
 _TABLES = ("host_weights", "dev_weights", "uvm_weights", "lxu_cache_weights")
 # The dense TBE's lookup is one op whose backward runs inside its autograd node (in
@@ -215,6 +215,18 @@ def _kind(name: str) -> Callable[[Mapping[str, Any], Any], int] | None:
 
 
 _REGISTERED: set[str] = set()
+
+
+def tbe_op_bytes(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int | None:
+    """The bytes of one dispatched fbgemm TBE forward op (this module's rule), ``None`` for any other op."""
+    if getattr(func, "namespace", None) != "fbgemm":
+        return None
+    name = func.overloadpacket.__name__
+    fn = _kind(name)
+    if fn is not tbe_forward_bytes:
+        return None
+    names = [a.name for a in func._schema.arguments]
+    return int(_bind(names, fn)(args, kwargs, out))
 
 
 def register_tbe_traffic_rules() -> list[str]:

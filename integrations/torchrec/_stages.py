@@ -1,0 +1,328 @@
+"""A sharded embedding module's stages: input all-to-all, local lookups, output all-to-all; and its planned Perf.
+
+A torchrec ``ShardedEmbeddingBagCollection`` (or ``ShardedEmbeddingCollection``)
+keeps its input dists, lookups and output dists in plain lists, so they are no
+modules of the tree and get no rows. :class:`ShardedEmbeddingMetric` observes the
+row's instrumented pass (replayed on every rank in lockstep) and splits it:
+
+* ``details["torchrec"]["stages"]``: the forward's collectives by stage,
+  ``input_dist`` (every collective before the first lookup: the KJT all-to-all of
+  lengths, then of ids) and ``output_dist:<sharding type>`` (after that lookup:
+  the pooled embeddings' all-to-all, or row-wise's reduce-scatter), each with the
+  payload (``comm_bytes``, nccl-tests' count) and the ops. Their times are in the
+  row's ``details["comm"]`` (per op and phase).
+* ``details["parts"]``: one part per local lookup (``lookup:<sharding type>``):
+  its tables on this rank, the ids it received after the input all-to-all, the
+  memory traffic of its TBE forward (``bytes``: the rows gathered, fbgemm's
+  kernels charged by :mod:`._traffic`) and ``fwd_ms``, its forward timed alone on
+  this rank (no collective: a lookup is local), from which the engine derives
+  ``gbps`` and ``bw_util`` against the copy ceiling.
+* ``details["planned"]``: torchrec's ``EmbeddingPerfEstimator`` for this
+  module's shards on this rank (:func:`._planner.planned_perf`'s per-rank sums)
+  at the batch size the row was captured with; the engine adds the measured
+  split beside it (:mod:`cb_callback._engine.parts`).
+
+Registered on import of :mod:`cb_callback.integrations.torchrec` (every
+profile uses it); a row that is not a sharded embedding module gets nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import cb_callback
+
+from ._planner import module_perf, rank_topology
+from ._traffic import tbe_op_bytes
+
+__all__ = [
+    "ShardedEmbeddingMetric", "is_sharded_embedding", "register_default_sharded_metric", "register_sharded_metric",
+]  # fmt: skip
+
+_LOCKSTEP_WHY = (
+    "a torchrec sharded embedding module communicates (its all-to-alls; a data-parallel table's lookup is a "
+    "DistributedDataParallel outside the module tree that all-reduces its gradient in the backward)"
+)
+
+#: Timing a lookup alone: at least this many runs, and at least this long (then the median).
+_MIN_RUNS, _MIN_S, _MAX_RUNS = 5, 0.02, 200
+
+
+def is_sharded_embedding(module: nn.Module) -> bool:
+    """A torchrec sharded embedding (bag) collection: lookups and output dists in lists, and a sharding plan."""
+    return (
+        isinstance(getattr(module, "_lookups", None), list)
+        and isinstance(getattr(module, "_sharding_types", None), list)
+        and isinstance(getattr(module, "module_sharding_plan", None), Mapping)
+    )
+
+
+def _rank(module: nn.Module) -> int:
+    env = getattr(module, "_env", None)
+    rank = getattr(env, "rank", None)
+    if isinstance(rank, int):
+        return rank
+    dist = torch.distributed
+    return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else 0
+
+
+def _inner(lookup: nn.Module) -> nn.Module:
+    """A data-parallel lookup is wrapped in ``DistributedDataParallel``: time the lookup, not the wrapper."""
+    inner = getattr(lookup, "module", None)
+    return inner if type(lookup).__name__ == "DistributedDataParallel" and isinstance(inner, nn.Module) else lookup
+
+
+def _cached(lookup: nn.Module) -> bool:
+    """Whether a TBE of the lookup has a cache (its forward would update the cache: not timed alone)."""
+    for m in _inner(lookup).modules():
+        cache = getattr(m, "lxu_cache_weights", None)
+        if isinstance(cache, torch.Tensor) and cache.numel() > 0:
+            return True
+    return False
+
+
+def _ids(kjt: Any) -> int | None:
+    values = getattr(kjt, "values", None)
+    if callable(values):
+        with contextlib.suppress(Exception):
+            return int(values().numel())
+    return None
+
+
+def _batch_size(inputs: cb_callback.ReplayInputs) -> int | None:
+    """The local batch size of the module's input KJT (its ``stride``)."""
+    for value in (*inputs.args, *inputs.kwargs.values()):
+        stride = getattr(value, "stride", None)
+        if callable(stride) and hasattr(value, "keys"):
+            with contextlib.suppress(Exception):
+                return int(stride())
+    return None
+
+
+class _StageMode(TorchDispatchMode):
+    """Attributes each collective and each TBE forward to the stage running when it is dispatched."""
+
+    def __init__(self, owner: _StagesInstrument) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        with cb_callback.unobserved():
+            self.owner.saw(func, args, kwargs, out)
+        return out
+
+
+class _StagesInstrument:
+    def __init__(self, module: nn.Module, metric: ShardedEmbeddingMetric) -> None:
+        self.module = module
+        self.metric = metric
+        found: dict[str, Any] = vars(module)  # plain attributes of a torchrec sharded module (is_sharded_embedding)
+        self.types: list[str] = list(found["_sharding_types"])
+        self.lookups: list[nn.Module] = list(found["_lookups"])
+        self.plan: Mapping[str, Any] = found["module_sharding_plan"]
+        self.stage = "input_dist"
+        self.lookup: int | None = None
+        self.stages: dict[str, dict[str, Any]] = {}
+        self.lookup_bytes: dict[int, int] = {}
+        self.lookup_inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self.batch_size: int | None = None
+
+    def saw(self, func: Any, args: Any, kwargs: Mapping[str, Any], out: Any) -> None:
+        nbytes = cb_callback.collective_bytes(func, args, kwargs, out)
+        if nbytes is not None:
+            entry = self.stages.setdefault(self.stage, {"stage": self.stage, "comm_bytes": 0, "ops": {}})
+            entry["comm_bytes"] += nbytes
+            name = f"{func.namespace}.{func.overloadpacket.__name__}"
+            entry["ops"][name] = entry["ops"].get(name, 0) + 1
+            return
+        if self.lookup is not None:
+            tbe = tbe_op_bytes(func, args, kwargs, out)
+            if tbe is not None:
+                self.lookup_bytes[self.lookup] = self.lookup_bytes.get(self.lookup, 0) + tbe
+
+    def _hooks(self) -> list[Any]:
+        handles = []
+        for i, lookup in enumerate(self.lookups):
+
+            def pre(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], i: int = i) -> None:
+                self.lookup, self.stage = i, f"lookup:{self.types[i]}"
+                self.lookup_inputs.setdefault(i, (args, kwargs))  # fresh per pass; a lookup does not change it
+
+            def post(*_: Any, i: int = i) -> None:
+                self.lookup, self.stage = None, f"output_dist:{self.types[i]}"
+
+            handles.append(lookup.register_forward_pre_hook(pre, with_kwargs=True))
+            handles.append(lookup.register_forward_hook(post))
+        return handles
+
+    @contextlib.contextmanager
+    def observe(self, ctx: cb_callback.PassContext) -> Iterator[None]:
+        if ctx.phase is not cb_callback.Phase.FORWARD:
+            yield
+            return
+        self.batch_size = _batch_size(ctx.inputs)
+        handles = self._hooks()
+        try:
+            with _StageMode(self):
+                yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _time(self, i: int) -> dict[str, Any]:
+        """The lookup's forward alone, on this rank (no collective): median ms, runs."""
+        lookup = self.lookups[i]
+        if _cached(lookup):
+            return {"not_timed": "a lookup with a cache updates it in its forward: not replayed alone"}
+        args, kwargs = self.lookup_inputs[i]
+        inner = _inner(lookup)
+        device = next((t.device for t in (*inner.parameters(), *inner.buffers())), torch.device("cpu"))
+
+        def sync() -> None:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        times: list[float] = []
+        with torch.no_grad():
+            inner(*args, **kwargs)  # warm-up
+            sync()
+            start = time.perf_counter()
+            while len(times) < _MAX_RUNS and (len(times) < _MIN_RUNS or time.perf_counter() - start < _MIN_S):
+                t0 = time.perf_counter()
+                inner(*args, **kwargs)
+                sync()
+                times.append((time.perf_counter() - t0) * 1e3)
+        return {"fwd_ms": statistics.median(times), "runs": len(times)}
+
+    def _parts(self) -> list[dict[str, Any]]:
+        rank, plan = _rank(self.module), self.plan
+        parts = []
+        for i, sharding in enumerate(self.types):
+            tables = sorted(
+                t for t, ps in plan.items() if ps.sharding_type == sharding and rank in (ps.ranks or [rank])
+            )
+            part: dict[str, Any] = {"name": f"lookup:{sharding}", "kind": "lookup", "tables": tables}
+            if i not in self.lookup_inputs:
+                part["not_timed"] = "the lookup did not run in the observed forward"
+                parts.append(part)
+                continue
+            args, _ = self.lookup_inputs[i]
+            part["ids"] = _ids(args[0]) if args else None
+            part["bytes"] = self.lookup_bytes.get(i, 0)
+            try:
+                part.update(self._time(i))
+            except Exception as e:  # the part has no time; the row's measurements stand
+                part["not_timed"] = f"its forward alone raised {type(e).__name__}: {e}"
+            parts.append(part)
+        return parts
+
+    def _planned(self) -> dict[str, Any]:
+        if self.batch_size is None:
+            return {"error": "the module's input has no KJT to read the batch size from"}
+        rank, world = _rank(self.module), _world(self.module)
+        topology = self.metric.topology or rank_topology(world, _device_type(self.module))
+        try:
+            entry = module_perf("", self.plan, self.module, topology, self.batch_size, self.metric.constraints)
+        except Exception as e:
+            return {"error": f"torchrec's estimator: {type(e).__name__}: {e}"}
+        if "error" in entry:
+            return {"error": entry["error"]}
+        mine = dict(entry["ranks"].get(str(rank), {}))
+        return {"source": "torchrec EmbeddingPerfEstimator", "rank": rank, **mine, "assumptions": entry["assumptions"]}
+
+    def values(self) -> Mapping[str, Any]:
+        stages = list(self.stages.values())
+        return {
+            "torchrec": {"sharding_types": self.types, "stages": stages},
+            "parts": self._parts(),
+            "planned": self._planned(),
+        }
+
+
+def _world(module: nn.Module) -> int:
+    env = getattr(module, "_env", None)
+    world = getattr(env, "world_size", None)
+    if isinstance(world, int):
+        return world
+    dist = torch.distributed
+    return int(dist.get_world_size()) if dist.is_available() and dist.is_initialized() else 1
+
+
+def _device_type(module: nn.Module) -> str:
+    device = getattr(module, "_device", None)
+    return device.type if isinstance(device, torch.device) else "cpu"
+
+
+class _Nothing:
+    @contextlib.contextmanager
+    def observe(self, ctx: cb_callback.PassContext) -> Iterator[None]:
+        yield
+
+    def values(self) -> Mapping[str, Any]:
+        return {}
+
+
+class ShardedEmbeddingMetric:
+    """Splits a sharded embedding module's row into its stages, its local lookups and its planned ``Perf``.
+
+    See the module docstring for what each ``details`` key holds.
+
+    Args:
+        topology: the torchrec ``Topology`` the planned figures assume; default:
+            the one DMP builds when it plans by itself (this world size,
+            ``LOCAL_WORLD_SIZE`` or the world size, the module's device type,
+            torchrec's default bandwidths).
+        constraints: torchrec ``ParameterConstraints`` by table (their pooling
+            factors and batch sizes change the estimate; default: 1 id per bag).
+
+    Notes:
+        The stages' payloads come from the one instrumented forward; a lookup's
+        ``fwd_ms`` is its forward alone on this rank, after the input
+        all-to-all, so it holds no collective and no wait for another rank. The
+        lookups' backward (the fused TBE's gradient scatter and optimizer
+        update) runs inside the row's ``bwd_ms`` and is not split out.
+    """
+
+    name = "torchrec_sharded"
+
+    def __init__(self, topology: Any = None, constraints: Mapping[str, Any] | None = None) -> None:
+        self.topology = topology
+        self.constraints = dict(constraints) if constraints else None
+
+    def instrument(self, ctx: cb_callback.MeasureContext) -> Any:
+        """Observe the pass of a sharded embedding module; nothing for any other row."""
+        if not is_sharded_embedding(ctx.module):
+            return _Nothing()
+        return _StagesInstrument(ctx.module, self)
+
+
+def register_sharded_metric(topology: Any = None, constraints: Mapping[str, Any] | None = None) -> None:
+    """(Re-)register :class:`ShardedEmbeddingMetric` for every profile, with these planner assumptions.
+
+    The integration registers one with the defaults on import; call this to
+    have the planned figures assume your planner's ``Topology`` and
+    ``ParameterConstraints`` instead.
+    """
+    global _registered
+    cb_callback.register_metric(ShardedEmbeddingMetric(topology=topology, constraints=constraints))
+    cb_callback.register_lockstep_module(is_sharded_embedding, _LOCKSTEP_WHY)
+    _registered = True
+
+
+def register_default_sharded_metric() -> None:
+    """Register :class:`ShardedEmbeddingMetric` with the defaults unless one was registered (idempotent)."""
+    if not _registered:
+        register_sharded_metric()
+
+
+_registered = False
