@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cb_callback._report.distributed import distributed_lines
 from cb_callback._report.schema import STATUSES
 
 if TYPE_CHECKING:
@@ -193,7 +194,10 @@ def format_summary(report: Report, top: int = 10) -> str:
         A row's ``note`` (how an estimate was built, "a container") is not an
         error: a container estimated from its children is not listed.
         With ``compile=True`` a compile what-if section follows
-        (:func:`compile_lines`).
+        (:func:`compile_lines`); over several ranks, or with a planner's
+        estimate, the ranks' spread, the components that communicate and the
+        measured-vs-planned split follow
+        (:func:`cb_callback._report.distributed.distributed_lines`).
     """
     lines = ["cb_callback component benchmark", *_metadata_lines(report.metadata)]
     counts = Counter(r.status for r in report.rows)
@@ -238,6 +242,7 @@ def format_summary(report: Report, top: int = 10) -> str:
     what_if = compile_lines(report)
     if what_if:
         lines += ["", *what_if]
+    lines += distributed_lines(report)
     lines += quality_lines(report)
     return "\n".join(lines)
 

@@ -64,6 +64,26 @@
     return c && typeof c === "object" && !Array.isArray(c) ? c : null;
   }
   var anyCompiled = rows.some(function (r) { return isNum(r.compiled_ms); });
+  /* Several ranks (a sharded or data-parallel run): details.ranks spreads each row over the ranks;
+   * collectives per component (comm_bytes, details.comm); a planner's estimate (details.planned). */
+  function ranksOf(r) { var k = r.details && r.details.ranks; return k && k.total_ms ? k : null; }
+  /* (slowest - fastest rank) / median rank of total ms: 0 when the ranks agree. */
+  function spreadOf(r) {
+    var k = ranksOf(r), t = k && k.total_ms;
+    return t && isNum(t.max) && isNum(t.min) && isNum(t.median) && t.median > 0 ? (t.max - t.min) / t.median : NaN;
+  }
+  var SPREAD_WARN = 0.1, SPREAD_BAD = 0.25;
+  /* Imbalanced: above SPREAD_WARN and above twice the row's own noise (run-to-run variation explains less). */
+  function spreadClass(v, r) {
+    if (!isNum(v) || v <= SPREAD_WARN || (r && isNum(r.noise) && v <= 2 * r.noise)) return "";
+    return v > SPREAD_BAD ? "imbalance-bad" : "imbalance";
+  }
+  function plannedOf(r) { var p = r.details && r.details.planned; return p && typeof p === "object" && !p.error ? p : null; }
+  function planned(r, key) { var p = plannedOf(r); return p && p.planned_on_split && isNum(p.planned_on_split[key]) ? p.planned_on_split[key] : NaN; }
+  function vsPlanned(r, key) { var p = plannedOf(r); return p && p.ratio && isNum(p.ratio[key]) ? p.ratio[key] : NaN; }
+  var anyRanks = rows.some(ranksOf);
+  var anyComm = rows.some(function (r) { return isNum(r.comm_bytes) && r.comm_bytes > 0; });
+  var anyPlanned = rows.some(plannedOf);
 
   /* --- metrics a node can be coloured by --------------------------------------- */
   var METRICS = {
@@ -83,6 +103,11 @@
   if (anyCompiled) {
     METRICS.compile_speedup = {
       label: "compile speed-up (eager \u00f7 compiled, \u00d7)", value: function (r) { return r.compile_speedup; }, scale: 1, unit: "\u00d7"
+    };
+  }
+  if (anyRanks) {
+    METRICS.rank_spread = {
+      label: "rank spread ((slowest − fastest) ÷ median rank, %)", value: spreadOf, scale: 100, unit: "%"
     };
   }
   var NAN_COLOR = "#d0d0d0";
@@ -277,6 +302,31 @@
       { key: "compile_speedup", label: "compile \u00d7", num: true, title: "speed-up: eager total ms \u00f7 compiled ms (above 1: compiling helps)",
         get: function (r) { return r.compile_speedup; }, show: function (v) { return fmt(v, 2); } });
   }
+  if (anyComm) {
+    COLS.splice(colIndex("bw_util") + 1, 0,
+      { key: "comm_bytes", label: "comm KiB", num: true, scale: 1 / 1024,
+        title: "payload of the component's collectives per call, forward and backward (nccl-tests' count)",
+        get: function (r) { return r.comm_bytes; }, show: function (v) { return fmt(v, 2, 1 / 1024); } },
+      { key: "comm_ms", label: "comm ms", num: true,
+        title: "time in those collectives per call, each waited for as it was issued (passes of their own)",
+        get: function (r) { return r.comm_ms; }, show: function (v) { return fmt(v, 3); } });
+  }
+  if (anyRanks) {
+    COLS.splice(colIndex("total_ms") + 1, 0, {
+      key: "rank_spread", label: "rank spread %", num: true, scale: 100,
+      title: "(slowest − fastest rank) ÷ median rank of total ms; amber above " + SPREAD_WARN * 100 +
+        " %, red above " + SPREAD_BAD * 100 + " %, unless within twice the row's noise (details: every rank, the straggler)",
+      get: spreadOf, show: function (v) { return fmt(v, 1, 100); }, cls: spreadClass
+    });
+  }
+  if (anyPlanned) {
+    COLS.splice(colIndex("total_ms") + 1, 0,
+      { key: "planned_ms", label: "planned ms", num: true,
+        title: "the planner's estimate of fwd + bwd per call (torchrec: its Perf total plus the input all-to-all)",
+        get: function (r) { return planned(r, "total_ms"); }, show: function (v) { return fmt(v, 4); } },
+      { key: "vs_planned", label: "× planned", num: true, title: "measured total ms ÷ planned ms",
+        get: function (r) { return vsPlanned(r, "total_ms"); }, show: function (v) { return isNum(v) ? sig(v, 3) : "-"; } });
+  }
   if (config.diff) {
     var dcol = function (key, label, sign) {
       return {
@@ -375,7 +425,7 @@
         var v = c.get(item);
         var text = c.show ? c.show(v) : esc(v);
         if (c.key === "flags" && v) text = flagsOf(item).map(function (x) { return '<span class="flag">' + esc(x) + "</span>"; }).join("");
-        var cls = (c.num ? "num" : "") + (c.key === "status" ? " status-" + esc(v) : "");
+        var cls = (c.num ? "num" : "") + (c.key === "status" ? " status-" + esc(v) : "") + (c.cls ? " " + c.cls(v, item) : "");
         return '<td class="' + cls + '">' + text + "</td>";
       }).join("") + "</tr>";
     }).join("");
@@ -484,15 +534,100 @@
     }
     return '<section class="compile-whatif"><h3>compile what-if</h3>' + out.join("") + "</section>";
   }
+  /* A small table: cols are [header, function(item) -> html, class]. */
+  function miniTable(cls, cols, items, rowClass) {
+    return '<div class="scroll-x"><table class="mini-table ' + cls + '"><thead><tr>' +
+      cols.map(function (k) { return '<th class="' + k[2] + '">' + esc(k[0]) + "</th>"; }).join("") + "</tr></thead><tbody>" +
+      items.map(function (x, i) {
+        return '<tr class="' + (rowClass ? rowClass(x, i) : "") + '">' +
+          cols.map(function (k) { return '<td class="' + k[2] + '">' + k[1](x, i) + "</td>"; }).join("") + "</tr>";
+      }).join("") + "</tbody></table></div>";
+  }
+  function kib(v) { return isNum(v) ? sig(v / 1024, 4) : "-"; }
+  /* The component's collectives (details.comm; torchrec: details.torchrec.stages). */
+  function commSection(r) {
+    var c = r.details && r.details.comm, stages = r.details && r.details.torchrec && r.details.torchrec.stages;
+    if (!Array.isArray(c) || !c.length) return "";
+    var out = "<p>" + kib(r.comm_bytes) + " KiB per call in " + fmt(r.comm_ms, 3) + " ms (each collective waited for as it was issued)</p>" +
+      miniTable("comm-table", [
+        ["op", function (x) { return "<code>" + esc(x.op) + "</code>"; }, ""],
+        ["phase", function (x) { return esc(x.phase); }, ""],
+        ["count", function (x) { return esc(x.count); }, "num"],
+        ["KiB", function (x) { return kib(x.bytes); }, "num"],
+        ["ms", function (x) { return fmt(x.ms, 3); }, "num"]
+      ], c);
+    if (Array.isArray(stages) && stages.length) {
+      out += '<p class="muted">forward collectives by stage:</p>' + miniTable("stage-table", [
+        ["stage", function (x) { return esc(x.stage); }, ""],
+        ["KiB", function (x) { return kib(x.comm_bytes); }, "num"],
+        ["ops", function (x) { return esc(Object.keys(x.ops || {}).map(function (k) { return k + " ×" + x.ops[k]; }).join(", ")); }, ""]
+      ], stages);
+    }
+    return '<section class="comm"><h3>communication</h3>' + out + "</section>";
+  }
+  /* Every rank's time for this component (details.ranks, ranks="all"): the spread and the straggler. */
+  function ranksSection(r) {
+    var k = ranksOf(r);
+    if (!k) return "";
+    var n = Array.isArray(k.total_ms.per_rank) ? k.total_ms.per_rank.length : 0, items = [];
+    for (var i = 0; i < n; i++) items.push(i);
+    var comm = k.comm_ms && Array.isArray(k.comm_ms.per_rank) ? k.comm_ms.per_rank : [];
+    var spread = spreadOf(r);
+    return '<section class="ranks"><h3>ranks</h3><p class="' + spreadClass(spread, r) + '">spread ' + fmt(spread, 1, 100) +
+      " % of the median (" + fmt(k.total_ms.min, 3) + " – " + fmt(k.total_ms.max, 3) + " ms); straggler: rank " + esc(k.straggler) + "</p>" +
+      miniTable("rank-table", [
+        ["rank", function (i) { return esc(i); }, ""],
+        ["total ms", function (i) { return fmt(k.total_ms.per_rank[i], 3); }, "num"],
+        ["comm ms", function (i) { return fmt(comm[i], 3); }, "num"]
+      ], items, function (i) { return i === k.straggler ? "straggler" : ""; }) + "</section>";
+  }
+  /* Pieces measured on their own that are no modules of the tree (torchrec: the local lookups). */
+  function partsSection(r) {
+    var parts = r.details && r.details.parts;
+    if (!Array.isArray(parts) || !parts.length) return "";
+    return '<section class="parts"><h3>parts</h3>' + miniTable("part-table", [
+      ["part (tables)", function (x) {
+        return Array.isArray(x.tables) ? '<span title="' + esc(x.tables.join(", ") || "no table on this rank") + '">' + esc(x.name) +
+          " (" + esc(x.tables.length) + ")</span>" : esc(x.name);
+      }, ""],
+      ["ids", function (x) { return esc(x.ids === undefined || x.ids === null ? "-" : x.ids); }, "num"],
+      ["KiB", function (x) { return kib(x.bytes); }, "num"],
+      ["fwd ms", function (x) { return fmt(x.fwd_ms, 4); }, "num"],
+      ["GB/s", function (x) { return isNum(x.gbps) ? sig(x.gbps, 3) : "-"; }, "num"],
+      ["BW %", function (x) { return isNum(x.bw_util) ? sig(x.bw_util * 100, 3) : "-"; }, "num"]
+    ], parts) + (parts.some(function (x) { return x.not_timed; }) ? '<p class="muted">' +
+      parts.filter(function (x) { return x.not_timed; }).map(function (x) { return esc(x.name + ": " + x.not_timed); }).join("<br>") + "</p>" : "") +
+      '<p class="muted">(tables): how many on this rank (hover: which); fwd ms: the part\u2019s forward alone on this rank; BW %: of the peak bandwidth (the copy ceiling on a CPU)</p></section>';
+  }
+  /* The planner's estimate beside the measured split (details.planned). */
+  function plannedSection(r) {
+    var p = r.details && r.details.planned;
+    if (!p || typeof p !== "object") return "";
+    if (p.error) return '<section class="planned"><h3>measured vs planned</h3><p class="compile-error">' + esc(p.error) + "</p></section>";
+    var m = p.measured || {}, q = p.planned_on_split || {}, ratio = p.ratio || {};
+    var parts = [["fwd_compute_ms", "forward compute"], ["fwd_comms_ms", "forward comms"], ["bwd_compute_ms", "backward compute"],
+      ["bwd_comms_ms", "backward comms"], ["total_ms", "total"]];
+    var a = p.assumptions || {};
+    return '<section class="planned"><h3>measured vs planned</h3><p class="muted">' + esc(p.source || "planner") +
+      (p.rank !== undefined ? ", rank " + esc(p.rank) : "") + "</p>" + miniTable("planned-table", [
+        ["", function (x) { return esc(x[1]); }, ""],
+        ["measured ms", function (x) { return isNum(m[x[0]]) ? sig(m[x[0]], 4) : "-"; }, "num"],
+        ["planned ms", function (x) { return isNum(q[x[0]]) ? sig(q[x[0]], 4) : "-"; }, "num"],
+        ["×", function (x) { return isNum(ratio[x[0]]) ? sig(ratio[x[0]], 3) : "-"; }, "num"]
+      ], parts) + '<p class="muted">planned forward comms and total include the input all-to-all the planner reports apart' +
+      (isNum(a.batch_size) ? "; batch " + esc(a.batch_size) + " per rank" : "") +
+      (isNum(a.bwd_compute_multiplier) ? "; backward = " + esc(a.bwd_compute_multiplier) + " × forward compute" : "") +
+      "; measured compute: the lookups alone (forward), the backward less its collectives</p></section>";
+  }
   /* The details panel's numbers: 4 significant figures with their unit (the table's units;
    * fractions as percents); the exact value is the cell's tooltip. */
   var UNITS = {
-    fwd_ms: "ms", bwd_ms: "ms", total_ms: "ms", cpu_ms: "ms", device_ms: "ms", compiled_ms: "ms",
+    fwd_ms: "ms", bwd_ms: "ms", total_ms: "ms", cpu_ms: "ms", device_ms: "ms", compiled_ms: "ms", comm_ms: "ms",
     tflops: "TFLOP/s", params_mb: "MiB", activation_mb: "MiB", peak_mem_mb: "MiB", gbps: "GB/s",
     intensity: "FLOP/byte"
   };
   var PERCENTS = { share: 1, noise: 1, mfu: 1, bw_util: 1 };
-  var SI = { fwd_flops: "FLOP", bwd_flops: "FLOP", bytes: "B" };
+  var SI = { fwd_flops: "FLOP", bwd_flops: "FLOP", bytes: "B", comm_bytes: "B" };
   function sig(v, n) {
     if (!isNum(v)) return "-";
     var a = Math.abs(v);
@@ -540,13 +675,13 @@
       ops = '<h3>top operators</h3><div class="scroll-x"><table class="op-table"><tr>' + keys.map(function (k) { return "<th>" + esc(k) + "</th>"; }).join("") + "</tr>" +
         det.ops_top.map(function (o) { return "<tr>" + keys.map(function (k) { return "<td>" + esc(o[k]) + "</td>"; }).join("") + "</tr>"; }).join("") + "</table></div>";
     }
-    var shown = { artifacts: 1, ops_top: 1, batches: 1, median_ms: 1, p90_ms: 1, shapes: 1, compile: 1 };  // drawn above the dump
+    var shown = { artifacts: 1, ops_top: 1, batches: 1, median_ms: 1, p90_ms: 1, shapes: 1, compile: 1, comm: 1, ranks: 1, parts: 1, planned: 1 };  // drawn above the dump
     var rest = {};
     Object.keys(det).forEach(function (k) { if (!shown[k]) rest[k] = det[k]; });
     el.innerHTML = "<h2>" + esc(r.path === "" ? ROOT_ID : r.path) + "</h2>" +
       (flagsOf(r).length ? "<p>" + flagsOf(r).map(function (x) { return '<span class="flag">' + esc(x) + "</span>"; }).join("") + "</p>" : "") +
       '<p class="artifacts">' + (links ? "artifacts: " + links : '<span class="muted">no artifacts (profile with artifacts=("trace", "ops", "memory"))</span>') + "</p>" +
-      compileSection(r) + batchesSection(r) +
+      compileSection(r) + batchesSection(r) + plannedSection(r) + partsSection(r) + commSection(r) + ranksSection(r) +
       ops + "<dl>" + items + '</dl><h3>details</h3><p class="muted">numbers to 4 significant figures (report.json has every digit)</p><pre>' +
       esc(JSON.stringify(rest, rounded, 1)) + "</pre>";
   }
