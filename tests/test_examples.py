@@ -30,3 +30,44 @@ def test_quickstart_prints_the_report_html_it_wrote(
     assert f"report.html:  {page}" in out
     assert page.is_file()
     assert (out_dir / "report.json").is_file() and (out_dir / "components.csv").is_file()
+
+
+def _run_example(name: str, tmp_path: Path, *args: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]), "CB_DISABLE": ""}
+    cmd = [sys.executable, str(repo / "examples" / f"{name}.py"), "--out", str(tmp_path / name), *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_the_fsdp_gpt_example_profiles_two_ranks_in_one_command(tmp_path: Path) -> None:
+    out = _run_example("fsdp_gpt", tmp_path, "--steps", "3", "--capture-step", "1")
+    page = (tmp_path / "fsdp_gpt" / "report" / "report.html").resolve()
+    assert f"report.html:  {page}" in out and page.is_file()
+    report = cb_callback.Report.load(page.parent)
+    # every block (an FSDP2 unit) and each of its children measured; the LightningModule and the ModuleList
+    # are containers, estimated
+    assert {r.path for r in report.rows if r.status != "ok"} == {"", "model.blocks"}
+    assert report.metadata["ranks"]["world_size"] == 2
+    assert all(report.row(f"model.blocks.{b}").comm_bytes > 0 for b in range(2))
+
+
+@pytest.mark.slow
+def test_the_sharded_dlrm_example_profiles_two_ranks_in_one_command(tmp_path: Path) -> None:
+    out = _run_example("sharded_dlrm", tmp_path, "--batch-size", "16", "--capture-step", "1")
+    page = (tmp_path / "sharded_dlrm" / "report" / "report.html").resolve()
+    assert f"report.html:  {page}" in out and page.is_file()
+    report = cb_callback.Report.load(page.parent)
+    ran = [r for r in report.rows if ".embedding_bags" not in r.path]
+    assert {r.status for r in ran} == {"ok"}
+    ebc = report.row("sparse_arch.embedding_bag_collection")
+    # three sharding types, one lookup each, and the planner's estimate beside the measurement
+    names = [p["name"] for p in ebc.details["parts"]]
+    assert names == ["lookup:table_wise", "lookup:column_wise", "lookup:data_parallel"]
+    assert "measured vs planned" in out and ebc.details["planned"]["source"] == "torchrec EmbeddingPerfEstimator"
