@@ -65,13 +65,15 @@ def is_sharded_embedding(module: nn.Module) -> bool:
     )
 
 
-def _rank(module: nn.Module) -> int:
-    env = getattr(module, "_env", None)
-    rank = getattr(env, "rank", None)
-    if isinstance(rank, int):
-        return rank
+def _env_value(module: nn.Module, name: str) -> int:
+    """The sharded module's ``ShardingEnv`` ``rank`` or ``world_size``, else the default process group's."""
+    value = getattr(getattr(module, "_env", None), name, None)
+    if isinstance(value, int):
+        return value
     dist = torch.distributed
-    return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else 0
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0 if name == "rank" else 1
+    return int(dist.get_rank() if name == "rank" else dist.get_world_size())
 
 
 def _inner(lookup: nn.Module) -> nn.Module:
@@ -205,7 +207,7 @@ class _StagesInstrument:
         return {"fwd_ms": statistics.median(times), "runs": len(times)}
 
     def _parts(self) -> list[dict[str, Any]]:
-        rank, plan = _rank(self.module), self.plan
+        rank, plan = _env_value(self.module, "rank"), self.plan
         parts = []
         for i, sharding in enumerate(self.types):
             tables = sorted(
@@ -229,7 +231,7 @@ class _StagesInstrument:
     def _planned(self) -> dict[str, Any]:
         if self.batch_size is None:
             return {"error": "the module's input has no KJT to read the batch size from"}
-        rank, world = _rank(self.module), _world(self.module)
+        rank, world = _env_value(self.module, "rank"), _env_value(self.module, "world_size")
         topology = self.metric.topology or rank_topology(world, _device_type(self.module))
         try:
             entry = module_perf("", self.plan, self.module, topology, self.batch_size, self.metric.constraints)
@@ -247,15 +249,6 @@ class _StagesInstrument:
             "parts": self._parts(),
             "planned": self._planned(),
         }
-
-
-def _world(module: nn.Module) -> int:
-    env = getattr(module, "_env", None)
-    world = getattr(env, "world_size", None)
-    if isinstance(world, int):
-        return world
-    dist = torch.distributed
-    return int(dist.get_world_size()) if dist.is_available() and dist.is_initialized() else 1
 
 
 def _device_type(module: nn.Module) -> str:
