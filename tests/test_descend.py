@@ -49,7 +49,10 @@ HEAVY = ["", "branches.0", *(f"branches.0.{i}" for i in range(4)), "branches.1"]
 
 def test_hotspots_skip_the_tiny_branch_with_the_reason_and_measure_the_heavy_one() -> None:
     torch.manual_seed(0)
-    report = profile_components(TwoBranches(), _inputs(), descend="hotspots", descend_share=0.1, **TIMED)
+    # insitu_passes=0: no in-situ times, so the measured shares decide, level by level.
+    report = profile_components(
+        TwoBranches(), _inputs(), descend="hotspots", descend_share=0.1, insitu_passes=0, **TIMED
+    )
     rows = {r.path: r for r in report.rows}
     # The never-called ModuleList has no time of its own: it is descended into and
     # estimated from its two children, whose shares then decide.
@@ -70,11 +73,29 @@ def test_hotspots_skip_the_tiny_branch_with_the_reason_and_measure_the_heavy_one
     assert (rows["branches.1"].status, rows["branches.1"].note) == ("ok", None)
 
 
+def test_the_triage_decides_from_the_in_situ_shares_before_any_replay() -> None:
+    torch.manual_seed(0)
+    seen: list[str] = []
+    report = profile_components(
+        TwoBranches(), _inputs(), descend_share=0.1, progress=lambda done, total, path: seen.append(path), **TIMED
+    )
+    rows = {r.path: r for r in report.rows}
+    assert [p for p in HEAVY if rows[p].status != "ok"] == []
+    # The note names the in-situ share the decision was made on (the forward in the step over the step's).
+    tiny = rows["branches.1"].details["insitu"]["share"]
+    assert tiny < 0.1 <= rows["branches.0"].details["insitu"]["share"]
+    parent = f"not descended: parent branches.1 has share {tiny:.3g} < descend_share 0.1"
+    assert [(rows[p].status, rows[p].note) for p in TINY_BELOW[:2]] == [("skipped", parent), ("skipped", parent)]
+    # Decided up front: every component is started, then one interleaving of 2 rounds (12 + 2 steps).
+    assert seen == [r.path for r in report.rows] + ["timing round 1/2", "timing round 2/2"]
+    assert report.metadata["triage"]["not_descended"] == 4
+
+
 def test_descend_share_zero_measures_everything_level_by_level() -> None:
     seen: list[tuple[int, int, str]] = []
     model = TwoBranches()
     report = profile_components(
-        model, _inputs(), descend="hotspots", descend_share=0.0,
+        model, _inputs(), descend="hotspots", descend_share=0.0, insitu_passes=0,
         progress=lambda done, total, path: seen.append((done, total, path)), **TIMED,
     )  # fmt: skip
     statuses = {r.path: r.status for r in report.rows}
@@ -94,9 +115,10 @@ def test_descend_share_zero_measures_everything_level_by_level() -> None:
 def test_all_is_one_interleaving_over_every_component() -> None:
     seen: list[tuple[int, int, str]] = []
     report = profile_components(
-        TwoBranches(), _inputs(), progress=lambda done, total, path: seen.append((done, total, path)), **TIMED
-    )
-    assert BenchmarkConfig().descend == "all"
+        TwoBranches(), _inputs(), descend="all", progress=lambda done, total, path: seen.append((done, total, path)),
+        **TIMED,
+    )  # fmt: skip
+    assert BenchmarkConfig().descend == "hotspots"  # the default; "all" is the complete tree
     assert [r.status for r in report.rows if r.status != "ok"] == ["estimated"]  # the ModuleList
     # Every component first, then the 2 rounds over all of them: 12 + 2 steps.
     assert [path for _, _, path in seen] == [r.path for r in report.rows] + ["timing round 1/2", "timing round 2/2"]

@@ -57,6 +57,7 @@ def test_columns_are_the_contract() -> None:
         "compile_speedup",  # issue 10: the compile what-if, after noise
         "comm_bytes",  # issue 16: the collectives of the component, after compile_speedup
         "comm_ms",
+        "insitu_ms",  # issue 17: the in-situ forward, after comm_ms
     ]
     assert list(COLUMNS) == list(report.to_dataframe().columns)
 

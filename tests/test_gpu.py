@@ -54,3 +54,22 @@ def test_cuda_compile_what_if_fuses_an_elementwise_chain() -> None:
     assert "error" not in info, info
     assert info["outputs_close"] is True
     assert info["eager_ms_same_rounds"] > 2 * row.compiled_ms  # one fused kernel per pass instead of 24
+
+
+def test_cuda_in_situ_times_come_from_events_read_after_the_pass() -> None:
+    from cb_callback._engine.capture import Capture
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
+    x = torch.randn(2048, 1024, device="cuda")
+    with Capture(model) as cap:
+        model(x)
+    # The capture step's own times, from events (the copies' kernels left out).
+    assert all(cap.calls[p].insitu_ms is not None and cap.calls[p].insitu_ms > 0 for p in ("", "0", "1", "2"))
+    report = profile_components(model, (x,), descend="all", **{**FAST, "min_run_time_s": 0.05})
+    rows = {r.path: r for r in report.rows}
+    for path in ("", "0", "1", "2"):
+        assert rows[path].insitu_ms > 0, path
+    # The Linears hold most of the forward in situ (2 × 2 × 2048 × 1024 × 4096 FLOP of 3 modules).
+    assert rows["0"].insitu_ms + rows["2"].insitu_ms < rows[""].insitu_ms * 1.05
+    assert report.metadata["quality"]["insitu_ratio"]["fwd"] > 0

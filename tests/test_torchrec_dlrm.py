@@ -35,7 +35,7 @@ def report(ex: ModuleType) -> Report:
     model = ex.build_dlrm(cfg)
     dense, kjt, _ = ex.synthetic_batch(B, cfg, seed=1)
     torch.manual_seed(0)
-    return profile_components(model, (dense, kjt), **FAST, **PEAKS)
+    return profile_components(model, (dense, kjt), descend="all", **FAST, **PEAKS)  # every row
 
 
 def test_synthetic_batch_is_criteo_shaped(ex: ModuleType) -> None:
@@ -114,7 +114,7 @@ def test_dlrm_dcn_variant_profiles(ex: ModuleType) -> None:
     )  # fmt: skip
     assert isinstance(model.inter_arch.crossnet, LowRankCrossNet)
     dense, kjt, _ = ex.synthetic_batch(B, cfg, seed=2)
-    rep = profile_components(model, (dense, kjt), max_depth=2, **FAST, **PEAKS)
+    rep = profile_components(model, (dense, kjt), max_depth=2, descend="all", **FAST, **PEAKS)
     assert {r.status for r in rep} <= {"ok", "estimated"}
     # per cross layer: x @ V (in -> rank 4) then @ W (4 -> in): 2 * B * in * 4 twice; 2 layers
     assert rep.row("inter_arch").fwd_flops == 2 * (2 * (2 * B * in_features * 4))

@@ -65,7 +65,9 @@ def test_dmp_on_one_rank_profiles_under_the_unsharded_paths(one_rank: None) -> N
     paths = {p for p, _ in model.named_modules() if ".embedding_bags" not in p}
     dmp = DistributedModelParallel(model, device=torch.device("cpu"))
     kjt = KeyedJaggedTensor.from_lengths_sync(keys=["a"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 2]))
-    report = profile_components(dmp, (torch.randn(2, 4), kjt), preprocessors=[ShardedModelCheck()], **FAST, **PEAKS)
+    report = profile_components(
+        dmp, (torch.randn(2, 4), kjt), preprocessors=[ShardedModelCheck()], descend="all", **FAST, **PEAKS
+    )
     got = {r.path for r in report}
     assert paths <= got and not any(p.startswith("_dmp_wrapped_module") for p in got)
     ebc = "sparse_arch.embedding_bag_collection"

@@ -32,7 +32,7 @@ __all__ = [
 #: The measured columns a multi-batch row takes from its median batch.
 MEASURED_COLUMNS = (
     "fwd_ms", "bwd_ms", "cpu_ms", "device_ms", "fwd_flops", "bwd_flops", "activation_mb",
-    "peak_mem_mb", "bytes", "noise", "comm_bytes", "comm_ms",
+    "peak_mem_mb", "bytes", "noise", "comm_bytes", "comm_ms", "insitu_ms",
 )  # fmt: skip
 
 #: Leaves listed per signature, at most.

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from cb_callback._engine.clock import HookClock
 from cb_callback._engine.inputs import (
     ComponentInputs,
     InputCopyError,
@@ -18,7 +19,7 @@ from cb_callback._engine.inputs import (
     leading_batch_size,
     slice_batch,
 )
-from cb_callback._engine.tree import component_paths
+from cb_callback._engine.tree import component_paths, owner
 
 __all__ = ["Capture"]
 
@@ -60,6 +61,15 @@ class Capture:
         (``a.lin`` or ``b.lin``) whose parent is the innermost module executing
         around it (a stack kept by the hooks), or to its first node when none of
         its parents is (called from elsewhere, or through a ``ModuleList`` alias).
+
+        Each record's ``insitu_ms`` is the module's forward per call in the
+        captured step, filled when the hooks come off: the hooks mark a clock
+        when a module's own work starts and ends, and bracket their own work
+        (the copy of the call) so that it is left out of every time, the
+        parent's included (:class:`cb_callback._engine.clock.HookClock`; on CUDA
+        events, read once when the hooks come off). The copies still leave
+        caches colder than an unhooked step would: the engine's in-situ pass
+        (``insitu_ms`` of the report) copies nothing.
     """
 
     def __init__(
@@ -83,21 +93,16 @@ class Capture:
         self._flags: dict[int, bool] = {}
         # The nodes executing now, innermost last (which parent a shared module is called in).
         self._stack: list[str] = []
-
-    def _resolve(self, places: list[tuple[str, str | None]]) -> str:
-        """The node a call of a module with these ``(path, parent)`` nodes belongs to."""
-        if len(places) > 1:
-            for running in reversed(self._stack):
-                for path, parent in places:
-                    if parent == running:
-                        return path
-        return places[0][0]
+        # Marks each call's start and end, and the hooks' own work, for the step's in-situ times.
+        self._clock = HookClock(_device_of(root))
 
     def _hook(self, places: list[tuple[str, str | None]]) -> Callable[..., None]:
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             path = places[0][0]
+            clock = self._clock
+            clock.hook_start()  # what the hook does (the copy above all) is left out of every time
             try:
-                path = self._resolve(places)
+                path = owner(places, self._stack)
                 self._stack.append(path)
                 if self._paths is None or path in self._paths:
                     self._record(path, module, args, kwargs)
@@ -105,12 +110,23 @@ class Capture:
                 if path not in self.calls:
                     text = f"{type(e).__name__}: {e}".strip()
                     self._failed(path, module, f"capturing the call raised {text[:400]}")
+            clock.hook_end()
+            clock.open(path)
 
         return pre_hook
 
     def _post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._stack:
-            self._stack.pop()
+            self._clock.close(self._stack.pop())
+
+    def _fill_times(self) -> None:
+        """Each record's ``insitu_ms``: its forward per call in the captured step, the hooks' own work
+        (the copies) left out (:class:`cb_callback._engine.clock.HookClock`; on CUDA read here, after the step)."""
+        for path, each in self._clock.durations().items():
+            inputs = self.calls.get(path)
+            if inputs is not None and each and inputs.capture_error is None:
+                inputs.insitu_ms = sum(each) * 1e3 / len(each)
+        self._clock.clear()
 
     def _record(self, path: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._skip is not None and self._skip(module, args, kwargs):
@@ -208,6 +224,10 @@ class Capture:
         except Exception:  # never into the user's step; the replays fall back to ``training``
             for inputs in self.calls.values():
                 inputs.modes = {}
+        try:
+            self._fill_times()
+        except Exception:  # the times are a bonus: never into the user's step
+            self._clock.clear()
 
     @property
     def stored_batch_size(self) -> int | None:
@@ -228,3 +248,10 @@ class Capture:
         tb: TracebackType | None,
     ) -> None:
         self.remove()
+
+
+def _device_of(root: nn.Module) -> torch.device | None:
+    """The device of ``root``'s first parameter or buffer (``None`` for a module without any)."""
+    for t in (*root.parameters(), *root.buffers()):
+        return t.device
+    return None

@@ -15,9 +15,11 @@ from urllib.parse import quote
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from cb_callback._engine.collectives import CollectiveInReplay, refuse_collectives
 from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._engine.floor import Floor, FloorModule, measure_floor, subtract_floor
 from cb_callback._engine.fsdp import has_unit, save_fsdp_state
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.isolate import Replay, instrumented_pass
@@ -35,6 +37,7 @@ from cb_callback._engine.storage import unique_storage_bytes
 from cb_callback._engine.timing import Sample, SampleSet
 from cb_callback._metrics.artifacts import artifact_plugins
 from cb_callback._metrics.builtin import builtin_metrics
+from cb_callback._metrics.latency import LatencyMetric
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.model import error_text as _error_text
 from cb_callback._whatif.compile import WhatIfInput, compile_what_if
@@ -115,6 +118,8 @@ class Pending:
     pass_s: float = 0.0
     #: Its timed samples, once the lockstep phase took them (the schedule keeps the others').
     samples: SampleSet | None = None
+    #: The harness's fixed cost on its inputs, subtracted from its times (``None``: not measured).
+    floor: Floor | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -186,17 +191,55 @@ class ComponentRun:
             )
         self.forward_context = forward_context
         self.warned: set[str] = set()
+        #: Harness floors by input layout (:meth:`floor`), and what measuring them cost.
+        self._floors: dict[tuple[Any, ...], Floor | None] = {}
+        self.floor_s = 0.0
+        self._kept: dict[tuple[str, int], ComponentInputs] = {}  # preprocessed by the in-situ pass
+        #: Seconds of the instrumented passes (FLOPs, bytes, memory observed).
+        self.instrumented_s = 0.0
 
     def inputs_for(
-        self, path: str, module: nn.Module, calls: Mapping[str, ComponentInputs] | None = None, batch: int = 0
+        self,
+        path: str,
+        module: nn.Module,
+        calls: Mapping[str, ComponentInputs] | None = None,
+        batch: int = 0,
+        keep: bool = False,
     ) -> ComponentInputs:
+        """The component's captured call of ``batch``, through every preprocessor.
+
+        With ``keep`` (the in-situ pass) the result is kept for the component's
+        replay, which takes it instead of preprocessing again: each call is
+        preprocessed once per run.
+        """
+        kept = self._kept.pop((path, batch), None)
+        if kept is not None and not keep:
+            return kept
         inputs = (self.calls if calls is None else calls)[path]
         ctx = dataclasses.replace(self.prepare_ctx, path=path, module=module)
         if batch < len(self.batch_sizes):
             ctx = dataclasses.replace(ctx, batch_size=self.batch_sizes[batch])
         for p in self.preprocessors:
             inputs = p.process_inputs(inputs, ctx)
+        if keep:
+            self._kept[(path, batch)] = inputs
         return inputs
+
+    def replay(
+        self, module: nn.Module, inputs: ComponentInputs, captured: ComponentInputs, accumulate: bool = False
+    ) -> Replay:
+        """The replay of ``module`` on its preprocessed ``inputs`` (``captured``: the call as captured)."""
+        # Forward-only replays keep the caller's no_grad (profile_components under no_grad/inference_mode),
+        # and a component the real step ran under no_grad (a frozen encoder) replays without grad.
+        return Replay(
+            module,
+            inputs,
+            device=self.device,
+            seed=self.cfg.seed,
+            forward_context=self.forward_context,
+            grad_enabled=captured.grad_enabled and (self.cfg.backward or torch.is_grad_enabled()),
+            accumulate=accumulate,
+        )
 
     def start(
         self,
@@ -231,17 +274,7 @@ class ComponentRun:
         except Exception as e:
             row.status, row.error = "failed", f"preprocessing inputs raised {_error_text(e)}"
             return None
-        # Forward-only replays keep the caller's no_grad (profile_components under no_grad/inference_mode),
-        # and a component the real step ran under no_grad (a frozen encoder) replays without grad.
-        replay = Replay(
-            module,
-            inputs,
-            device=self.device,
-            seed=self.cfg.seed,
-            forward_context=self.forward_context,
-            grad_enabled=captured.grad_enabled and (self.cfg.backward or torch.is_grad_enabled()),
-            accumulate=collectives or has_unit(module),
-        )
+        replay = self.replay(module, inputs, captured, accumulate=collectives or has_unit(module))
         ctx = MeasureContext(
             row.path, module, replay, self.cfg, self.device, {}, artifact_dir=artifact_dir(self.cfg, row.path)
         )
@@ -299,9 +332,41 @@ class ComponentRun:
         except Exception as e:
             self._plugin_error(row, self.timing, e)
             return None
+        self.instrumented_s += pass_s
+        floor = self.floor(replay) if not collectives else None
         # The instrumented pass runs under counting modes (slower than a plain run): an upper estimate.
         committed = max(budget, max(self.cfg.min_repeats, 1) * pass_s)
-        return Pending(row, ctx, values, sampler, budget, committed, batch, pass_s)
+        return Pending(row, ctx, values, sampler, budget, committed, batch, pass_s, floor=floor)
+
+    def floor(self, replay: Replay) -> Floor | None:
+        """The harness's fixed cost of one run on ``replay``'s inputs (:mod:`cb_callback._engine.floor`).
+
+        Measured once per input layout (shapes, dtypes, which carry a graph,
+        grad mode, one copy reused or not); ``None`` with
+        ``harness_floor=False``, a timing plugin of the user's (its clock, its
+        floor), or when the identity replay raises.
+        """
+        if not self.cfg.harness_floor or not isinstance(self.timing, LatencyMetric):
+            return None
+        leaves = [
+            (tuple(t.shape), t.dtype, t.requires_grad) if isinstance(t, torch.Tensor) else type(t).__name__
+            for t in pytree.tree_leaves((replay.inputs.args, replay.inputs.kwargs))
+        ]
+        key = (tuple(leaves), replay.grad_enabled, replay.reuse_inputs)
+        if key not in self._floors:
+            ident = Replay(
+                FloorModule(self.device), replay.inputs, device=self.device, seed=self.cfg.seed,
+                forward_context=self.forward_context, grad_enabled=replay.grad_enabled,
+            )  # fmt: skip
+            ident.reuse_inputs = replay.reuse_inputs
+            ctx = MeasureContext("", ident.module, ident, self.cfg, self.device, {})
+            try:
+                found: Floor | None = measure_floor(self.timing.sampler(ctx))
+            except Exception:
+                found = None
+            self._floors[key] = found
+            self.floor_s += found.spent_s if found is not None else 0.0
+        return self._floors[key]
 
     def defer(self, row: ComponentRow, batch: int, why: str) -> None:
         """Leave the component for the lockstep phase (``row`` is filled there)."""
@@ -330,6 +395,12 @@ class ComponentRun:
             try:
                 if plugin is self.timing:
                     found = self.timing.values(samples, ctx)
+                    if pending.floor is not None:
+                        found = dict(checked_values(plugin, found))
+                        has_bwd = self.cfg.backward and ctx.replay.no_backward is None
+                        subtract_floor(found, pending.floor, has_bwd)
+                        values.update(found)
+                        continue
                 else:
                     with refuse_collectives():  # a user plugin's own replays
                         found = plugin.measure(ctx)

@@ -63,19 +63,40 @@ class BenchmarkConfig:
             is always measured (it is first); ``0`` measures nothing (every row
             ``skipped``). A component that runs past the budget is not
             interrupted. ``None``: no limit.
-        descend: ``"all"`` profiles every component (one interleaved timing over
-            all of them); ``"hotspots"`` profiles breadth-first level by level
-            (each depth's components timed interleaved among themselves) and
-            only descends into the children of a component whose ``share`` (its
-            ``total_ms * calls`` over the root's ``total_ms``) is at least
-            ``descend_share``; the subtrees below the others become ``skipped``,
-            the note naming the ancestor and its share. A component without a
-            time of its own (a container such as a ``ModuleList``, a failed
-            replay) is always descended into: its share is its children's sum.
-            Cost then grows with the depth of the hotspots, not the size of the
-            model. A component that never ran stays ``not_run``.
+        descend: ``"hotspots"`` (the default) spends the isolated replays where
+            the time is. With the in-situ times (``insitu_passes``) it decides
+            before any replay (:func:`cb_callback._engine.triage.triage`): a
+            component is descended into (its children replayed) when its in-situ
+            share of the step reaches ``descend_share``; siblings that repeat
+            (same class, parameter shapes and input signature: transformer
+            blocks, equal tables, experts) are one group whose
+            ``representatives`` members nearest its median in-situ time are measured in depth when the group's
+            *total* share reaches it, the other members getting a row at their
+            own level (the representative's, or replayed alone when its in-situ
+            time differs from the representative's beyond noise: ``details["as"]``), and all replays are timed in
+            one interleaving. Without in-situ times (``insitu_passes=0``, several
+            ranks, a top component whose pass raised) it goes level by level on
+            the measured ``share`` (``total_ms * calls`` over the root's). The
+            subtrees not descended into become ``skipped``, the note naming the
+            ancestor and its share. A component without a time of its own (a
+            container such as a ``ModuleList``) is always descended into: its
+            share is its children's sum. ``"all"`` profiles every component (one
+            interleaved timing over all of them, no groups): the complete tree.
+            A component that never ran stays ``not_run``.
         descend_share: the share a component needs for ``descend="hotspots"``
             to profile its children, in ``[0, 1]``; ``0`` descends everywhere.
+        representatives: with ``descend="hotspots"``, the members of a group of
+            repeated siblings measured in depth (``1``; ``2`` to check that they
+            agree: ``details["group"]["agree"]``); ``0`` groups nothing.
+        insitu_passes: timed passes of the in-situ pass (after one warm-up): the
+            captured step's outermost called components run whole with a clock
+            hook on every module, giving ``insitu_ms`` and the triage's times.
+            ``0``: no in-situ pass. Off under several ranks (those passes would
+            communicate).
+        harness_floor: measure the replay harness's fixed cost per run (an
+            identity component on the component's inputs, timed alike) and
+            subtract it from ``fwd_ms``/``bwd_ms`` (``details["floor_ms"]``);
+            only with the built-in latency metric. See docs/quality.md.
         device: where to replay; ``None`` means where the model's parameters are.
         dtype: compute dtype used to choose the peak for MFU (``"bf16"``, ``"tf32"``,
             ``"fp64"`` …); ``None`` infers it (autocast, else the parameters' dtype).
@@ -152,8 +173,11 @@ class BenchmarkConfig:
     max_repeats: int = 1000
     rounds: int = 5
     max_total_time_s: float | None = None
-    descend: Literal["all", "hotspots"] = "all"
+    descend: Literal["all", "hotspots"] = "hotspots"
     descend_share: float = 0.05
+    representatives: int = 1
+    insitu_passes: int = 3
+    harness_floor: bool = True
     device: str | torch.device | None = None
     dtype: str | torch.dtype | None = None
     peak_flops: float | None = None
@@ -216,6 +240,10 @@ class BenchmarkConfig:
             raise bad("ranks", "expected 'all' or 'zero'")
         if self.lockstep_timeout_s is not None:
             positive_number("lockstep_timeout_s")
+        non_negative_int("representatives")
+        non_negative_int("insitu_passes")
+        if not isinstance(self.harness_floor, bool):
+            raise bad("harness_floor", "expected True or False")
         positive_number("descend_share", allow_zero=True)
         if self.descend_share > 1:
             raise bad("descend_share", "expected a share in [0, 1]")

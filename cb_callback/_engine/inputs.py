@@ -90,6 +90,8 @@ class ComponentInputs:
         grad_enabled: whether grad mode was on when the real step entered the
             component (``False`` under ``torch.no_grad()``, e.g. a frozen
             encoder): then it is replayed without grad and has no backward.
+        insitu_ms: the component's forward per call in the captured step (ms;
+            the capture's copies left out), ``None`` when not timed there.
         capture_error: why the call could not be captured (the capture hook
             failed: an object that cannot be copied, out of memory while cloning),
             or ``None``. A component with one is not replayed; its row fails with
@@ -105,6 +107,7 @@ class ComponentInputs:
     modes: dict[str, bool] = field(default_factory=dict)
     capture_error: str | None = None
     grad_enabled: bool = True
+    insitu_ms: float | None = None
 
 
 @dataclass(frozen=True)

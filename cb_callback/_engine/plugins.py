@@ -199,7 +199,8 @@ MEASURED_COLUMNS: tuple[str, ...] = (
 #: ``total_ms``/``tflops``/``mfu``/``gbps``/``bw_util``/``intensity``/``bound``)
 #: and the ``details`` keys it owns.
 RESERVED_KEYS: frozenset[str] = frozenset(
-    {c for c in COLUMNS if c not in MEASURED_COLUMNS} | {"details", "artifacts", "metric_errors", "flags"}
+    {c for c in COLUMNS if c not in MEASURED_COLUMNS}
+    | {"details", "artifacts", "metric_errors", "flags", "floor_ms", "insitu", "group", "as", "from"}
 )
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,9 @@ from cb_callback._engine.inputs import (
     leading_batch_size,
     to_device,
 )
+from cb_callback._engine.insitu import InSituTimes, time_in_situ, top_paths
 from cb_callback._engine.lockstep import Coordinator, check_plan
-from cb_callback._engine.metadata import run_metadata
+from cb_callback._engine.metadata import insitu_ratio, run_cost, run_metadata
 from cb_callback._engine.plugins import models_restored
 from cb_callback._engine.prepare import Prepared, infer_dtype, prepare
 from cb_callback._engine.preprocess import builtin_preprocessors
@@ -37,8 +39,9 @@ from cb_callback._engine.quality import Assessment, LoadProbe, assess
 from cb_callback._engine.rollup import derive_all, estimate_parents, fill_share, pairs_by_batch
 from cb_callback._engine.schedule import Schedule
 from cb_callback._engine.state import StateGuard
-from cb_callback._engine.timing import canary_best, timed_seconds
-from cb_callback._engine.tree import build_tree
+from cb_callback._engine.timing import canary_best, cpu_canary, timed_seconds
+from cb_callback._engine.tree import Node, build_tree
+from cb_callback._engine.triage import Plan, insitu_costs, triage
 from cb_callback._hardware.peaks import (
     Peaks,
     calibration_spread,
@@ -46,7 +49,7 @@ from cb_callback._hardware.peaks import (
     resolve_peaks,
 )
 from cb_callback._report.context import ReportContext
-from cb_callback._report.model import Report
+from cb_callback._report.model import ComponentRow, Report
 from cb_callback._report.model import error_text as _error_text
 from cb_callback._whatif.compile import compile_speedup, fill_children_separately
 
@@ -88,12 +91,17 @@ def profile_captured(
         it was.
 
     Notes:
-        ``config.descend="all"`` starts every component breadth-first (one
-        instrumented pass each) and then times all of them in one interleaving;
-        ``"hotspots"`` does the same one depth level at a time and starts a
-        level's components only below those whose share of the root's time was
-        at least ``config.descend_share`` (the rest become ``skipped``, the note
-        naming the ancestor and its share).
+        First the in-situ pass (``config.insitu_passes``): the step's outermost
+        called components run whole with a clock hook on every module
+        (``insitu_ms``). ``config.descend="hotspots"`` (the default) then decides
+        from those times which components to replay
+        (:func:`cb_callback._engine.triage.triage`: only below components, or
+        groups of repeated siblings, whose in-situ share reaches
+        ``config.descend_share``; one representative per group measured in
+        depth, the other members taking its rows), starts them breadth-first
+        (one instrumented pass each) and times them in one interleaving;
+        without in-situ times it goes one depth level at a time on measured
+        shares. ``"all"`` starts and times every component.
     """
     cfg = config or BenchmarkConfig()
     batches = [calls] if isinstance(calls, Mapping) else list(calls)
@@ -139,14 +147,24 @@ def _profile(
         peaks = _peaks(device, dtype, cfg)
         budget0 = time.perf_counter()  # max_total_time_s excludes the one-off calibration
         load = LoadProbe()
-        schedule = Schedule(run, nodes, modules, batches, calls, cfg, device, budget0, coord)
+        canary = cpu_canary() if device.type == "cpu" and cfg.insitu_passes else None
+        around = [canary()] if canary is not None else []  # the machine's speed around the in-situ pass
+        insitu, plan = _triage(run, nodes, modules, batches, calls, cfg, device, coord, meta)
+        around += [canary()] if canary is not None else []
+        schedule = Schedule(run, nodes, modules, batches, calls, cfg, device, budget0, coord, insitu, plan)
+        schedule.canary_s += around
         schedule.run_levels()
         if coord is not None:
             lockstep.phase(schedule, coord)
+        compile0 = time.perf_counter()
         if cfg.compile:
             schedule.compile_phase()
         load.stop()
+        artifacts0 = time.perf_counter()
         schedule.artifact_passes()
+        artifacts_s, compile_s = time.perf_counter() - artifacts0, artifacts0 - compile0
+        _compiled_net_of_floor(schedule.rows.values())
+        schedule.fill_copies()
     rows = schedule.rows
     estimate_parents(nodes, rows)
     derive_all(rows.values(), peaks)
@@ -163,11 +181,19 @@ def _profile(
     for path, row in rows.items():  # always a list: [] on a clean row
         row.details["flags"] = list(assessment.flags.get(path, []))
     meta["quality"] = assessment.quality
+    meta["quality"]["insitu_ratio"] = insitu_ratio(rows, insitu[0] if insitu else None)
+    wall_s, timed_s = time.perf_counter() - wall0, timed_seconds() - timed0
     meta.update(
         run_metadata(
             device=device, peaks=peaks, dtype=dtype, cfg=cfg, captured_batch_size=prepared.context.batch_size,
-            wall_s=time.perf_counter() - wall0, timed_s=timed_seconds() - timed0, calibration_s=budget0 - calibration0,
+            wall_s=wall_s, timed_s=timed_s, calibration_s=budget0 - calibration0,
         )
+    )  # fmt: skip
+    meta["cost"] = run_cost(
+        wall_s=wall_s, timed_s=timed_s, calibration_s=budget0 - calibration0,
+        insitu_s=sum(t.seconds for t in insitu), insitu_timed_s=sum(t.timed_s for t in insitu),
+        instrumented_s=run.instrumented_s, floor_s=run.floor_s,
+        compile_s=compile_s, artifacts_s=artifacts_s,
     )  # fmt: skip
     report = Report([rows[n.path] for n in nodes], meta)
     ctx = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
@@ -175,10 +201,90 @@ def _profile(
     return report
 
 
+def _triage(
+    run: ComponentRun,
+    nodes: Sequence[Node],
+    modules: Mapping[str, nn.Module],
+    batches: Sequence[Mapping[str, ComponentInputs]],
+    calls: Mapping[str, ComponentInputs],
+    cfg: BenchmarkConfig,
+    device: torch.device,
+    coord: Any,
+    meta: dict[str, Any],
+) -> tuple[list[InSituTimes], Plan | None]:
+    """Each batch's in-situ pass, then (``descend="hotspots"``) the triage's plan from its times.
+
+    No in-situ pass with ``insitu_passes=0``, ``max_total_time_s=0`` or several
+    ranks (the passes would communicate; ``metadata["insitu"]`` says so). No
+    plan (``hotspots`` descends level by level on measured shares) when a top
+    component's pass raised or nothing was timed.
+    """
+    if cfg.insitu_passes == 0 or cfg.max_total_time_s == 0:
+        return [], None
+    if coord is not None:
+        meta["insitu"] = {"skipped": "several ranks: an in-situ pass of a sharded model communicates"}
+        return [], None
+    paths = [n.path for n in nodes]
+    only = set(paths)
+    out: list[InSituTimes] = []
+    for b, batch_calls in enumerate(batches):
+
+        def replay_of(top: str, batch_calls: Mapping[str, ComponentInputs] = batch_calls, b: int = b) -> Any:
+            inputs = run.inputs_for(top, modules[top], batch_calls, b, keep=True)
+            return run.replay(modules[top], inputs, batch_calls[top])
+
+        out.append(
+            time_in_situ(
+                top_paths(batch_calls, paths),
+                replay_of,
+                run.model,
+                device,
+                passes=cfg.insitu_passes,
+                budget_s=_insitu_budget(cfg),
+                backward=cfg.backward,
+                only=only,
+            )
+        )
+    meta["insitu"] = out[0].to_metadata() if len(out) == 1 else {"batches": [t.to_metadata() for t in out]}
+    if cfg.descend != "hotspots" or any(t.errors for t in out) or not all(t.times for t in out):
+        return out, None
+    costs: dict[str, float | None] = {}
+    step = 0.0
+    for t, batch_calls in zip(out, batches, strict=True):
+        for path, c in insitu_costs(nodes, {p: x.fwd_ms for p, x in t.times.items()}, batch_calls).items():
+            if c is not None:
+                costs[path] = (costs.get(path) or 0.0) + c
+        step += t.step_ms({p: c.calls for p, c in batch_calls.items()})
+    plan = triage(
+        nodes, modules, calls, costs, step, descend_share=cfg.descend_share, representatives=cfg.representatives,
+        insitu=out[0].times, batches=batches,
+    )  # fmt: skip
+    groups = {id(info) for info in plan.groups.values()}
+    meta["triage"] = {
+        "replayed": plan.replayed, "copied": len(plan.copy), "not_descended": len(plan.skip),
+        "groups": len(groups), "measured_alone": len(plan.alone),
+    }  # fmt: skip
+    return out, plan
+
+
+def _compiled_net_of_floor(rows: Iterable[ComponentRow]) -> None:
+    """``compiled_ms`` less the harness floor, as ``total_ms`` is (the what-if runs in the same harness)."""
+    for row in rows:
+        floor = row.details.get("floor_ms")
+        if floor and math.isfinite(row.compiled_ms):
+            row.compiled_ms = max(row.compiled_ms - floor["fwd"] - floor["bwd"], 0.0)
+
+
+def _insitu_budget(cfg: BenchmarkConfig) -> float:
+    """How long a top's in-situ passes may take before they stop (after the first): what its own
+    timed runs aim for (``min_run_time_s`` per pass), once per in-situ pass."""
+    return cfg.min_run_time_s * (2 if cfg.backward else 1) * cfg.insitu_passes
+
+
 def _plan_options(cfg: BenchmarkConfig, n_batches: int) -> dict[str, Any]:
     """The options every rank's plan depends on: ranks with different ones cannot replay in lockstep."""
     names = ("descend", "descend_share", "ranks", "backward", "max_depth", "warmup", "rounds", "min_repeats",
-             "max_repeats", "include", "exclude")  # fmt: skip
+             "max_repeats", "include", "exclude", "representatives", "insitu_passes")  # fmt: skip
     return {**{n: getattr(cfg, n) for n in names}, "batches": n_batches}
 
 

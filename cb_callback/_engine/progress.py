@@ -37,6 +37,9 @@ class ConsoleProgress:
         components: how many components the run has (``None``: count without a total).
         rounds: timing rounds per level (``BenchmarkConfig.rounds``).
         levels: how many levels the components are timed in.
+        other_levels: the number of levels the engine may take instead (one per
+            depth, when ``descend="hotspots"`` finds no in-situ times), told by its
+            first call's ``total``.
 
     Notes:
         On a terminal (``stream.isatty()``) one line is rewritten in place
@@ -45,13 +48,18 @@ class ConsoleProgress:
         escape codes: one when a level's timing rounds are done (``(level 2 of
         3)`` with several), one when the compile what-ifs are, and at
         :meth:`close` the last state if it was not written yet.
-        When the engine's ``total`` is not ``components + rounds × levels``
-        (a preprocessor that changed the model's tree), components are counted
-        without a total rather than with a wrong one.
+        When the engine's ``total`` is ``components + rounds × other_levels``
+        (the triage found no in-situ times and went level by level), those
+        levels are taken; when it is neither (a preprocessor that changed the
+        model's tree), components are counted without a total rather than with
+        a wrong one.
     """
 
-    def __init__(self, stream: TextIO, components: int | None, rounds: int, levels: int) -> None:
+    def __init__(
+        self, stream: TextIO, components: int | None, rounds: int, levels: int, other_levels: int | None = None
+    ) -> None:
         self.stream, self.components, self.rounds, self.levels = stream, components, rounds, levels
+        self.other_levels = other_levels
         isatty = getattr(stream, "isatty", None)
         self.tty = bool(isatty()) if callable(isatty) else False
         self.started = self.rounds_done = self.level = 0
@@ -73,8 +81,14 @@ class ConsoleProgress:
         as ``profile_captured`` builds it, ``max_depth`` applied).
         """
         nodes, _ = build_tree(model, merged_calls(batches), config.max_depth)
-        depth_levels = 1 if config.descend == "all" else len(levels(nodes))
-        return cls(stream, len(nodes), config.rounds, depth_levels)
+        # One level when everything is timed at once (descend="all", or the triage's plan from in-situ
+        # times); the engine's first call corrects it (one level per depth without in-situ times).
+        depths = len(levels(nodes))
+        if config.descend == "all":
+            return cls(stream, len(nodes), config.rounds, 1)
+        if config.insitu_passes > 0:
+            return cls(stream, len(nodes), config.rounds, 1, other_levels=depths)
+        return cls(stream, len(nodes), config.rounds, depths)
 
     def __call__(self, done: int, total: int, label: str) -> None:
         """One progress call of the engine (see the module docstring)."""
@@ -84,7 +98,11 @@ class ConsoleProgress:
         if not self._checked:
             self._checked = True
             if self.components is not None and total != self.components + self.rounds * self.levels:
-                self.components = None
+                other = self.other_levels
+                if other is not None and total == self.components + self.rounds * other:
+                    self.levels = other  # the engine timed level by level after all (no in-situ times)
+                else:
+                    self.components = None
         match = _ROUND.match(label)
         if match is None:
             self.started += 1

@@ -31,6 +31,11 @@ The vocabulary (thresholds are module constants, recorded in the metadata):
   reference GEMM slower than the process's best by :data:`SLOWDOWN_THRESHOLD`) and
   the scheduler took the CPU away from this row
   more often than that threshold too.
+- ``insitu_mismatch``: the isolated ``fwd_ms`` and the in-situ ``insitu_ms``
+  of a measured row differ by more than both rows' noise allows (see
+  :func:`insitu_mismatch`): the component runs differently alone than inside
+  the step (caches its neighbours warm, lazy initialisation, a code path that
+  depends on state the replay does not have, contention in one of the two).
 """
 
 from __future__ import annotations
@@ -54,12 +59,13 @@ __all__ = [
     "LoadProbe",
     "assess",
     "inconsistent_pairs",
+    "insitu_mismatch",
     "is_noisy",
     "quantum_ms",
 ]
 
 #: Every flag a row can carry, in the order they are listed.
-FLAGS: tuple[str, ...] = ("noisy", "slower_than_parent", "over_peak", "contention")
+FLAGS: tuple[str, ...] = ("noisy", "slower_than_parent", "over_peak", "contention", "insitu_mismatch")
 
 #: ``noise`` above this is ``noisy`` (IQR ÷ median; 0.2 ≈ a standard deviation of
 #: 15 % of the median for normally distributed runs).
@@ -82,6 +88,15 @@ PARENT_SLACK_MS = 0.02
 #: workers, cheaply); with a second busy process on the machine, 120-130.
 SWITCHES_PER_S_THRESHOLD = 60.0
 
+#: ``insitu_mismatch`` needs the larger of ``fwd_ms`` and ``insitu_ms`` to exceed the smaller by this
+#: fraction plus twice both rows' noise (the isolated row's ``noise``, the in-situ spread over its passes) …
+#: The two are timed minutes apart: on the shared 2-vCPU VM a 10 ms GEMM read 1.3× apart between such
+#: windows with each window's own runs agreeing (docs/quality.md), so half again is the bar.
+INSITU_MARGIN = 0.5
+
+#: ... and by at least this many ms, or the harness floor's forward when larger (that subtraction's error).
+INSITU_SLACK_MS = 0.05
+
 #: Candidate scheduling quanta searched by :func:`quantum_ms`, in ms.
 _QUANTA_MS = tuple(q / 4 for q in range(8, 81))  # 2.0, 2.25, ... 20.0 ms
 _QUANTUM_SCORE = 0.8
@@ -93,6 +108,32 @@ STEAL_THRESHOLD = 0.05
 #: A reference GEMM this much slower (median of the run ÷ fastest seen in the process)
 #: counts as a busy machine.
 SLOWDOWN_THRESHOLD = 1.25
+
+
+def insitu_mismatch(row: ComponentRow, machine: float = 0.0) -> bool:
+    """Whether a measured row's isolated forward disagrees with its in-situ forward.
+
+    ``|fwd_ms - insitu_ms| > max(INSITU_SLACK_MS, floor fwd)`` and
+    ``max / min > 1 + INSITU_MARGIN + 2 · (noise + insitu spread) + machine``,
+    where ``machine`` is how much slower than its best the machine ran during
+    the run (the reference GEMM's ``slowdown - 1``, timed around the in-situ
+    pass and before every round): the two are timed minutes apart, and a
+    shared CPU drifts by that much between them. A row taken from a
+    representative (``details["as"]``) is not checked: its ``fwd_ms`` is
+    another member's.
+    """
+    if row.status != "ok" or row.details.get("as") == "representative":
+        return False
+    iso, ins = row.fwd_ms, row.insitu_ms
+    if not (math.isfinite(iso) and math.isfinite(ins)):
+        return False
+    spread = (row.details.get("insitu") or {}).get("spread")
+    spread = spread if isinstance(spread, float) and math.isfinite(spread) else 0.0  # NaN: one in-situ pass
+    noise = (row.noise if math.isfinite(row.noise) else 0.0) + spread
+    floor = (row.details.get("floor_ms") or {}).get("fwd") or 0.0
+    if abs(iso - ins) <= max(INSITU_SLACK_MS, floor):
+        return False
+    return max(iso, ins) > (1.0 + INSITU_MARGIN + 2.0 * noise + max(machine, 0.0)) * min(iso, ins)
 
 
 def quantum_ms(excess_ms: Sequence[float]) -> float | None:
@@ -288,6 +329,11 @@ def assess(
             if _over_flops(r):
                 over_flops.append(r)
 
+    drift = slowdown - 1.0 if slowdown is not None and math.isfinite(slowdown) else 0.0
+    mismatched = [r.path for r in rows if insitu_mismatch(r, drift)]
+    for path in mismatched:
+        add(path, "insitu_mismatch")
+
     machine = _machine(timed, load, threads, calibration_spread, slowdown)
     per_thread = max(threads, 1)
     for path, s in timed.items():
@@ -303,10 +349,18 @@ def assess(
         calibration_spread, slowdown,
     )  # fmt: skip
     advice += _peak_advice(over_flops, peaks or {}, counts["over_peak"] - len(over_flops))
+    if mismatched:
+        named = ", ".join(p or "root" for p in mismatched[:8]) + (" …" if len(mismatched) > 8 else "")
+        advice.append(
+            f"{len(mismatched)} components run differently alone than in the step (insitu_mismatch: {named}): "
+            "their isolated fwd_ms and in-situ insitu_ms disagree beyond both rows' noise; isolation misses "
+            "what their neighbours leave (caches, lazy initialisation) or the replay takes another path"
+        )
     quality = {
         "verdict": _verdict(counts, contended),
         "flags": counts,
         "flagged_rows": len(flags),
+        "insitu_mismatch": mismatched,
         "load_before": load.before,
         "load_after": load.after,
         "cpus": load.cpus,
@@ -324,6 +378,8 @@ def assess(
             "load_excess_per_cpu": LOAD_EXCESS_PER_CPU,
             "steal": STEAL_THRESHOLD,
             "slowdown": SLOWDOWN_THRESHOLD,
+            "insitu_margin": INSITU_MARGIN,
+            "insitu_slack_ms": INSITU_SLACK_MS,
         },
         "advice": advice,
     }

@@ -23,10 +23,13 @@ from cb_callback._engine.descend import (
     step_cost_ms,
 )
 from cb_callback._engine.fsdp import has_unit, is_unit, shard_bytes, unit_of
+from cb_callback._engine.groups import take_row
 from cb_callback._engine.inputs import ComponentInputs
+from cb_callback._engine.insitu import InSituTimes
 from cb_callback._engine.quality import inconsistent_pairs, is_noisy
 from cb_callback._engine.timing import SampleSet, cpu_canary, interleave
 from cb_callback._engine.tree import Node, filter_reasons
+from cb_callback._engine.triage import Plan
 from cb_callback._report.model import ComponentRow
 
 __all__ = ["Schedule", "artifact_targets", "budget_note"]
@@ -62,6 +65,8 @@ class Schedule:
         device: torch.device,
         budget0: float,
         coord: Any = None,
+        insitu: Sequence[InSituTimes] = (),
+        plan: Plan | None = None,
     ) -> None:
         self.run, self.nodes, self.modules, self.cfg, self.device = run, nodes, modules, cfg, device
         #: The lockstep coordinator under several ranks (``None``: one process).
@@ -82,7 +87,12 @@ class Schedule:
         self._called = descendants_called(list(nodes), calls)
         self._filtered = filter_reasons([n.path for n in nodes], cfg.include, cfg.exclude)
         self._not_descended: dict[str, tuple[str, float]] = {}  # path -> (ancestor not descended, its share)
-        self._levels = [list(nodes)] if cfg.descend == "all" else levels(nodes)
+        #: Each captured batch's in-situ pass (empty: none ran).
+        self.insitu = list(insitu)
+        #: The triage's decisions, made from the in-situ times before any replay (``None``: none).
+        self.plan = plan
+        self._copies: list[str] = []  # rows taken from a group's representative, filled after the timing
+        self._levels = [list(nodes)] if cfg.descend == "all" or plan is not None else levels(nodes)
         self._steps = len(nodes) + cfg.rounds * len(self._levels)
         self._done = 0
 
@@ -115,6 +125,7 @@ class Schedule:
             calls=self.calls[node.path].calls if node.path in self.calls else 0,
             params_mb=params_mb(self.modules[node.path]),
         )  # fmt: skip
+        self._put_insitu(row, node.path, 0)
         if node.aliases:
             row.details["aliases"] = list(node.aliases)
         if node.shared_with:
@@ -125,12 +136,36 @@ class Schedule:
         self.rows[node.path] = row
         return row
 
+    def _put_insitu(self, row: ComponentRow, path: str, batch: int) -> None:
+        """The row's in-situ forward from batch ``batch``'s in-situ pass (``insitu_ms``, ``details["insitu"]``),
+        and the captured step's own (``capture_ms``, when the capture timed it)."""
+        info: dict[str, Any] = {}
+        captured = self.batches[batch].get(path) if batch < len(self.batches) else None
+        if captured is not None and captured.insitu_ms is not None:
+            info["capture_ms"] = captured.insitu_ms
+        mine = self.insitu[batch].times.get(path) if batch < len(self.insitu) else None
+        if mine is not None:
+            row.insitu_ms = mine.fwd_ms
+            info.update(fwd_ms=mine.fwd_ms, spread=mine.spread, passes=self.insitu[batch].passes)
+            if mine.bwd_ms == mine.bwd_ms:  # a top: its whole backward
+                info["bwd_ms"] = mine.bwd_ms
+        if self.plan is not None and self.plan.shares.get(path) is not None:
+            info["share"] = self.plan.shares[path]
+        if info:
+            row.details["insitu"] = info
+
     def _start(self, node: Node, started: list[Pending]) -> None:
         """Make the node's row; start it (each batch it ran in), or say why not."""
         row, cfg, path = self._row(node), self.cfg, node.path
         reason = self._filtered.get(path)
+        plan = self.plan
+        if reason is None and plan is not None and path in plan.skip and self._called[path]:
+            reason = not_descended_note(node, *plan.skip[path], cfg.descend_share)
         if reason is None and path in self._not_descended and self._called[path]:
             reason = not_descended_note(node, *self._not_descended[path], cfg.descend_share)
+        if reason is None and plan is not None and path in plan.copy and self._called[path]:
+            self._copies.append(path)  # filled from its representative after the timing
+            return
         # The timed runs come later: count the budget they will take.
         spent = time.perf_counter() - self.budget0
         committed = sum(p.committed_s for p in started)
@@ -149,6 +184,7 @@ class Schedule:
             for b, batch_calls in enumerate(self.batches):
                 if path in batch_calls:
                     row_b = dataclasses.replace(row, calls=batch_calls[path].calls, details={})
+                    self._put_insitu(row_b, path, b)
                     self.per_batch.setdefault(path, {})[b] = row_b
                     begun = self.run.start(row_b, self.modules[path], batch_calls, b)
                     if begun is not None:
@@ -180,6 +216,39 @@ class Schedule:
             row.status, row.note = "skipped", "profiled on rank 0 (ranks='zero'): this rank replays in lockstep only"
             return True
         return False
+
+    def fill_copies(self) -> None:
+        """The rows the triage gave a representative's measurement (after every timed run and what-if),
+        then each group member's ``details["group"]`` and ``details["as"]``."""
+        plan = self.plan
+        if plan is None:
+            return
+        done: set[str] = set()
+
+        def fill(path: str) -> None:
+            if path in done:
+                return
+            done.add(path)
+            source = plan.copy[path]
+            if source in plan.copy and source in self._copies:
+                fill(source)  # a representative's own descendant may repeat too (experts in a block)
+            take_row(self.rows[path], self.rows[source])
+            if self.multi and source in self.per_batch:
+                for b, r in self.per_batch[source].items():
+                    if path in self.batches[b]:
+                        mine = take_row(dataclasses.replace(self.rows[path], details={}), r)
+                        mine.calls = self.batches[b][path].calls
+                        self.per_batch.setdefault(path, {})[b] = mine
+
+        for path in self._copies:
+            fill(path)
+        for path, info in plan.groups.items():
+            row = self.rows.get(path)
+            if row is None:
+                continue
+            row.details["group"] = _group_details(info, self.rows)
+            if path in info["representatives"] or path in plan.alone:
+                row.details["as"] = "measured"
 
     def row_of(self, path: str, batch: int) -> ComponentRow:
         """The row of ``path`` for ``batch`` (with several batches, its batch's own, made when first asked)."""
@@ -366,6 +435,23 @@ def artifact_targets(
         return ok
     top = {id(p) for p in sorted(ok, key=lambda p: cost.get(p.row.path) or 0.0, reverse=True)[: cfg.artifacts_top]}
     return [p for p in ok if id(p) in top]
+
+
+def _group_details(info: dict[str, Any], rows: Mapping[str, ComponentRow]) -> dict[str, Any]:
+    """A group member's ``details["group"]``: its members, representatives, in-situ share and, with two
+    or more representatives measured, how far apart they came (``spread``) and whether that is within
+    their noise (``agree``)."""
+    out: dict[str, Any] = {"members": list(info["members"]), "representatives": list(info["representatives"])}
+    if info.get("share") is not None:
+        out["insitu_share"] = info["share"]
+    reps = [rows[r] for r in info["representatives"] if r in rows and rows[r].status == "ok"]
+    totals = [r.fwd_ms + (r.bwd_ms if r.bwd_ms == r.bwd_ms else 0.0) for r in reps]
+    if len(totals) >= 2 and min(totals) > 0:
+        spread = (max(totals) - min(totals)) / min(totals)
+        noise = sum(r.noise for r in reps if r.noise == r.noise)
+        out["spread"] = spread
+        out["agree"] = spread <= 2 * noise + 0.10
+    return out
 
 
 def _across_ranks(row: ComponentRow) -> bool:

@@ -11,7 +11,15 @@ from torch import nn
 
 from cb_callback._engine.inputs import ComponentInputs
 
-__all__ = ["Node", "Placement", "build_tree", "component_paths", "filter_reasons", "register_module_unwrapper"]
+__all__ = [
+    "Node",
+    "Placement",
+    "build_tree",
+    "component_paths",
+    "filter_reasons",
+    "owner",
+    "register_module_unwrapper",
+]
 
 _UNWRAPPERS: list[Callable[[nn.Module], nn.Module | None]] = []
 
@@ -150,6 +158,17 @@ def component_paths(root: nn.Module) -> dict[str, Placement]:
         canon[name] = node_of[key] = path
         out[path] = Placement(path, mod, parent, index)
     return out
+
+
+def owner(places: Sequence[tuple[str, str | None]], running: Sequence[str]) -> str:
+    """The node a call of a module belongs to, given its ``(path, parent)`` nodes and the nodes running
+    now (innermost last): the node whose parent is the innermost running one, else its first node."""
+    if len(places) > 1:
+        for outer in reversed(running):
+            for path, parent in places:
+                if parent == outer:
+                    return path
+    return places[0][0]
 
 
 _PARAMETER_HOLDERS = (nn.ParameterList, nn.ParameterDict)

@@ -101,6 +101,8 @@ class ComponentBenchmark(Callback):
         batch_size: int | None = _DEFAULTS.batch_size, preprocessors: Sequence[Any] = (), metrics: Sequence[Any] = (),
         reporters: Sequence[Any] = (), descend: Literal["all", "hotspots"] = _DEFAULTS.descend,
         descend_share: float = _DEFAULTS.descend_share, seed: int = _DEFAULTS.seed,
+        representatives: int = _DEFAULTS.representatives, insitu_passes: int = _DEFAULTS.insitu_passes,
+        harness_floor: bool = _DEFAULTS.harness_floor,
         load_plugins: bool = _DEFAULTS.load_plugins, artifacts: Sequence[str] = (), artifacts_top: int | None = None,
         compile: bool = _DEFAULTS.compile, compile_options: dict[str, Any] | None = None,
         compile_top: int | None = None,

@@ -39,6 +39,10 @@ class ComponentRow:
     forward and backward (as nccl-tests counts it; 0 when it issues none) and
     ``comm_ms`` their time (measured when it was replayed in lockstep across ranks,
     each collective waited for as it is issued; NaN otherwise).
+    ``insitu_ms`` is the component's forward per call inside the real forward
+    (the in-situ pass: its top component run whole, every module's calls timed
+    by hooks, the hooks' own time left out; NaN when it did not run there), the
+    figure ``fwd_ms`` is checked against (flag ``insitu_mismatch``).
     ``details["flags"]`` lists the
     row's measurement-quality flags (see :mod:`cb_callback._engine.quality`).
 
@@ -80,6 +84,7 @@ class ComponentRow:
     compile_speedup: float = _NAN
     comm_bytes: float = _NAN
     comm_ms: float = _NAN
+    insitu_ms: float = _NAN
     details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,234 @@
+"""Every component's in-situ forward time: the captured step's top components run whole, each
+module's calls timed by hooks (``insitu_ms``), before any isolated replay."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from cb_callback._engine.clock import HookClock
+from cb_callback._engine.collectives import refuse_collectives
+from cb_callback._engine.inputs import ComponentInputs
+from cb_callback._engine.isolate import Replay
+from cb_callback._engine.timing import record_timed
+from cb_callback._engine.tree import component_paths, owner
+from cb_callback._report.model import error_text
+
+__all__ = ["InSitu", "InSituTimes", "hook_clock", "time_in_situ", "top_paths"]
+
+_NAN = float("nan")
+
+
+@dataclass
+class InSitu:
+    """One component's in-situ forward.
+
+    Attributes:
+        fwd_ms: median over the passes of its forward time per call (ms), inside
+            its parent's forward as the real step runs it.
+        calls: its calls in one pass (one call of its top: the step's count is the capture's).
+        spread: ``(max - min) ÷ median`` of the per-call time over the passes.
+        bwd_ms: the whole backward per call, for a top component (NaN below:
+            see :func:`time_in_situ`).
+    """
+
+    fwd_ms: float
+    calls: int
+    spread: float
+    bwd_ms: float = _NAN
+
+
+@dataclass
+class InSituTimes:
+    """The in-situ pass of one captured batch.
+
+    Attributes:
+        times: by path.
+        tops: the components run whole (the root, or the outermost called ones).
+        passes: timed passes run (after one warm-up; the fewest over the tops).
+        seconds: what the pass cost, warm-up included.
+        timed_s: the timed passes' forwards and backwards (counted as timed work).
+        errors: ``{top: error}`` for a top whose pass raised (its subtree has no times).
+    """
+
+    times: dict[str, InSitu] = field(default_factory=dict)
+    tops: list[str] = field(default_factory=list)
+    passes: int = 0
+    seconds: float = 0.0
+    timed_s: float = 0.0
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def step_ms(self, calls: Mapping[str, int]) -> float:
+        """The step's forward as the tops cost it: ``Σ fwd_ms × calls`` over the tops (``calls``: the
+        captured step's, by path)."""
+        return math.fsum(self.times[t].fwd_ms * max(calls.get(t, 1), 1) for t in self.tops if t in self.times)
+
+    def to_metadata(self) -> dict[str, Any]:
+        return {
+            "tops": list(self.tops),
+            "passes": self.passes,
+            "seconds": self.seconds,
+            "bwd_ms": {t: self.times[t].bwd_ms for t in self.tops if t in self.times},
+            "errors": dict(self.errors),
+        }
+
+
+def top_paths(calls: Mapping[str, ComponentInputs], paths: Sequence[str]) -> list[str]:
+    """The called components none of whose ancestors was called (the root, when the step called it)."""
+    called = {p for p in paths if p in calls and calls[p].capture_error is None}
+    out = []
+    for p in paths:
+        if p not in called:
+            continue
+        parts = p.split(".") if p else []
+        ancestors = ["", *(".".join(parts[:i]) for i in range(1, len(parts)))] if p else []
+        if not any(a in called for a in ancestors):
+            out.append(p)
+    return out
+
+
+@contextlib.contextmanager
+def hook_clock(root: nn.Module, clock: HookClock, only: set[str] | None = None) -> Iterator[None]:
+    """Forward hooks on every module of ``root``'s tree marking each call on ``clock`` (by node path).
+
+    The hooks' own work is bracketed as a hook region, so a parent's time
+    excludes its children's hooks. Hooks come off on exit, also when the forward raised.
+    """
+    places: dict[int, list[tuple[str, str | None]]] = {}
+    modules: dict[int, nn.Module] = {}
+    for path, at in component_paths(root).items():
+        if only is None or path in only:
+            places.setdefault(id(at.module), []).append((path, at.parent))
+            modules[id(at.module)] = at.module
+    running: list[str] = []
+
+    def pre(mine: list[tuple[str, str | None]]) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            clock.hook_start()
+            path = owner(mine, running)
+            running.append(path)
+            clock.hook_end()
+            clock.open(path)
+
+        return hook
+
+    def post(module: nn.Module, args: Any, output: Any) -> None:
+        path = running.pop() if running else ""
+        clock.close(path)
+
+    handles = []
+    try:
+        for key, module in modules.items():
+            handles.append(module.register_forward_pre_hook(pre(places[key])))
+            handles.append(module.register_forward_hook(post, always_call=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def time_in_situ(
+    tops: Sequence[str],
+    replay_of: Callable[[str], Replay],
+    root: nn.Module,
+    device: torch.device,
+    *,
+    passes: int = 3,
+    budget_s: float | None = None,
+    backward: bool = True,
+    only: set[str] | None = None,
+) -> InSituTimes:
+    """Run each top component whole ``passes + 1`` times (the first a warm-up), every module's calls timed.
+
+    Args:
+        tops: the components to run whole (:func:`top_paths`).
+        replay_of: the replay of a top (inputs as the isolated replays get them).
+        root: the model (its tree names the paths).
+        device: where it runs.
+        passes: timed passes at most (their forward and backward count as timed
+            work in :func:`cb_callback._engine.timing.timed_seconds`; the warm-up
+            runs the forward only).
+        budget_s: a top's timed passes stop once they took this long, after
+            the first (a model whose step takes seconds gets one pass, its
+            ``spread`` then NaN); ``None``: always ``passes``.
+        backward: also time each top's whole backward (per module, a backward
+            is not timed: hooks on autograd see when a module's input gradients
+            are done, not its parameter gradients, and a graph's branches interleave).
+        only: the paths to time (default: every node).
+
+    Notes:
+        The pass copies nothing inside the forward: the inputs are fresh before
+        it starts, the hooks only mark a clock, and their own time is left out
+        (:class:`HookClock`). The caller guards the model's state
+        (:class:`cb_callback._engine.state.StateGuard`). A top whose pass raises
+        gets no times (``errors`` says why); the others keep theirs.
+    """
+    out = InSituTimes(tops=list(tops), passes=passes)
+    done: dict[str, int] = {}
+    t_start = time.perf_counter()
+    clock = HookClock(device)
+    per_pass: dict[str, list[tuple[float, int]]] = {}
+    bwd_s: dict[str, list[float]] = {}
+    for top in tops:
+        try:
+            replay = replay_of(top)
+            top_s = 0.0
+            for i in range(passes + 1):
+                clock.clear()
+                inputs = replay.fresh_inputs()
+                with refuse_collectives(), hook_clock(root, clock, only):
+                    result = replay.forward(inputs)
+                spent = clock.durations()
+                if i == 0:  # the warm-up: its forward alone
+                    del result
+                    continue
+                back = replay.backward(inputs, result) if backward else None
+                del result
+                seconds = _timed(back.run, device) if back is not None else None
+                del back
+                measured = sum(spent.get(top, [])) + (seconds or 0.0)
+                record_timed(measured)  # measured work, as a timed run's
+                out.timed_s += measured
+                for path, each in spent.items():
+                    per_pass.setdefault(path, []).append((math.fsum(each), len(each)))
+                if seconds is not None:
+                    bwd_s.setdefault(top, []).append(seconds)
+                done[top] = i
+                top_s += measured
+                if budget_s is not None and top_s >= budget_s:
+                    break
+        except Exception as e:
+            out.errors[top] = error_text(e)
+    out.passes = min(done.values(), default=0)
+    for path, runs in per_pass.items():
+        if len(runs) < out.passes or not runs:
+            continue  # called in some passes only (or its top raised): not a steady time
+        per_call = [s * 1e3 / n for s, n in runs if n]
+        mid = statistics.median(per_call)
+        spread = (max(per_call) - min(per_call)) / mid if mid > 0 and len(per_call) > 1 else _NAN
+        bwd = statistics.median(bwd_s[path]) * 1e3 if path in bwd_s else _NAN  # a top runs once a pass
+        out.times[path] = InSitu(mid, runs[-1][1], spread, bwd)
+    out.seconds = time.perf_counter() - t_start
+    return out
+
+
+def _timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Seconds ``fn`` takes (on CUDA: device time between two events, synchronised after)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
