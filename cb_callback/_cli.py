@@ -65,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="where the report files go; default: the snapshot's directory/replay"
     )
     replay.add_argument("--top", type=_count, default=10, metavar="K", help="hotspots to print (default 10)")
+    replay.add_argument(
+        "--descend",
+        choices=("all", "hotspots"),
+        default=None,
+        help="all: every component (the complete tree); hotspots: the triage from in-situ times, repeated "
+        "structure measured once (default: as the snapshot was taken)",
+    )
     _add_compile(replay, top=True)
     replay.add_argument(
         "--script",
@@ -287,7 +294,7 @@ def _replay(args: argparse.Namespace) -> int:
     print(f"cb: loading {directory} ({_TRUST.lower()})")
     try:
         snapshot = load_snapshot(directory, map_location=device, script=args.script)
-        options = _compile_options(args)
+        options = _compile_options(args) | ({"descend": args.descend} if args.descend else {})
         cfg = snapshot.benchmark_config(device=device, **options)  # an invalid option fails here, not mid-way
     except (SnapshotError, ValueError) as e:
         print(f"cb: error: {e}", file=sys.stderr)

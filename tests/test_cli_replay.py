@@ -71,7 +71,8 @@ def test_progress_into_a_file_is_plain_lines_counting_components_and_rounds_apar
 ) -> None:
     # 6 components in 3 depth levels (hotspots descent, descending everywhere), 2 timing rounds per level:
     # the engine's progress total is 6 + 2 x 3 = 12 steps, of which 6 are components and 6 timing rounds.
-    snap = _snapshot(tmp_path / "snap", rounds=2, descend="hotspots", descend_share=0.0)
+    # insitu_passes=0: no in-situ times, so hotspots goes level by level on measured shares.
+    snap = _snapshot(tmp_path / "snap", rounds=2, descend="hotspots", descend_share=0.0, insitu_passes=0)
     assert main(["replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "out")]) == 0
     err = capsys.readouterr().err  # capsys's stderr is no TTY, as a file or a pipe
     assert "\r" not in err and "\x1b" not in err
@@ -91,7 +92,7 @@ def test_progress_of_the_compile_what_ifs_is_counted_on_its_own(
     argv = ["replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "out")]
     assert main([*argv, "--compile", "--compile-backend", "eager", "--compile-top", "2"]) == 0
     lines = capsys.readouterr().err.splitlines()
-    # descend="all": one level of 6 components and 1 round; then 2 compile what-ifs, one line when both are done
+    # One level (the triage's plan) of 6 components and 1 round; then 2 compile what-ifs, one line when both are done
     assert lines[-2] == "cb: components 6/6, timing rounds 1/1"
     assert lines[-1].startswith("cb: compile what-if 2/2 (")
 
@@ -104,7 +105,7 @@ class _Terminal(io.StringIO):
 def test_progress_on_a_terminal_rewrites_one_line_and_ends_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    snap = _snapshot(tmp_path / "snap", rounds=1)  # descend="all": one level of 6 components, 1 round
+    snap = _snapshot(tmp_path / "snap", rounds=1)  # the triage's plan: one level of 6 components, 1 round
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     assert main(["replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "out")]) == 0
@@ -126,3 +127,13 @@ def test_a_total_that_does_not_add_up_is_not_shown() -> None:
     progress(3, 10, "timing round 1/1")
     progress.close()
     assert stream.getvalue() == "cb: components 2, timing rounds 1/1\n"
+
+
+def test_descend_all_replays_the_complete_tree_of_a_snapshot(tmp_path: Path) -> None:
+    snap = _snapshot(tmp_path / "snap", rounds=1)
+    assert main(["replay", str(snap), "--device", "cpu", "--descend", "all", "--out", str(tmp_path / "out")]) == 0
+    report = Report.load(tmp_path / "out")
+    assert report.metadata["config"]["descend"] == "all"
+    assert [r.status for r in report.rows] == ["ok"] * 6
+    # The capture's own in-situ times travelled in the snapshot.
+    assert report.row("0").details["insitu"]["capture_ms"] > 0

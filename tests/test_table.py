@@ -237,3 +237,29 @@ def test_the_hotspots_header_names_the_ranking_hotspots_used() -> None:
     assert "top 1 hotspots (leaf-most: measured, no child measured; by share over the batches):" in (
         format_summary(report, top=1).split("\n")
     )
+
+
+def test_the_summary_folds_rows_taken_from_a_representative_into_it() -> None:
+    Row, Rep = ComponentRow, Report
+
+    def row(path: str, share: float, **details: object) -> Row:
+        parent = path.rpartition(".")[0] if path else None
+        r = Row(path=path, module_type="Linear", depth=path.count(".") + 1 if path else 0, parent=parent,
+                status="ok", calls=1, fwd_ms=share * 10, bwd_ms=0.0, total_ms=share * 10, share=share)  # fmt: skip
+        r.details.update(details)
+        return r
+
+    rows = [
+        Row(path="", module_type="Net", depth=0, parent=None, status="ok", calls=1, fwd_ms=10.0, bwd_ms=0.0,
+            total_ms=10.0, share=1.0),
+        Row(path="h", module_type="ModuleList", depth=1, parent="", status="estimated", calls=0, total_ms=8.0),
+        row("head", 0.2),
+        *(row(f"h.{i}", 0.25, **({"as": "representative", "from": "h.0"} if i else {})) for i in range(4)),
+    ]  # fmt: skip
+    text = Rep(rows, {}).summary(top=3)
+    # h.1-h.3 took h.0's row: one line ×4, their shares summed (4 × 25 % = 100 %), ranked first.
+    hot = text.split("top ")[1].splitlines()
+    assert "×N: N rows of repeated structure" in hot[0]
+    assert hot[3].startswith("h.0 ×4 ") and " 100.0 " in hot[3]
+    assert hot[4].startswith("head ")
+    assert not any(line.startswith("h.1") for line in hot)

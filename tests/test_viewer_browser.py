@@ -147,6 +147,23 @@ def test_selecting_a_row_shows_its_artifact_links_and_they_resolve(browser: obje
         assert Path(href.removeprefix("file://")).read_text().startswith("name,calls")
 
 
+def test_rows_taken_from_a_representative_are_marked_and_say_from_where(browser: object, report_dir: Path) -> None:
+    # blocks.0 gets an input that needs no gradient, blocks.1 and blocks.2 one that does: blocks.1 and
+    # blocks.2 are one group, and blocks.2's rows are blocks.1's measurements.
+    report = Report.load(report_dir)
+    assert report.row("blocks.2.mlp.0").details["as"] == "representative"
+    with new_page(browser) as (page, _log):
+        _open(page, report_dir)
+        headers = page.locator("#table thead th").all_text_contents()
+        assert "in-situ fwd ms" in headers and headers.index("in-situ fwd ms") == headers.index("fwd ms") + 1
+        marked = page.locator("#table tbody tr:has(.as-rep)").evaluate_all("rs => rs.map(r => r.dataset.path)")
+        assert sorted(marked) == sorted(r.path for r in report.rows if r.details.get("as") == "representative")
+        page.click('#table tr[data-path="blocks.2.mlp.0"]')
+        text = page.locator("#details").inner_text()
+        assert "taken from blocks.1.mlp.0, a representative of its repeated structure" in text
+        assert "in situ: fwd" in text
+
+
 def test_script_end_tags_in_the_data_cannot_break_the_page() -> None:
     report = profile_components(nn.Linear(2, 2), (torch.randn(1, 2),), **FAST)
     report.row("").details["evil"] = "</script><script>alert(1)</script>"

@@ -54,6 +54,7 @@ ADDED_COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "compile_speedup": ("compile x", lambda v: _cell(v, 2)),
     "comm_bytes": ("comm MB", lambda v: _cell(v, 3, 1e-6)),
     "comm_ms": ("comm ms", lambda v: _cell(v, 3)),
+    "insitu_ms": ("in-situ ms", lambda v: _cell(v, 3)),
 }
 
 

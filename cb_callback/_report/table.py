@@ -106,11 +106,16 @@ def _with_p90(cells: list[str], row: ComponentRow | None, multi: bool) -> list[s
     return [*cells[:_P90], P90_HEADER if row is None else _p90(row), *cells[_P90:]]
 
 
+def _status(row: ComponentRow) -> str:
+    """The status, marked ``(as rep)`` on a row taken from a representative of its repeated structure."""
+    return f"{row.status} (as rep)" if row.details.get("as") == "representative" else row.status
+
+
 def _summary_cells(row: ComponentRow) -> list[str]:
     return [
         _path_label(row),
         row.module_type,
-        row.status,
+        _status(row),
         str(row.calls),
         _num(row.fwd_ms, 3),
         _num(row.bwd_ms, 3),
@@ -206,6 +211,13 @@ def format_summary(report: Report, top: int = 10) -> str:
         f"components: {len(report.rows)}" + (" (" + ", ".join(f"{counts[s]} {s}" for s in order) + ")" if order else "")
     )
 
+    triage = report.metadata.get("triage")
+    if isinstance(triage, dict):
+        lines.append(
+            f"triage (in situ): {triage.get('replayed')} replayed, {triage.get('copied')} taken from a "
+            f"representative ({triage.get('groups')} groups of repeated structure), "
+            f"{triage.get('not_descended')} not descended into"
+        )
     multi = _multi(report)
     if multi:
         lines.append(
@@ -220,13 +232,15 @@ def format_summary(report: Report, top: int = 10) -> str:
             "whole model:",
             *_aligned(header, [_with_p90(_summary_cells(r), r, multi) for r in roots]),
         ]
-    hot = report.hotspots(top)
+    hot = _collapsed(report.hotspots(len(report.rows)), top)
     if hot:
         ranking = report.hotspot_ranking()
         lines += [
             "",
-            f"top {len(hot)} hotspots ({HOTSPOTS_ARE}; by {_RANKINGS.get(ranking, ranking)}):",
-            *_aligned(header, [_with_p90(_summary_cells(r), r, multi) for r in hot]),
+            f"top {len(hot)} hotspots ({HOTSPOTS_ARE}; by {_RANKINGS.get(ranking, ranking)}"
+            + ("; ×N: N rows of repeated structure, the share theirs together" if any(n > 1 for _, n, _ in hot) else "")
+            + "):",
+            *_aligned(header, [_with_p90(_hot_cells(r, n, share), r, multi) for r, n, share in hot]),
         ]
 
     # Only ``error`` counts: a row that has just a note is a normal container, not a failure.
@@ -359,6 +373,36 @@ def quality_lines(report: Report) -> list[str]:
     return lines
 
 
+def _collapsed(hot: list[ComponentRow], top: int) -> list[tuple[ComponentRow, int, float]]:
+    """The top ``top`` hotspots with each row taken from a representative folded into the row it
+    was taken from: ``(row, rows folded in, their shares summed)``, ranked by that sum (by the
+    hotspots' own order when a share is unknown)."""
+    out: dict[str, list[Any]] = {}
+    for r in hot:
+        source = r.details.get("from") if r.details.get("as") == "representative" else None
+        key = source if isinstance(source, str) else r.path
+        if key in out:
+            out[key][1] += 1
+            out[key][2] += r.share if math.isfinite(r.share) else 0.0
+            if r.path == key:  # the measured row itself, met after a row taken from it: shown instead
+                out[key][0] = r
+        else:
+            out[key] = [r, 1, r.share if math.isfinite(r.share) else math.nan]
+    folded = list(out.values())
+    if all(math.isfinite(share) for _, _, share in folded):  # a group ranks by what it costs together
+        folded.sort(key=lambda item: -item[2])
+    return [(r, n, share) for r, n, share in folded[:top]]
+
+
+def _hot_cells(row: ComponentRow, n: int, share: float) -> list[str]:
+    """A hotspot's cells; with ``n`` rows of repeated structure folded in, ``path ×n`` and their share."""
+    cells = _summary_cells(row)
+    if n > 1:
+        cells[0] = f"{cells[0]} ×{n}"
+        cells[SUMMARY_HEADERS.index("share %")] = _num(share, 1, 100.0)
+    return cells
+
+
 def _md_cell(text: str) -> str:
     """One markdown table cell: pipes escaped, line breaks folded."""
     return " ".join(text.split("\n")).replace("|", "\\|")
@@ -367,7 +411,7 @@ def _md_cell(text: str) -> str:
 _MARKDOWN_CELLS: tuple[Callable[[ComponentRow], str], ...] = (
     lambda r: _NBSP * (2 * r.depth) + _path_label(r),
     lambda r: r.module_type,
-    lambda r: r.status,
+    lambda r: _status(r),
     lambda r: str(r.calls),
     lambda r: _num(r.fwd_ms, 3),
     lambda r: _num(r.bwd_ms, 3),

@@ -50,6 +50,7 @@
     return Math.max(stepMs(r) - covered, 0);
   }
   function flagsOf(r) { return (r.details && r.details.flags) || []; }
+  function asRep(r) { return !!(r && r.details && r.details.as === "representative"); }
   function totalGflop(r) {
     var f = [r.fwd_flops, r.bwd_flops].filter(isNum);
     return f.length ? f.reduce(function (a, b) { return a + b; }, 0) / 1e9 : NaN;
@@ -268,7 +269,8 @@
   var COLS = [
     { key: "path", label: "path", get: function (r) { return r.path === "" ? ROOT_ID : r.path; } },
     { key: "module_type", label: "type", get: function (r) { return r.module_type; } },
-    { key: "status", label: "status", get: function (r) { return r.status; } },
+    { key: "status", label: "status", get: function (r) { return r.status; },
+      show: function (v, r) { return esc(v) + (asRep(r) ? ' <span class="as-rep" title="taken from ' + esc(r.details.from || ROOT_ID) + ', a representative of its repeated structure">as rep</span>' : ""); } },
     { key: "calls", label: "calls", num: true, get: function (r) { return r.calls; }, show: function (v) { return esc(v); } },
     { key: "fwd_ms", label: "fwd ms", num: true, get: function (r) { return r.fwd_ms; }, show: function (v) { return fmt(v, 3); } },
     { key: "bwd_ms", label: "bwd ms", num: true, get: function (r) { return r.bwd_ms; }, show: function (v) { return fmt(v, 3); } },
@@ -301,6 +303,12 @@
         get: function (r) { return r.compiled_ms; }, show: function (v) { return fmt(v, 3); } },
       { key: "compile_speedup", label: "compile \u00d7", num: true, title: "speed-up: eager total ms \u00f7 compiled ms (above 1: compiling helps)",
         get: function (r) { return r.compile_speedup; }, show: function (v) { return fmt(v, 2); } });
+  }
+  if (rows.some(function (r) { return isNum(r.insitu_ms); })) {
+    COLS.splice(colIndex("fwd_ms") + 1, 0,
+      { key: "insitu_ms", label: "in-situ fwd ms", num: true,
+        title: "forward per call inside the real forward (the in-situ pass), beside the isolated fwd; flag insitu_mismatch when they disagree beyond noise",
+        get: function (r) { return r.insitu_ms; }, show: function (v) { return fmt(v, 3); } });
   }
   if (anyComm) {
     COLS.splice(colIndex("bw_util") + 1, 0,
@@ -423,7 +431,7 @@
       var attrs = t.key ? ' data-path="' + esc(t.key(item)) + '"' + (t.key(item) === state.selected ? ' class="selected"' : "") : "";
       return "<tr" + attrs + ">" + t.cols.map(function (c) {
         var v = c.get(item);
-        var text = c.show ? c.show(v) : esc(v);
+        var text = c.show ? c.show(v, item) : esc(v);
         if (c.key === "flags" && v) text = flagsOf(item).map(function (x) { return '<span class="flag">' + esc(x) + "</span>"; }).join("");
         var cls = (c.num ? "num" : "") + (c.key === "status" ? " status-" + esc(v) : "") + (c.cls ? " " + c.cls(v, item) : "");
         return '<td class="' + cls + '">' + text + "</td>";
@@ -545,6 +553,22 @@
   }
   function kib(v) { return isNum(v) ? sig(v / 1024, 4) : "-"; }
   /* The component's collectives (details.comm; torchrec: details.torchrec.stages). */
+  /* Repeated structure and the in-situ time: which member measured this row, the group, in situ vs alone. */
+  function groupSection(r) {
+    var det = r.details || {}, g = det.group, ins = det.insitu, out = "";
+    if (det.as === "representative") out += "<p>taken from <b>" + esc(det.from || ROOT_ID) + "</b>, a representative of its repeated structure (its own calls, in-situ time and share)</p>";
+    else if (det.as === "measured") out += "<p>measured (a member of a repeated structure)</p>";
+    if (g && Array.isArray(g.members)) {
+      out += "<p>group of " + g.members.length + ": representatives " + esc((g.representatives || []).join(", ")) +
+        (isNum(g.insitu_share) ? "; in-situ share of the group " + fmt(g.insitu_share, 1, 100) + " %" : "") +
+        (g.agree !== undefined ? "; representatives " + (g.agree ? "agree" : "disagree") + " (spread " + fmt(g.spread, 1, 100) + " %)" : "") + "</p>";
+    }
+    if (ins && isNum(ins.fwd_ms)) {
+      out += "<p>in situ: fwd " + fmt(ins.fwd_ms, 3) + " ms per call (spread " + fmt(ins.spread, 1, 100) + " % over " + esc(ins.passes) +
+        " passes) vs isolated " + fmt(r.fwd_ms, 3) + " ms" + (isNum(ins.capture_ms) ? "; in the captured step " + fmt(ins.capture_ms, 3) + " ms" : "") + "</p>";
+    }
+    return out ? "<h3>repeated structure, in situ</h3>" + out : "";
+  }
   function commSection(r) {
     var c = r.details && r.details.comm, stages = r.details && r.details.torchrec && r.details.torchrec.stages;
     if (!Array.isArray(c) || !c.length) return "";
@@ -622,7 +646,7 @@
   /* The details panel's numbers: 4 significant figures with their unit (the table's units;
    * fractions as percents); the exact value is the cell's tooltip. */
   var UNITS = {
-    fwd_ms: "ms", bwd_ms: "ms", total_ms: "ms", cpu_ms: "ms", device_ms: "ms", compiled_ms: "ms", comm_ms: "ms",
+    fwd_ms: "ms", bwd_ms: "ms", total_ms: "ms", cpu_ms: "ms", device_ms: "ms", compiled_ms: "ms", comm_ms: "ms", insitu_ms: "ms",
     tflops: "TFLOP/s", params_mb: "MiB", activation_mb: "MiB", peak_mem_mb: "MiB", gbps: "GB/s",
     intensity: "FLOP/byte"
   };
@@ -681,7 +705,7 @@
     el.innerHTML = "<h2>" + esc(r.path === "" ? ROOT_ID : r.path) + "</h2>" +
       (flagsOf(r).length ? "<p>" + flagsOf(r).map(function (x) { return '<span class="flag">' + esc(x) + "</span>"; }).join("") + "</p>" : "") +
       '<p class="artifacts">' + (links ? "artifacts: " + links : '<span class="muted">no artifacts (profile with artifacts=("trace", "ops", "memory"))</span>') + "</p>" +
-      compileSection(r) + batchesSection(r) + plannedSection(r) + partsSection(r) + commSection(r) + ranksSection(r) +
+      groupSection(r) + compileSection(r) + batchesSection(r) + plannedSection(r) + partsSection(r) + commSection(r) + ranksSection(r) +
       ops + "<dl>" + items + '</dl><h3>details</h3><p class="muted">numbers to 4 significant figures (report.json has every digit)</p><pre>' +
       esc(JSON.stringify(rest, rounded, 1)) + "</pre>";
   }
