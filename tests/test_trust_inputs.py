@@ -218,19 +218,23 @@ def test_capture_records_every_subtree_modules_flag() -> None:
 
 
 class GradSpy(nn.Module):
-    def __init__(self) -> None:
+    """Logs each forward's grad and inference modes into a list it does not own: profiling puts the
+    module's own attributes back (a list attribute would be emptied again), not what they point at."""
+
+    def __init__(self, log: list[tuple[bool, bool]]) -> None:
         super().__init__()
         self.lin = nn.Linear(8, 4)
-        self.modes: list[tuple[bool, bool]] = []
+        self.log = log.append
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.modes.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+        self.log((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
         return self.lin(x)
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
 def test_no_grad_and_inference_mode_callers_get_a_forward_only_profile(mode: str) -> None:
-    model = GradSpy()
+    modes: list[tuple[bool, bool]] = []
+    model = GradSpy(modes)
     context = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -249,8 +253,8 @@ def test_no_grad_and_inference_mode_callers_get_a_forward_only_profile(mode: str
         assert row.fwd_flops == 2 * 3 * 8 * 4  # 192
         assert row.bwd_flops != row.bwd_flops  # NaN: no backward profiled
     # The capture forward ran in the caller's mode; every replay without grad, outside inference mode.
-    assert model.modes[0] == (False, mode == "inference_mode")
-    assert set(model.modes[1:]) == {(False, False)}
+    assert modes[0] == (False, mode == "inference_mode")
+    assert set(modes[1:]) == {(False, False)}
 
 
 # --- capture hooks never raise into the real step ----------------------------------------
