@@ -82,7 +82,7 @@ def test_fused_tbe_weights_and_optimizer_state_are_unchanged_after_profiling() -
     assert before["step"] == 1 and int(before["iter"]) == 1 and float(before["momentum1_host"].abs().sum()) > 0
     spy = _WeightsChanged(tbe, before["weights_host"])
     row = profile_components(tbe, (IDS, OFFSETS), metrics=[spy], **FAST, **PEAKS).row("")
-    assert row.status == "ok" and row.bound == "memory"
+    assert row.status == "ok" and row.details["roofline"]["roof"] == "memory"  # bound: memory or latency
     assert row.details["weights_changed"] is True  # the replayed backward did apply the fused update …
     assert _same(before, _snapshot(tbe)) == []  # … and everything is back
 

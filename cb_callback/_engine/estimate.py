@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from cb_callback._engine.floor import is_at_floor
 from cb_callback._report.model import ComponentRow
 
-__all__ = ["ADDITIVE", "derive", "estimate_from_children"]
+__all__ = ["ADDITIVE", "ROOF_NEAR", "derive", "estimate_from_children", "roofline"]
 
 #: Per-call values that add up over children (weighted by their calls).
 ADDITIVE = (
@@ -15,6 +17,12 @@ ADDITIVE = (
 )  # fmt: skip
 
 _NAN = float("nan")
+
+#: ``bound`` names a roof (``"compute"``, ``"memory"``) only where the row runs at this fraction of it or
+#: more (``details["roofline"]["roof_util"]``); below, ``"latency"``. A quarter: within 4× of the roof, where
+#: the datasheet's dense peaks put tuned GEMMs (40-80 % MFU) and streaming kernels (50-90 % of HBM), while the
+#: lookups the issue found (1-7 % of DRAM) and sub-µs ops dominated by launches fall well below.
+ROOF_NEAR = 0.25
 
 
 def _finite(x: float | None) -> bool:
@@ -25,18 +33,28 @@ def _or0(x: float) -> float:
     return x if _finite(x) else 0.0
 
 
-def derive(row: ComponentRow, peak_flops: float | None, peak_bandwidth: float | None) -> None:
+def derive(
+    row: ComponentRow, peak_flops: float | None, peak_bandwidth: float | None, ceiling_bandwidth: float | None = None
+) -> None:
     """Fill ``total_ms``, ``tflops``, ``mfu``, ``gbps``, ``bw_util``, ``intensity``, ``bound``.
 
     ``total_ms = fwd_ms + bwd_ms``; ``tflops = (fwd_flops + bwd_flops) / total
     seconds / 1e12``; ``mfu = FLOP/s / peak_flops``; ``gbps = bytes / total seconds
     / 1e9``; ``bw_util = bytes/s / peak_bandwidth``; ``intensity = FLOPs / bytes``;
-    ``bound = "compute"`` if intensity >= peak_flops / peak_bandwidth (the roofline
-    ridge), else ``"memory"``. Unknown inputs leave NaN (``bound`` ``None``).
+    ``bound`` from :func:`roofline` (``"compute"``, ``"memory"`` or ``"latency"``), its
+    figures in ``details["roofline"]``. ``ceiling_bandwidth`` is the row's own memory
+    roof (bytes/s: the cache level its working set fits, ``details["bw_ceiling"]``), else
+    ``peak_bandwidth``. Unknown inputs leave NaN (``bound`` ``None``).
+
+    A row at the harness floor (:func:`cb_callback._engine.floor.is_at_floor`) gets
+    ``total_ms`` only: its time is indistinguishable from a replay that does nothing, so
+    TFLOP/s, GB/s, MFU, ``bw_util`` and ``bound`` stay NaN/``None`` (``intensity``, and the
+    roof it puts the row under, need no time and are kept).
     """
     if _finite(row.fwd_ms):
         row.total_ms = row.fwd_ms + _or0(row.bwd_ms)
-    seconds = row.total_ms / 1e3 if _finite(row.total_ms) and row.total_ms > 0 else _NAN
+    timed = not is_at_floor(row.details)
+    seconds = row.total_ms / 1e3 if timed and _finite(row.total_ms) and row.total_ms > 0 else _NAN
     flops = _or0(row.fwd_flops) + _or0(row.bwd_flops) if _finite(row.fwd_flops) else _NAN
     if _finite(flops) and _finite(seconds):
         row.tflops = flops / seconds / 1e12
@@ -46,8 +64,33 @@ def derive(row: ComponentRow, peak_flops: float | None, peak_bandwidth: float | 
         row.bw_util = row.bytes / seconds / peak_bandwidth if peak_bandwidth else _NAN
     if _finite(flops) and _finite(row.bytes) and row.bytes > 0:
         row.intensity = flops / row.bytes
-        if peak_flops and peak_bandwidth:
-            row.bound = "compute" if row.intensity >= peak_flops / peak_bandwidth else "memory"
+        found = roofline(flops, row.bytes, seconds, peak_flops, ceiling_bandwidth or peak_bandwidth)
+        if found is not None:
+            row.bound = found["bound"]
+            row.details["roofline"] = found
+
+
+def roofline(
+    flops: float, nbytes: float, seconds: float, peak_flops: float | None, bandwidth: float | None
+) -> dict[str, Any] | None:
+    """Which roof binds a row and how near it runs; ``None`` without both peaks.
+
+    The ridge is ``peak_flops / bandwidth`` FLOP/byte (``bandwidth``: the row's own memory
+    roof, bytes/s). Below it (``flops / nbytes < ridge``) the memory roof binds (``roof =
+    "memory"``, ``roof_util = bytes/s ÷ bandwidth``), at or above it the compute roof
+    (``"compute"``, ``roof_util = FLOP/s ÷ peak_flops``). ``bound`` is that roof where
+    ``roof_util >= ROOF_NEAR``, else ``"latency"``: neither roof is near, the time goes to
+    launches, dispatch, the Python around the ops or dependent memory accesses (an embedding
+    lookup at 5 % of the DRAM bandwidth is not memory-bound). Without a time (``seconds``
+    NaN: at the harness floor, not measured) ``roof_util`` is NaN and ``bound`` ``None``.
+    """
+    if not peak_flops or not bandwidth:
+        return None
+    ridge = peak_flops / bandwidth
+    roof = "compute" if flops / nbytes >= ridge else "memory"
+    util = (flops / peak_flops if roof == "compute" else nbytes / bandwidth) / seconds if _finite(seconds) else _NAN
+    bound = None if not _finite(util) else roof if util >= ROOF_NEAR else "latency"
+    return {"bound": bound, "roof": roof, "roof_util": util, "ridge": ridge, "bandwidth_gbps": bandwidth / 1e9}
 
 
 def _joined(first: str | None, then: str) -> str:
@@ -64,10 +107,16 @@ def estimate_from_children(row: ComponentRow, children: list[ComponentRow]) -> b
     ``failed``, the reason added to ``error``. ``details`` are kept (e.g. the
     ``unknown_leaves`` of a call that could not be captured).
 
+    When every child it is summed from is at the harness floor, so is the estimate:
+    ``details["floor_ms"] = {"at_floor": ["children"], "children": [...]}`` (its rates
+    stay NaN, :func:`derive`).
+
     Notes:
-        An estimate is a lower bound of a parent that ran but could not be
-        measured: it misses the parent's own ops between its children and any
-        overlap or fusion across them.
+        An estimate misses the parent's own ops between its children and any
+        overlap or fusion across them (it errs low), but each child's isolated
+        replay also pays isolation's per-replay cost that the parent's one call
+        pays once (it errs high): one above its measured parent is flagged
+        ``above_parent`` (:mod:`cb_callback._engine.quality`).
     """
     children = [c for c in children if c.status != "not_run"]  # they cost nothing in the step
     usable = [c for c in children if c.status in ("ok", "estimated") and _finite(c.fwd_ms)]
@@ -88,4 +137,6 @@ def estimate_from_children(row: ComponentRow, children: list[ComponentRow]) -> b
     if missing:
         note += f" (missing: {', '.join(missing[:5])}{'…' if len(missing) > 5 else ''})"
     row.note = _joined(row.note, note)
+    if all(is_at_floor(c.details) for c in usable):
+        row.details["floor_ms"] = {"at_floor": ["children"], "children": [c.path for c in usable]}
     return True

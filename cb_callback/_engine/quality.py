@@ -36,15 +36,33 @@ The vocabulary (thresholds are module constants, recorded in the metadata):
   :func:`insitu_mismatch`): the component runs differently alone than inside
   the step (caches its neighbours warm, lazy initialisation, a code path that
   depends on state the replay does not have, contention in one of the two).
+- ``at_floor``: the row's raw time is within the harness floor's noise
+  (``details["floor_ms"]["at_floor"]`` names the passes; see
+  :mod:`cb_callback._engine.floor`), or an estimate's every child is: isolation
+  cannot tell it from a replay that does nothing. Its time is ``max(raw - floor,
+  0)``, possibly 0; its TFLOP/s, GB/s, MFU, ``bw_util`` and ``bound`` are left
+  NaN/``None``.
+- ``above_parent``: an ``estimated`` row's ``total_ms × calls`` per call of its
+  measured parent exceeds the parent's ``total_ms`` by more than
+  :data:`PARENT_MARGIN` plus the parent's ``noise`` (and
+  :data:`PARENT_SLACK_MS`): a sum of isolated replays pays isolation's per-replay
+  cost once per child, where the parent's one replay pays it once.
+- Flags a row carries in ``details["own_flags"]`` (set by the engine or a
+  plugin before assessment, names from :data:`FLAGS`) are merged in and
+  counted: ``hash_reduced`` (times from a hash-size-reduced table),
+  ``hash_collapsed`` (the id remap collapsed distinct ids), ``derived_negative``
+  (a value derived by subtraction would go below zero).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cb_callback._engine.floor import is_at_floor
 from cb_callback._engine.timing import SampleSet
 from cb_callback._hardware.load import LOAD_EXCESS_PER_CPU, available_cpus, load_average
 from cb_callback._hardware.peaks import CALIBRATION_SPREAD_LIMIT
@@ -53,10 +71,12 @@ from cb_callback._report.model import ComponentRow
 __all__ = [
     "FLAGS",
     "NOISY_THRESHOLD",
+    "OWN_FLAGS",
     "PARENT_MARGIN",
     "SWITCHES_PER_S_THRESHOLD",
     "Assessment",
     "LoadProbe",
+    "above_parent",
     "assess",
     "inconsistent_pairs",
     "insitu_mismatch",
@@ -64,8 +84,15 @@ __all__ = [
     "quantum_ms",
 ]
 
+#: Flags no check here computes: a row carries them in ``details["own_flags"]`` (the engine or a plugin sets
+#: them before assessment) and :func:`assess` merges and counts them.
+OWN_FLAGS: tuple[str, ...] = ("hash_reduced", "hash_collapsed", "derived_negative")
+
 #: Every flag a row can carry, in the order they are listed.
-FLAGS: tuple[str, ...] = ("noisy", "slower_than_parent", "over_peak", "contention", "insitu_mismatch")
+FLAGS: tuple[str, ...] = (
+    "noisy", "slower_than_parent", "over_peak", "contention", "insitu_mismatch", "at_floor", "above_parent",
+    *OWN_FLAGS,
+)  # fmt: skip
 
 #: ``noise`` above this is ``noisy`` (IQR ÷ median; 0.2 ≈ a standard deviation of
 #: 15 % of the median for normally distributed runs).
@@ -225,10 +252,12 @@ class LoadProbe:
 
 @dataclass
 class Assessment:
-    """Flags per row path and the run's quality summary (``metadata["quality"]``)."""
+    """Flags per row path and the run's quality summary (``metadata["quality"]``); ``details``: what a flag
+    adds to its row's ``details`` (``above_parent``: the parent, the ratio and why)."""
 
     flags: dict[str, list[str]]
     quality: dict[str, Any]
+    details: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def inconsistent_pairs(rows: Mapping[str, ComponentRow], medians: Mapping[str, float]) -> list[tuple[str, str]]:
@@ -248,6 +277,53 @@ def inconsistent_pairs(rows: Mapping[str, ComponentRow], medians: Mapping[str, f
         limit = medians[parent] * (1 + PARENT_MARGIN)
         if per_parent_call > limit and per_parent_call - medians[parent] > PARENT_SLACK_MS:
             out.append((path, parent))
+    return out
+
+
+def above_parent(rows: Mapping[str, ComponentRow]) -> list[tuple[str, str, float]]:
+    """``(estimate, parent, ratio)`` for each ``estimated`` row above its measured (``ok``) parent.
+
+    ``ratio`` is the estimate's ``total_ms × calls`` per call of the parent over the parent's
+    ``total_ms``; it is reported above ``1 + PARENT_MARGIN + parent noise`` where the excess is
+    also more than :data:`PARENT_SLACK_MS`. An estimate sums its children's isolated replays, each
+    paying isolation's per-replay cost (the replay's Python, the backward's start, caches left
+    cold) that the parent's one replay pays once; above the parent it is not the lower bound an
+    estimate otherwise is.
+    """
+    out = []
+    for path, row in rows.items():
+        parent = rows.get(row.parent) if row.parent is not None else None
+        if row.status != "estimated" or parent is None or parent.status != "ok":
+            continue
+        mine, theirs = row.total_ms, parent.total_ms
+        if not (math.isfinite(mine) and math.isfinite(theirs) and theirs > 0):
+            continue
+        per_parent_call = mine * max(row.calls, 1) / max(parent.calls, 1)
+        noise = parent.noise if math.isfinite(parent.noise) else 0.0
+        if per_parent_call > theirs * (1 + PARENT_MARGIN + noise) and per_parent_call - theirs > PARENT_SLACK_MS:
+            out.append((path, parent.path, per_parent_call / theirs))
+    return out
+
+
+def _own_flags(rows: Sequence[ComponentRow]) -> dict[str, list[str]]:
+    """Each row's ``details["own_flags"]`` that :data:`FLAGS` knows (one warning per unknown name)."""
+    out: dict[str, list[str]] = {}
+    unknown: set[str] = set()
+    for r in rows:
+        names = r.details.get("own_flags") or []
+        if isinstance(names, str):
+            names = [names]
+        for name in names:
+            if name in FLAGS:
+                out.setdefault(r.path, []).append(name)
+            else:
+                unknown.add(str(name))
+    if unknown:
+        warnings.warn(
+            f"cb_callback: details['own_flags'] names {sorted(unknown)}, not flags (known: {list(FLAGS)}); dropped",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return out
 
 
@@ -302,9 +378,12 @@ def assess(
         The flags of each flagged row and the ``quality`` metadata: ``flags``
         (count per flag), ``flagged_rows``, ``load_before``, ``load_after``,
         ``cpus``, ``threads``, ``switches_per_s`` (whole run, per thread),
-        ``quantum_ms``, ``calibration_spread``, ``thresholds``, ``verdict``
-        (``"clean"``, ``"noisy"``, ``"inconsistent"``, ``"over_peak"`` or
-        ``"contended"``) and ``advice`` (sentences; empty when clean).
+        ``quantum_ms``, ``calibration_spread``, ``insitu_mismatch`` (paths),
+        ``at_floor`` (paths), ``above_parent`` (``{path, parent, ratio}`` each),
+        ``thresholds``, ``verdict`` (``"clean"``, ``"noisy"``, ``"inconsistent"``,
+        ``"over_peak"`` or ``"contended"``; ``at_floor``, ``above_parent`` and the
+        rows' own flags leave it as it is: they are what the method can resolve,
+        not how the machine ran) and ``advice`` (sentences; empty when clean).
     """
     by_path = {r.path: r for r in rows}
     flags: dict[str, list[str]] = {}
@@ -333,6 +412,7 @@ def assess(
     mismatched = [r.path for r in rows if insitu_mismatch(r, drift)]
     for path in mismatched:
         add(path, "insitu_mismatch")
+    at_floor, above = _method_flags(rows, by_path, add)
 
     machine = _machine(timed, load, threads, calibration_spread, slowdown)
     per_thread = max(threads, 1)
@@ -356,11 +436,14 @@ def assess(
             "their isolated fwd_ms and in-situ insitu_ms disagree beyond both rows' noise; isolation misses "
             "what their neighbours leave (caches, lazy initialisation) or the replay takes another path"
         )
+    advice += _method_advice(at_floor, above, {f: [p for p, v in flags.items() if f in v] for f in OWN_FLAGS})
     quality = {
         "verdict": _verdict(counts, contended),
         "flags": counts,
         "flagged_rows": len(flags),
         "insitu_mismatch": mismatched,
+        "at_floor": at_floor,
+        "above_parent": [{"path": p, "parent": q, "ratio": x} for p, q, x in above],
         "load_before": load.before,
         "load_after": load.after,
         "cpus": load.cpus,
@@ -370,20 +453,48 @@ def assess(
         "calibration_spread": calibration_spread,
         "steal": load.steal,
         "slowdown": slowdown,
-        "thresholds": {
-            "noisy": NOISY_THRESHOLD,
-            "median_uncertainty": MEDIAN_UNCERTAINTY,
-            "slower_than_parent": PARENT_MARGIN,
-            "switches_per_s_per_thread": SWITCHES_PER_S_THRESHOLD,
-            "load_excess_per_cpu": LOAD_EXCESS_PER_CPU,
-            "steal": STEAL_THRESHOLD,
-            "slowdown": SLOWDOWN_THRESHOLD,
-            "insitu_margin": INSITU_MARGIN,
-            "insitu_slack_ms": INSITU_SLACK_MS,
-        },
+        "thresholds": _thresholds(),
         "advice": advice,
     }
-    return Assessment({p: [f for f in FLAGS if f in v] for p, v in flags.items()}, quality)
+    why = (
+        "the children's isolated replays, summed, each pay isolation's per-replay cost (the replay's Python, "
+        "the backward's start, caches left cold) that the parent's one replay pays once"
+    )
+    details = {p: {"above_parent": {"parent": q, "ratio": x, "why": why}} for p, q, x in above}
+    return Assessment({p: [f for f in FLAGS if f in v] for p, v in flags.items()}, quality, details)
+
+
+def _thresholds() -> dict[str, float]:
+    """The module's thresholds, as ``metadata["quality"]["thresholds"]`` records them."""
+    return {
+        "noisy": NOISY_THRESHOLD,
+        "median_uncertainty": MEDIAN_UNCERTAINTY,
+        "slower_than_parent": PARENT_MARGIN,
+        "switches_per_s_per_thread": SWITCHES_PER_S_THRESHOLD,
+        "load_excess_per_cpu": LOAD_EXCESS_PER_CPU,
+        "steal": STEAL_THRESHOLD,
+        "slowdown": SLOWDOWN_THRESHOLD,
+        "insitu_margin": INSITU_MARGIN,
+        "insitu_slack_ms": INSITU_SLACK_MS,
+        "above_parent": PARENT_MARGIN,
+    }
+
+
+def _method_flags(
+    rows: Sequence[ComponentRow], by_path: Mapping[str, ComponentRow], add: Callable[[str, str], None]
+) -> tuple[list[str], list[tuple[str, str, float]]]:
+    """Flag what the method limits: ``at_floor``, ``above_parent``, and each row's ``details["own_flags"]``;
+    return the ``at_floor`` paths and the :func:`above_parent` triples."""
+    at_floor = [r.path for r in rows if r.status in ("ok", "estimated") and is_at_floor(r.details)]
+    for path in at_floor:
+        add(path, "at_floor")
+    above = above_parent(by_path)
+    for path, _, _ in above:
+        add(path, "above_parent")
+    for path, names in _own_flags(rows).items():
+        for name in names:
+            add(path, name)
+    return at_floor, above
 
 
 @dataclass
@@ -488,6 +599,46 @@ def _advice(
             f"{counts['slower_than_parent']} rows are a child measured slower than its parent (or that "
             "parent): noise or isolation overhead; treat those times as uncertain"
         )
+    return out
+
+
+def _named(paths: Sequence[str], most: int = 8) -> str:
+    return ", ".join(p or "root" for p in paths[:most]) + (" …" if len(paths) > most else "")
+
+
+#: What a row's own flag means, for the advice (:data:`OWN_FLAGS`).
+_OWN_ADVICE = {
+    "hash_reduced": "are timed on a hash-size-reduced table: their times come from the shrunk table "
+    "(the row's details say which columns are the real table's)",
+    "hash_collapsed": "had distinct ids collapsed onto one row by the hash-size remap: their lookups touch "
+    "fewer rows than the real step's",
+    "derived_negative": "have a value derived by subtraction that would go below zero (two separately "
+    "measured times): it is not a measurement of either; read the row's details",
+}
+
+
+def _method_advice(
+    at_floor: Sequence[str], above: Sequence[tuple[str, str, float]], own: Mapping[str, Sequence[str]]
+) -> list[str]:
+    """Advice on what the method (not the machine) limits: rows at the floor, estimates above their
+    parent, and the flags rows carried themselves."""
+    out = []
+    if at_floor:
+        out.append(
+            f"{len(at_floor)} components run within the harness floor's noise (at_floor: {_named(at_floor)}): "
+            "isolation cannot tell their time from a replay that does nothing, so it is at most the floor's "
+            "spread (details['floor_ms']) and no TFLOP/s, GB/s, MFU or bound is derived from it"
+        )
+    if above:
+        shown = [f"{p or 'root'} {x:.2f}× {q or 'root'}" for p, q, x in above]
+        out.append(
+            f"{len(above)} estimated components exceed their measured parent (above_parent: {_named(shown)}): "
+            "an estimate sums its children's isolated replays, each paying isolation's per-replay cost that "
+            "the parent's one replay pays once; read the parent's time, the estimate is no lower bound here"
+        )
+    for name, paths in own.items():
+        if paths:
+            out.append(f"{len(paths)} components {_OWN_ADVICE[name]} ({name}: {_named(paths)})")
     return out
 
 

@@ -109,10 +109,21 @@ def pairs_by_batch(per_batch: Mapping[str, Mapping[int, ComponentRow]], n: int) 
 def derive_all(rows: Iterable[ComponentRow], peaks: Peaks) -> None:
     """Each row's derived rates (:func:`cb_callback._engine.estimate.derive`) and, for a measured
     row whose working set picks a cache level, ``details["bw_ceiling"]`` (the level and its GB/s); a plugin's
-    ``details["parts"]`` and ``details["planned"]`` completed (:mod:`cb_callback._engine.parts`)."""
+    ``details["parts"]`` and ``details["planned"]`` completed (:mod:`cb_callback._engine.parts`).
+
+    The roofline behind ``bound`` takes the row's own ceiling as its memory roof where it has one (an
+    in-cache ReLU is judged against its cache level, not DRAM: ``details["roofline"]["ceiling"]`` names
+    it), else the device's ``peaks.bandwidth``.
+    """
     for row in rows:
-        derive(row, peaks.flops, peaks.bandwidth)
-        derive_parts(row, peaks.bandwidth)
         ceiling = bandwidth_ceiling(peaks, row.details.get("working_set_bytes")) if row.status == "ok" else None
         if ceiling is not None and ceiling.bandwidth is not None:
             row.details["bw_ceiling"] = {"level": ceiling.name, "gbps": ceiling.bandwidth / 1e9}
+        own = row.details.get("bw_ceiling")  # ours, or one a plugin set
+        own = own if isinstance(own, Mapping) else {}
+        gbps = own.get("gbps")
+        roof = float(gbps) * 1e9 if isinstance(gbps, (int, float)) and math.isfinite(gbps) and gbps > 0 else None
+        derive(row, peaks.flops, peaks.bandwidth, roof)
+        if roof is not None and "roofline" in row.details:
+            row.details["roofline"]["ceiling"] = own.get("level")
+        derive_parts(row, peaks.bandwidth)

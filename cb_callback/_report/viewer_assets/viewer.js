@@ -94,7 +94,7 @@
     bw_util: { label: "bandwidth utilisation (%)", value: function (r) { return r.bw_util; }, scale: 100, unit: "%" },
     peak_mem_mb: { label: "peak memory (MiB)", value: function (r) { return r.peak_mem_mb; }, scale: 1, unit: "MiB" },
     noise: { label: "noise (IQR / median, %)", value: function (r) { return r.noise; }, scale: 100, unit: "%" },
-    bound: { label: "bound", categorical: { compute: "#3b6fc4", memory: "#e08a2c" }, value: function (r) { return r.bound; } },
+    bound: { label: "bound", categorical: { compute: "#3b6fc4", memory: "#e08a2c", latency: "#8c8c8c" }, value: function (r) { return r.bound; } },
     status: {
       label: "status",
       categorical: { ok: "#5fa35a", estimated: "#e8b62c", failed: "#c62828", skipped: "#9e9e9e", not_run: "#d6d6d6" },
