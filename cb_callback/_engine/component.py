@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 
 from cb_callback._engine.collectives import CollectiveInReplay, refuse_collectives
 from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._engine.estimate import ADDITIVE
 from cb_callback._engine.floor import Floor, FloorModule, measure_floor, subtract_floor
 from cb_callback._engine.fsdp import has_unit, save_fsdp_state
 from cb_callback._engine.inputs import ComponentInputs
@@ -98,6 +99,53 @@ def artifact_files(plugin: Any, found: Mapping[str, Any], artifact_dir: Path, re
             )
         out[kind] = file.relative_to(report_dir.resolve()).as_posix()
     return out
+
+
+#: Per-run values besides ADDITIVE that a call set's run holds once per replayed call (a dict: each value).
+_PER_RUN = ("fwd_iqr_ms", "bwd_iqr_ms", "fwd_bytes", "bwd_bytes", "top_bytes_ops", "floor_ms")
+
+
+#: The compile what-if's times of one run (``details["compile"]`` and each of its ``batches``).
+_COMPILE_MS = ("compiled_ms", "eager_ms_same_rounds", "fwd_ms", "bwd_ms", "children_separately_ms")
+
+
+def per_call(values: Mapping[str, Any], n: int, keys: Sequence[str] = ()) -> dict[str, Any]:
+    """``values`` of one run of ``n`` replayed calls (a call set), per call: every additive value
+    (:data:`cb_callback._engine.estimate.ADDITIVE`: times, FLOPs, bytes, activation memory,
+    communication), the spreads, the bytes per pass and per op, and the harness floor's times
+    divided by ``n`` (only ``keys``, if given). Peak memory and the working set stay the run's
+    (the set's)."""
+    out = dict(values)
+    if n <= 1:
+        return out
+    for key in keys or (*ADDITIVE, *_PER_RUN):
+        v = out.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = v / n
+        elif isinstance(v, Mapping):  # {op: bytes}, the floor's times
+            out[key] = {k: x / n if _number(x) else x for k, x in v.items()}
+    return out
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _describe_calls(row: ComponentRow, replay: Replay) -> None:
+    """Say on the row how a component called in several ways was replayed (``details["call_set"]``)."""
+    plan = replay.plan
+    if plan is None:
+        if replay.no_backward is not None and "reaches no loss" in replay.no_backward:
+            row.note = f"{row.note}; {replay.no_backward}" if row.note else replay.no_backward
+        return
+    row.note = f"{row.note}; {plan.note}" if row.note else plan.note
+    row.details["call_set"] = {
+        "replayed": len(plan.calls), "step_calls": plan.step_calls, "approximated": plan.approximated,
+        "backward_calls": sum(1 for c in plan.calls if c.backward),
+        "no_grad_calls": sum(1 for c in plan.calls if not c.grad),
+    }  # fmt: skip
+    if plan.unrepresented:  # calls of kinds beyond the capture's cap, replayed as a kept kind
+        row.details["call_set"]["unrepresented"] = plan.unrepresented
 
 
 @dataclass
@@ -219,8 +267,16 @@ class ComponentRun:
         ctx = dataclasses.replace(self.prepare_ctx, path=path, module=module)
         if batch < len(self.batch_sizes):
             ctx = dataclasses.replace(ctx, batch_size=self.batch_sizes[batch])
+        variants = inputs.variants
         for p in self.preprocessors:
             inputs = p.process_inputs(inputs, ctx)
+        if variants:  # each kind of call is preprocessed as a call of its own
+            done = []
+            for v in variants:
+                for p in self.preprocessors:
+                    v = p.process_inputs(v, ctx)
+                done.append(v)
+            inputs = dataclasses.replace(inputs, variants=done)
         if keep:
             self._kept[(path, batch)] = inputs
         return inputs
@@ -230,14 +286,16 @@ class ComponentRun:
     ) -> Replay:
         """The replay of ``module`` on its preprocessed ``inputs`` (``captured``: the call as captured)."""
         # Forward-only replays keep the caller's no_grad (profile_components under no_grad/inference_mode),
-        # and a component the real step ran under no_grad (a frozen encoder) replays without grad.
+        # and a component the real step ran under no_grad (a frozen encoder) replays without grad; one
+        # called in several grad modes replays each call in its own (a call set, Replay.plan).
+        grad = captured.grad_enabled or any(v.grad_enabled for v in captured.variants)
         return Replay(
             module,
             inputs,
             device=self.device,
             seed=self.cfg.seed,
             forward_context=self.forward_context,
-            grad_enabled=captured.grad_enabled and (self.cfg.backward or torch.is_grad_enabled()),
+            grad_enabled=grad and (self.cfg.backward or torch.is_grad_enabled()),
             accumulate=accumulate,
         )
 
@@ -320,8 +378,10 @@ class ComponentRun:
             except Exception as e:
                 if self._plugin_error(row, plugin, e):
                     return None
+        values = per_call(values, replay.replayed_calls)
         values["mutates_inputs"] = result.mutates_inputs
         del result  # holds a forward-only pass's output (and its graph)
+        _describe_calls(row, replay)
         if inputs.unknown_leaves:
             values["unknown_leaves"] = inputs.unknown_leaves
         try:
@@ -352,11 +412,11 @@ class ComponentRun:
             (tuple(t.shape), t.dtype, t.requires_grad) if isinstance(t, torch.Tensor) else type(t).__name__
             for t in pytree.tree_leaves((replay.inputs.args, replay.inputs.kwargs))
         ]
-        key = (tuple(leaves), replay.grad_enabled, replay.reuse_inputs)
+        key = (tuple(leaves), replay.grad_enabled, replay.reuse_inputs, replay.replayed_calls)
         if key not in self._floors:
             ident = Replay(
-                FloorModule(self.device), replay.inputs, device=self.device, seed=self.cfg.seed,
-                forward_context=self.forward_context, grad_enabled=replay.grad_enabled,
+                FloorModule(), replay.inputs, device=self.device, seed=self.cfg.seed,
+                forward_context=self.forward_context, grad_enabled=replay.grad_enabled, wrappers=False,
             )  # fmt: skip
             ident.reuse_inputs = replay.reuse_inputs
             ctx = MeasureContext("", ident.module, ident, self.cfg, self.device, {})
@@ -399,12 +459,12 @@ class ComponentRun:
                         found = dict(checked_values(plugin, found))
                         has_bwd = self.cfg.backward and ctx.replay.no_backward is None
                         subtract_floor(found, pending.floor, has_bwd)
-                        values.update(found)
+                        values.update(per_call(found, ctx.replay.replayed_calls))
                         continue
                 else:
                     with refuse_collectives():  # a user plugin's own replays
                         found = plugin.measure(ctx)
-                values.update(checked_values(plugin, found))
+                values.update(per_call(checked_values(plugin, found), ctx.replay.replayed_calls))
             except Exception as e:
                 if self._plugin_error(row, plugin, e):
                     return
@@ -455,7 +515,13 @@ class ComponentRun:
             items, lambda r: self.timing.sampler(dataclasses.replace(ctx, replay=r)), config=self.cfg,
             canary=canary, report_batch=row.details.get("median_batch"),
         )  # fmt: skip
-        row.compiled_ms = compiled_ms
+        n = ctx.replay.replayed_calls  # a call set's runs: per call, as total_ms
+        row.compiled_ms = compiled_ms / n
+        if n > 1:
+            info = per_call(info, n, _COMPILE_MS)
+            batches = info.get("batches")
+            if isinstance(batches, list):
+                info["batches"] = [per_call(b, n, _COMPILE_MS) if isinstance(b, Mapping) else b for b in batches]
         row.details["compile"] = info
 
     def _plugin_error(self, row: ComponentRow, plugin: Any, e: BaseException, fatal: bool | None = None) -> bool:

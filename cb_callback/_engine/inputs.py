@@ -68,7 +68,7 @@ _BY_REFERENCE = _by_reference_types()
 
 @dataclass
 class ComponentInputs:
-    """The first captured call of one component.
+    """The first captured call of one component (and copies of the calls unlike it).
 
     Attributes:
         args: positional arguments (tensors are detached clones whose
@@ -96,6 +96,40 @@ class ComponentInputs:
             failed: an object that cannot be copied, out of memory while cloning),
             or ``None``. A component with one is not replayed; its row fails with
             this error.
+        variants: copies of the step's calls unlike this first one (another
+            :func:`cb_callback._engine.batches.input_signature`, other inputs that
+            require grad, other non-tensor arguments, another grad mode or
+            autograd wrapper), in the order first
+            seen, each with its own ``args``/``kwargs``/``grad_enabled`` and its
+            ``calls`` the number of the step's calls it stands for (the first
+            call's own kind stands for ``calls - sum(v.calls for v in variants)``).
+            At most :data:`cb_callback._engine.capture.MAX_VARIANTS` (a call of a
+            grad mode or wrapper not yet kept is kept all the same); calls of
+            further kinds are counted in the last kept kind of their grad mode and
+            wrapper (its ``calls`` and ``unrepresented``). Empty: every call is like the first.
+        unrepresented: the calls counted in this kind (the first call's own, or a
+            variant's) that are of another kind, beyond the cap on ``variants``
+            (replayed as this kind: an approximation the row states).
+        reaches_loss: whether the outputs of the step's calls (on a variant: of
+            its calls) reach a tensor the step's backward ran through, decided from
+            the captured step's autograd graph
+            (:meth:`cb_callback._engine.capture.Capture.mark_backward`): ``True`` if
+            one call's did, ``False`` if none did, ``None`` when unknown (no
+            backward was marked, or the outputs hold no tensor the capture sees).
+        grad_calls: how many of the step's calls (on a variant: of its calls)
+            built graph that the step's backward ran through (with grad and
+            reaching the loss); ``None``: unknown, every call with grad counts
+            (the behaviour before this field existed).
+        output_mask: per leaf of the output (:func:`cb_callback._engine.isolate.flatten_output`),
+            whether the step's backward ran through it; ``None``: every leaf
+            (unknown, or no backward marked). The isolated backward differentiates
+            only the leaves marked ``True``.
+        wrapped: the autograd wrapper the call ran under: ``"checkpoint"``
+            (non-reentrant ``torch.utils.checkpoint``: saved-tensor hooks),
+            ``"checkpoint (reentrant)"``, ``"saved_tensors_hooks"`` (another pack
+            hook, e.g. ``save_on_cpu``), or ``None``. Calls made during a backward
+            (a checkpoint's recomputation) are neither recorded nor counted: the
+            backward of the call that checkpointed them holds that work.
     """
 
     args: tuple[Any, ...]
@@ -108,6 +142,24 @@ class ComponentInputs:
     capture_error: str | None = None
     grad_enabled: bool = True
     insitu_ms: float | None = None
+    variants: list[ComponentInputs] = field(default_factory=list)
+    unrepresented: int = 0
+    reaches_loss: bool | None = None
+    grad_calls: int | None = None
+    output_mask: tuple[bool, ...] | None = None
+    wrapped: str | None = None
+
+    @property
+    def own_calls(self) -> int:
+        """The step's calls this first call's kind stands for (``calls`` less the variants')."""
+        return max(self.calls - sum(v.calls for v in self.variants), 0)
+
+    @property
+    def own_grad_calls(self) -> int | None:
+        """``grad_calls`` of the first call's kind alone (``None``: unknown)."""
+        if self.grad_calls is None or any(v.grad_calls is None for v in self.variants):
+            return None
+        return max(self.grad_calls - sum(v.grad_calls or 0 for v in self.variants), 0)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.checkpoint import checkpoint
 
+from cb_callback._engine.callset import CallPlan, call_plan, reaches_no_loss
 from cb_callback._engine.inputs import ComponentInputs, copy_call, holds_objects
 
 __all__ = [
@@ -106,11 +108,16 @@ class ReplayInputs:
         leaves: new leaf tensors for the inputs that required grad in the real
             step; ``args``/``kwargs`` hold ``leaf.clone()`` of each, so an in-place
             op in the forward (``ReLU(inplace=True)``) works as in the real step.
+        calls: for a replay of a call set (:mod:`cb_callback._engine.callset`), one
+            copy per replayed call; then ``args`` is ``((args, kwargs), …)`` of
+            those calls (everything the set takes), ``kwargs`` empty, ``leaves``
+            all of theirs. Empty for a replay of one call.
     """
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     leaves: list[torch.Tensor] = field(default_factory=list)
+    calls: list[ReplayInputs] = field(default_factory=list)
 
 
 class Backward:
@@ -174,8 +181,31 @@ class Replay:
             autocast for mixed precision); ``None`` for none.
         grad_enabled: run the forwards with grad enabled (``False``: under
             ``no_grad``, forward only, no autograd overhead timed).
+        wrappers: replay a call the step ran under activation checkpointing
+            (``ComponentInputs.wrapped``) under it again (``False``: plainly, for
+            the harness floor's identity).
 
     Notes:
+        A component whose calls differ (``inputs.variants``) or only some of whose
+        calls built graph the step's backward ran through is replayed on its call
+        set (:func:`cb_callback._engine.callset.call_plan`, in ``plan``): each
+        forward runs every planned call under its own grad mode, and the backward
+        differentiates the outputs of the calls that had one; ``replayed_calls``
+        is how many calls one run stands for (the engine divides additive values
+        by it). A component called one way whose output reached no loss has no
+        backward. Only the output leaves of ``output_mask`` are differentiated.
+
+        A call the step ran under ``torch.utils.checkpoint.checkpoint``
+        (``wrapped`` ``"checkpoint"`` or ``"checkpoint (reentrant)"``) replays under
+        it, with the same ``use_reentrant``, when grad is on: its backward holds the
+        recompute and its saved activations are what checkpointing saves. A
+        reentrant checkpoint cannot run under ``torch.autograd.grad``: a replay whose
+        graph holds one (a ``CheckpointFunctionBackward`` node, also a descendant's)
+        runs its backward with ``torch.autograd.backward`` (:class:`Backward`'s
+        ``accumulate``, the ``.grad`` fields put back). A reentrant checkpoint takes
+        no keyword arguments: those are bound into the checkpointed function (they
+        get no gradient, as in a step that had to do the same).
+
         Every module of the subtree runs with the ``training`` flag it had in the
         real step (``inputs.modes``; a frozen ``eval()`` child stays in eval
         during its parent's replay); the flags are set before each forward and
@@ -197,8 +227,13 @@ class Replay:
         forward_context: Callable[[], AbstractContextManager[Any]] | None = None,
         grad_enabled: bool = True,
         accumulate: bool = False,
+        wrappers: bool = True,
     ) -> None:
         self.module = module
+        #: Calls the step ran under a checkpoint replay under it (:func:`_checkpointed`).
+        self.wrappers = wrappers
+        # Whether the graph holds a reentrant checkpoint (its backward cannot run under autograd.grad).
+        self._reentrant: bool | None = None
         #: Backwards accumulate into ``.grad`` (:class:`Backward`): an FSDP2 unit's reduce-scatter runs.
         self.accumulate = accumulate
         self.inputs = inputs
@@ -207,9 +242,16 @@ class Replay:
         self.grad_enabled = grad_enabled
         self._context = forward_context or contextlib.nullcontext
         self._reuse = False
+        #: The call set one run replays (``None``: one call stands for all of the step's).
+        self.plan: CallPlan | None = call_plan(inputs)
+        #: How many of the component's calls one run replays (its additive values are divided by it).
+        self.replayed_calls = len(self.plan.calls) if self.plan is not None else 1
+        # Called one way, with grad, and its output reached no loss: no backward.
+        self._unreached = reaches_no_loss(inputs)
         # Objects other than pytree containers and tensors can change without a
         # version counter seeing it: their copies are never reused.
-        self._objects = holds_objects((inputs.args, inputs.kwargs))
+        kinds = [inputs, *inputs.variants] if self.plan is not None else [inputs]
+        self._objects = any(holds_objects((k.args, k.kwargs)) for k in kinds)
         self._cached: ReplayInputs | None = None
         self._grad_outputs: tuple[tuple[Any, ...], list[torch.Tensor]] | None = None
         self._flags = self._subtree_flags()
@@ -246,15 +288,22 @@ class Replay:
             out.append((m, flag))
         return out
 
-    def with_call(self, fn: Callable[..., Any]) -> Replay:
+    def with_call(self, fn: Callable[..., Any], *, first_only: bool = False) -> Replay:
         """This replay with its forwards calling ``fn(*args, **kwargs)`` instead of the module.
 
         The module's flags, the inputs (and whether one copy serves every run) and
         the backward's targets stay the module's: ``fn`` is the module wrapped
-        (``torch.compile(module)``, ``torch._dynamo.explain(module)``).
+        (``torch.compile(module)``, ``torch._dynamo.explain(module)``). A call set
+        calls ``fn`` once per planned call; with ``first_only`` (``fn`` returns a
+        report, not the module's output: ``explain``) only on the first call.
         """
         other = copy.copy(self)
         other._call = fn
+        if first_only:  # a report, not the module's output: never under a checkpoint
+            other.wrappers = False
+        if first_only and other.plan is not None:
+            other.plan, other.replayed_calls, other._cached = None, 1, None
+            other._objects = holds_objects((self.inputs.args, self.inputs.kwargs))
         return other
 
     def fresh_inputs(self) -> ReplayInputs:
@@ -266,6 +315,19 @@ class Replay:
         """
         if self.reuse_inputs and self._cached is not None:
             return self._cached
+        if self.plan is not None:
+            subs = [self._fresh_call(c.inputs) for c in self.plan.calls]
+            fresh = ReplayInputs(
+                tuple((sub.args, sub.kwargs) for sub in subs), {}, [t for sub in subs for t in sub.leaves], subs
+            )
+        else:
+            fresh = self._fresh_call(self.inputs)
+        if self.reuse_inputs:
+            self._cached = fresh
+        return fresh
+
+    def _fresh_call(self, call: ComponentInputs) -> ReplayInputs:
+        """A new deep copy of one captured call (see :meth:`fresh_inputs`)."""
         leaves: list[torch.Tensor] = []
 
         def tensor(t: torch.Tensor) -> torch.Tensor:
@@ -276,11 +338,8 @@ class Replay:
             leaves.append(out)
             return out.clone()
 
-        args, kwargs = copy_call(self.inputs.args, self.inputs.kwargs, tensor)
-        fresh = ReplayInputs(args, kwargs, leaves)
-        if self.reuse_inputs:
-            self._cached = fresh
-        return fresh
+        args, kwargs = copy_call(call.args, call.kwargs, tensor)
+        return ReplayInputs(args, kwargs, leaves)
 
     def forward(self, inputs: ReplayInputs | None = None) -> Any:
         """One forward on ``inputs`` (fresh ones if ``None``), with grad enabled
@@ -291,9 +350,32 @@ class Replay:
         else:
             for m, flag in self._flags:
                 m.training = flag
-        with torch.set_grad_enabled(self.grad_enabled), self._context():
-            call = self.module if self._call is None else self._call
-            return _resolved(call(*inp.args, **inp.kwargs))
+        call = self.module if self._call is None else self._call
+        if self.plan is None or not inp.calls:
+            with torch.set_grad_enabled(self.grad_enabled), self._context():
+                return _resolved(self._wrapped(call, self.inputs)(*inp.args, **inp.kwargs))
+        outs = []
+        for planned, sub in zip(self.plan.calls, inp.calls, strict=True):
+            with torch.set_grad_enabled(self.grad_enabled and planned.grad), self._context():
+                outs.append(_resolved(self._wrapped(call, planned.inputs)(*sub.args, **sub.kwargs)))
+        return tuple(outs)
+
+    def _wrapped(self, call: Callable[..., Any], inputs: ComponentInputs) -> Callable[..., Any]:
+        """``call`` under the checkpoint the step ran ``inputs``' call under (when grad is on), else ``call``."""
+        if not self.wrappers or not torch.is_grad_enabled():
+            return call
+        return _checkpointed(call, inputs.wrapped)
+
+    def _differentiated(self, out: Any) -> list[Any]:
+        """The output leaves the backward differentiates: those of the calls with a backward, each
+        call's ``output_mask`` applied (when its length is the replayed output's)."""
+        if self.plan is None:
+            return [] if self._unreached else _masked(out, self.inputs.output_mask)
+        if not isinstance(out, tuple) or len(out) != len(self.plan.calls):
+            return flatten_output(out)[0]  # a wrapped call (with_call) returned something else
+        return [
+            x for c, o in zip(self.plan.calls, out, strict=True) if c.backward for x in _masked(o, c.inputs.output_mask)
+        ]
 
     def grad_targets(self, inputs: ReplayInputs) -> list[torch.Tensor]:
         """Inputs that required grad (their leaves), the component's parameters that do,
@@ -322,21 +404,17 @@ class Replay:
             out = self.forward(inputs)
         outputs = [
             t
-            for t in flatten_output(out)[0]
+            for t in self._differentiated(out)
             if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None
         ]
         targets = self.grad_targets(inputs)
         if not outputs or not targets:
             self.no_backward = (
-                (
-                    "replayed without grad, as the real step ran it (no_grad)"
-                    if not self.grad_enabled
-                    else "no output requires grad"
-                )
-                if not outputs
-                else "no input or parameter of the component requires grad"
+                self._why_none(out) if targets else "no input or parameter of the component requires grad"
             )
             return None
+        if self._reentrant is None:  # decided once: every run builds the same graph
+            self._reentrant = not self.accumulate and _holds_reentrant_checkpoint(outputs)
         key = tuple((t.shape, t.dtype, t.device) for t in outputs)
         if self._grad_outputs is None or self._grad_outputs[0] != key:
             # Seeded, so every run would draw the same values: draw them once (randn
@@ -345,7 +423,19 @@ class Replay:
             gen.manual_seed(self.seed)
             grads = [torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype) for t in outputs]
             self._grad_outputs = (key, grads)
-        return Backward(outputs, list(self._grad_outputs[1]), targets, self.accumulate)
+        return Backward(outputs, list(self._grad_outputs[1]), targets, self.accumulate or self._reentrant)
+
+    def _why_none(self, out: Any) -> str:
+        """Why no output is differentiated (:attr:`no_backward`)."""
+        if not self.grad_enabled:
+            return "replayed without grad, as the real step ran it (no_grad)"
+        if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in flatten_output(out)[0]):
+            return "no output requires grad"
+        if self._unreached:
+            return "its output reaches no loss: the step's backward never ran through it"
+        if self.plan is not None and not any(c.backward for c in self.plan.calls):
+            return f"none of its calls built graph the step's backward ran through ({self.plan.note})"
+        return "no output requires grad"
 
     def probe(self, backward: bool = True) -> bool:
         """One plain forward and (if any) one backward; raises what they raise.
@@ -360,6 +450,46 @@ class Replay:
             return False
         bwd()
         return True
+
+
+def _checkpointed(call: Callable[..., Any], wrapped: str | None) -> Callable[..., Any]:
+    """``call`` under ``torch.utils.checkpoint.checkpoint`` as ``wrapped`` says the step ran it
+    (``"checkpoint"``: ``use_reentrant=False``; ``"checkpoint (reentrant)"``: ``True``, the keyword
+    arguments bound into the function, which that mode cannot take), else ``call`` itself."""
+    if wrapped == "checkpoint":
+        return lambda *a, **k: checkpoint(call, *a, use_reentrant=False, **k)
+    if wrapped == "checkpoint (reentrant)":
+
+        def reentrant(*a: Any, **k: Any) -> Any:
+            fn = (lambda *p: call(*p, **k)) if k else call
+            return checkpoint(fn, *a, use_reentrant=True)
+
+        return reentrant
+    return call
+
+
+def _holds_reentrant_checkpoint(outputs: Sequence[torch.Tensor]) -> bool:
+    """Whether the graph behind ``outputs`` holds a reentrant checkpoint's node (which
+    ``torch.autograd.grad`` cannot run: "incompatible with .grad()")."""
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node).__name__ == "CheckpointFunctionBackward":
+            return True
+        stack += [n for n, _ in node.next_functions if n is not None and id(n) not in seen]
+    return False
+
+
+def _masked(out: Any, mask: tuple[bool, ...] | None) -> list[Any]:
+    """``out``'s leaves that ``mask`` keeps (all of them without a mask, or one of another length)."""
+    leaves = flatten_output(out)[0]
+    if mask is None or len(mask) != len(leaves):
+        return leaves
+    return [x for x, keep in zip(leaves, mask, strict=True) if keep]
 
 
 class Phase(str, enum.Enum):

@@ -31,6 +31,7 @@ from cb_callback._report.context import ReportContext
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+    import torch
 
     from cb_callback._report.model import Report
 
@@ -215,6 +216,13 @@ class ComponentBenchmark(Callback):
             trainer.strategy.barrier("cb_callback_profiled")
         if self.stop_after and self._schedule.finished:
             trainer.should_stop = True
+
+    @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        # The captured step's backward runs from ``loss``: it decides which calls have one (a probe only
+        # logged has none). Reads the graph only; never raises (Capture.mark_backward).
+        if self._capture is not None:
+            self._capture.mark_backward(loss)
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -75,7 +75,7 @@ def explain_breaks(replay: Replay) -> dict[str, Any]:
     """
     import torch._dynamo as dynamo
 
-    explained = replay.with_call(dynamo.explain(replay.module)).forward()
+    explained = replay.with_call(dynamo.explain(replay.module), first_only=True).forward()
     reasons: dict[str, dict[str, Any]] = {}
     for r in explained.break_reasons:
         text = _reason(getattr(r, "reason", r))

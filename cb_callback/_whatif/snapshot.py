@@ -262,15 +262,27 @@ def _config_fields(config: BenchmarkConfig) -> tuple[dict[str, Any], list[str]]:
     return saved, dropped
 
 
+def _inputs_to_plain(ci: ComponentInputs) -> dict[str, Any]:
+    # A plain dict (its variants too), so that a later ComponentInputs (new fields) still reads old snapshots.
+    out = {f.name: getattr(ci, f.name) for f in dataclasses.fields(ComponentInputs)}
+    out["variants"] = [_inputs_to_plain(v) for v in ci.variants]
+    return out
+
+
+def _inputs_from_plain(d: Mapping[str, Any]) -> ComponentInputs:
+    known = {f.name for f in dataclasses.fields(ComponentInputs)}
+    fields = {k: v for k, v in d.items() if k in known}
+    fields["variants"] = [_inputs_from_plain(v) for v in d.get("variants", [])]
+    return ComponentInputs(**fields)
+
+
 def _calls_to_plain(calls: Mapping[str, ComponentInputs]) -> dict[str, dict[str, Any]]:
-    # Plain dicts, so that a later ComponentInputs (new fields) still reads old snapshots.
-    names = [f.name for f in dataclasses.fields(ComponentInputs)]
-    return {path: {name: getattr(ci, name) for name in names} for path, ci in calls.items()}
+    return {path: _inputs_to_plain(ci) for path, ci in calls.items()}
 
 
 def _calls_from_plain(data: Mapping[str, Mapping[str, Any]]) -> dict[str, ComponentInputs]:
-    known = {f.name for f in dataclasses.fields(ComponentInputs)}
-    return {path: ComponentInputs(**{k: v for k, v in d.items() if k in known}) for path, d in data.items()}
+    # Snapshots written before a field existed leave it at its default (no variants, reach unknown).
+    return {path: _inputs_from_plain(d) for path, d in data.items()}
 
 
 def _main_script() -> dict[str, str | None]:
