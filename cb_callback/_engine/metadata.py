@@ -76,13 +76,16 @@ def run_cost(
     floor_s: float,
     compile_s: float,
     artifacts_s: float,
+    census_s: float = 0.0,
 ) -> dict[str, Any]:
     """Where the run's wall time went (``report.metadata["cost"]``), seconds.
 
     ``timed_s`` is inside timed regions: the components' timed runs and the
     in-situ passes' measured forwards and backwards (``insitu_timed_s`` of
     them); ``insitu_s`` the in-situ passes' wall (warm-up and hooks included);
-    ``instrumented_s`` the observed passes (FLOPs, bytes, memory);
+    ``instrumented_s`` the observed passes (FLOPs, bytes, memory), of them
+    ``census_s`` the census of the step's FLOPs that proves repeated structure
+    (:mod:`cb_callback._engine.census`);
     ``floor_s`` the harness floors; ``calibration_s`` the peak calibration;
     ``compile_s`` and ``artifacts_s`` the what-ifs and artifact passes;
     ``other_s`` the rest (warm-ups, input copies between runs, the timing loop,
@@ -92,6 +95,7 @@ def run_cost(
     parts = {
         "timed_s": timed_s, "insitu_s": insitu_s, "insitu_timed_s": insitu_timed_s, "instrumented_s": instrumented_s,
         "floor_s": floor_s, "calibration_s": calibration_s, "compile_s": compile_s, "artifacts_s": artifacts_s,
+        "census_s": census_s,
     }  # fmt: skip
     spent = timed_s - insitu_timed_s + insitu_s + instrumented_s + floor_s + calibration_s + compile_s + artifacts_s
     other = wall_s - spent

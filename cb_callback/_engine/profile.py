@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import statistics
 import time
@@ -19,6 +20,7 @@ from torch import nn
 from cb_callback._engine import lockstep
 from cb_callback._engine.batches import batch_size_of, merged_calls
 from cb_callback._engine.capture import Capture
+from cb_callback._engine.census import census_of
 from cb_callback._engine.component import ComponentRun
 from cb_callback._engine.config import BenchmarkConfig
 from cb_callback._engine.fsdp import fsdp1_problem
@@ -180,6 +182,7 @@ def _profile(
     assessment = _assess(schedule, peaks, dtype, device, load, len(batches))
     for path, row in rows.items():  # always a list: [] on a clean row
         row.details["flags"] = list(assessment.flags.get(path, []))
+        row.details.update(assessment.details.get(path, {}))  # what a flag explains (above_parent's why)
     meta["quality"] = assessment.quality
     meta["quality"]["insitu_ratio"] = insitu_ratio(rows, insitu[0] if insitu else None)
     wall_s, timed_s = time.perf_counter() - wall0, timed_seconds() - timed0
@@ -193,7 +196,7 @@ def _profile(
         wall_s=wall_s, timed_s=timed_s, calibration_s=budget0 - calibration0,
         insitu_s=sum(t.seconds for t in insitu), insitu_timed_s=sum(t.timed_s for t in insitu),
         instrumented_s=run.instrumented_s, floor_s=run.floor_s,
-        compile_s=compile_s, artifacts_s=artifacts_s,
+        compile_s=compile_s, artifacts_s=artifacts_s, census_s=plan.census_s if plan is not None else 0.0,
     )  # fmt: skip
     report = Report([rows[n.path] for n in nodes], meta)
     ctx = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
@@ -255,15 +258,24 @@ def _triage(
             if c is not None:
                 costs[path] = (costs.get(path) or 0.0) + c
         step += t.step_ms({p: c.calls for p, c in batch_calls.items()})
-    plan = triage(
-        nodes, modules, calls, costs, step, descend_share=cfg.descend_share, representatives=cfg.representatives,
-        insitu=out[0].times, batches=batches,
+    decide = functools.partial(
+        triage, nodes, modules, calls, costs, step, descend_share=cfg.descend_share,
+        representatives=cfg.representatives, insitu=out[0].times, batches=batches,
     )  # fmt: skip
+    plan = decide()
+    census = None
+    if plan.groups:  # repeated structure: a copy is proven by the FLOPs each module counted in the step
+        census = census_of(run, nodes, modules, batches, [t.tops for t in out])
+        run.instrumented_s += census.seconds  # an observed pass (cost: instrumented_s, of it census_s)
+        plan = decide(census=census.flops)
+        plan.census_s = census.seconds
     groups = {id(info) for info in plan.groups.values()}
     meta["triage"] = {
         "replayed": plan.replayed, "copied": len(plan.copy), "not_descended": len(plan.skip),
-        "groups": len(groups), "measured_alone": len(plan.alone),
+        "groups": len(groups), "measured_alone": len(plan.alone), "not_copies": len(plan.not_copies),
     }  # fmt: skip
+    if census is not None:
+        meta["triage"]["census"] = census.to_metadata()
     return out, plan
 
 
@@ -402,7 +414,12 @@ def profile_components(
 
 
 def _capture(prepared: Prepared, inputs: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Capture]:
-    """One capture forward per batch, each on a copy of its inputs; a forward that raises is one warning."""
+    """One capture forward per batch, each on a copy of its inputs; a forward that raises is one warning.
+
+    The root's output is marked as what the step's backward runs through
+    (:meth:`Capture.mark_backward`: the replays differentiate it), so a call whose
+    output does not reach it (a probe only logged) gets no backward.
+    """
     model, meta = prepared.model, prepared.metadata
     own = _input_copier(model)
     captures = []
@@ -417,7 +434,11 @@ def _capture(prepared: Prepared, inputs: Sequence[tuple[tuple[Any, ...], dict[st
         with StateGuard(model):
             try:
                 with capture:
-                    model(*b_args, **b_kwargs)
+                    out = model(*b_args, **b_kwargs)
+                    # What the replays differentiate is the root's output: its graph decides
+                    # which calls have a backward (a probe only logged with .item() has none).
+                    capture.mark_backward(out)
+                    del out
             except Exception as e:
                 which = "" if len(inputs) == 1 else f" of batch {i}"
                 meta.setdefault("capture_error", _error_text(e) + which)

@@ -92,28 +92,91 @@ class Schedule:
         #: The triage's decisions, made from the in-situ times before any replay (``None``: none).
         self.plan = plan
         self._copies: list[str] = []  # rows taken from a group's representative, filled after the timing
+        self._descent_skipped: set[str] = set()  # skipped because an ancestor was not descended into
+        self._forced: set[str] = set()  # below a failed component: started whatever the share
+        self._opened: set[str] = set()  # failed components descended into all the same
+        self._own: set[str] = set()  # rows the plan copied from a source that failed: replayed themselves
         self._levels = [list(nodes)] if cfg.descend == "all" or plan is not None else levels(nodes)
         self._steps = len(nodes) + cfg.rounds * len(self._levels)
         self._done = 0
 
     def run_levels(self) -> None:
-        """Start and time every level, shallowest first."""
+        """Start and time every level, shallowest first; then, while any, the components a failure
+        calls for (:meth:`_after_failures`), as one more level each time."""
         for level in self._levels:
-            started: list[Pending] = []
-            for node in level:
-                self._done += 1
-                self._start(node, started)
-                if self.cfg.progress is not None:
-                    self.cfg.progress(self._done, self._steps, node.path)
-            timed = time_interleaved(started, self.rows, self.cfg, self._done, self._steps, self.device, self.canary_s)
-            self._done += self.cfg.rounds
-            self._finish(level, started, timed)
-            self.pending += started
-            if self.cfg.descend == "hotspots":
+            self._run_level(level)
+            if self.cfg.descend == "hotspots" and self.plan is None:
                 cold = below_cold(
                     level, self.by_path, self.rows, self.cfg.descend_share, self._not_descended, self.per_batch
                 )
                 self._not_descended.update(cold)
+        while self.plan is not None and (more := self._after_failures()):
+            self._steps += len(more) + self.cfg.rounds
+            self._run_level(more)
+
+    def _run_level(self, level: Sequence[Node]) -> None:
+        """Start the level's components, then time them in one interleaving and fill their rows."""
+        started: list[Pending] = []
+        for node in level:
+            self._done += 1
+            self._start(node, started)
+            if self.cfg.progress is not None:
+                self.cfg.progress(self._done, self._steps, node.path)
+        timed = time_interleaved(started, self.rows, self.cfg, self._done, self._steps, self.device, self.canary_s)
+        self._done += self.cfg.rounds
+        self._finish(level, started, timed)
+        self.pending += started
+
+    def _after_failures(self) -> list[Node]:
+        """What the triage's failures call for, in tree order (empty: nothing more).
+
+        - A failed component whose children the triage did not descend into (its
+          share was under ``descend_share``) is descended into all the same, as
+          under ``descend="all"``: its children are replayed, so that it is
+          estimated from them (its ``note`` says so); a child that fails in
+          turn is descended into likewise.
+        - A row to be taken from a source whose replay failed is replayed itself
+          instead (every member of a group whose representative failed is
+          measured on its own calls: none inherits a failure it never had).
+        """
+        plan = self.plan
+        assert plan is not None
+        out: list[Node] = []
+        for node in self.nodes:
+            path = node.path
+            if path in self._copies and self.rows[self._source(path)].status == "failed":
+                self._copies.remove(path)
+                self._own.add(path)
+                out.append(node)
+            row = self.rows[path]
+            if row.status != "failed" or path in self._opened:
+                continue
+            below = [c for c in node.children if c in self._descent_skipped]
+            if not below:
+                continue
+            self._opened.add(path)
+            why = plan.skip[below[0]] if below[0] in plan.skip else self._not_descended.get(below[0])
+            share = f" (share {why[1]:.3g} < descend_share {self.cfg.descend_share:g})" if why else ""
+            row.note = _joined(
+                row.note, f"its replay failed: descended into all the same{share}, its {len(below)} children replayed"
+            )
+            for child in below:
+                self._descent_skipped.discard(child)
+                self._forced.add(child)
+            out += [self.by_path[c] for c in below]
+        order = {n.path: i for i, n in enumerate(self.nodes)}
+        return sorted(out, key=lambda n: order[n.path])
+
+    def _source(self, path: str) -> str:
+        """The row ``path``'s copy is taken from in the end (a copy of a copy names the measured one)."""
+        plan = self.plan
+        assert plan is not None
+        seen = {path}
+        source = plan.copy[path]
+        while source in self._copies and source not in seen:
+            seen.add(source)
+            source = plan.copy[source]
+        return source
 
     def cost(self, path: str) -> float | None:
         """What every selection ranks by: :func:`cb_callback._engine.descend.step_cost_ms`."""
@@ -159,13 +222,21 @@ class Schedule:
         row, cfg, path = self._row(node), self.cfg, node.path
         reason = self._filtered.get(path)
         plan = self.plan
-        if reason is None and plan is not None and path in plan.skip and self._called[path]:
+        forced = path in self._forced  # below a failed component: descended into whatever its share
+        if reason is None and plan is not None and path in plan.skip and self._called[path] and not forced:
             reason = not_descended_note(node, *plan.skip[path], cfg.descend_share)
-        if reason is None and path in self._not_descended and self._called[path]:
+            self._descent_skipped.add(path)
+        if reason is None and path in self._not_descended and self._called[path] and not forced:
             reason = not_descended_note(node, *self._not_descended[path], cfg.descend_share)
-        if reason is None and plan is not None and path in plan.copy and self._called[path]:
+            self._descent_skipped.add(path)
+        own = path in self._own  # its source failed: measured on its own call
+        if reason is None and plan is not None and path in plan.copy and self._called[path] and not own:
             self._copies.append(path)  # filled from its representative after the timing
             return
+        if plan is not None and path in plan.not_copies:
+            row.details["not_copy"] = plan.not_copies[path]
+        if own:
+            row.details["not_copy"] = f"its source {plan.copy[path] if plan else ''} failed: measured on its own call"
         # The timed runs come later: count the budget they will take.
         spent = time.perf_counter() - self.budget0
         committed = sum(p.committed_s for p in started)
@@ -247,7 +318,11 @@ class Schedule:
             if row is None:
                 continue
             row.details["group"] = _group_details(info, self.rows)
-            if path in info["representatives"] or path in plan.alone:
+            if path in info["representatives"] or path in plan.alone or "not_copy" in row.details:
+                row.details["as"] = "measured"
+        for path in plan.not_copies:  # a descendant of a member replayed itself
+            row = self.rows.get(path)
+            if row is not None and "as" not in row.details:
                 row.details["as"] = "measured"
 
     def row_of(self, path: str, batch: int) -> ComponentRow:
@@ -435,6 +510,10 @@ def artifact_targets(
         return ok
     top = {id(p) for p in sorted(ok, key=lambda p: cost.get(p.row.path) or 0.0, reverse=True)[: cfg.artifacts_top]}
     return [p for p in ok if id(p) in top]
+
+
+def _joined(first: str | None, then: str) -> str:
+    return then if not first else f"{first}; {then}"
 
 
 def _group_details(info: dict[str, Any], rows: Mapping[str, ComponentRow]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Triage: from the in-situ times, which components are replayed, which take a representative's row,
-which are not descended into, decided before any isolated replay runs."""
+"""Triage: from the in-situ times, which components are replayed, which take a representative's row
+(only where proven to do its work), which are not descended into, decided before any isolated replay runs."""
 
 from __future__ import annotations
 
@@ -11,12 +11,16 @@ from typing import Any
 
 from torch import nn
 
-from cb_callback._engine.groups import corresponding, sibling_groups, subtree
+from cb_callback._engine.groups import call_difference, corresponding, sibling_groups, subtree
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.insitu import InSitu
 from cb_callback._engine.tree import Node
 
-__all__ = ["Plan", "differs", "insitu_costs", "triage"]
+__all__ = ["Plan", "differs", "first_difference", "insitu_costs", "triage"]
+
+#: Per captured batch, ``{path: (forward FLOPs, backward FLOPs, bytes)}`` in the step
+#: (:mod:`cb_callback._engine.census`).
+Counts = Sequence[Mapping[str, tuple[int, ...] | None]]
 
 #: A member is measured alone when its in-situ time per call and its representative's differ by more
 #: than this fraction plus both spreads (and by :data:`MEMBER_SLACK_MS`): as wide as ``insitu_mismatch``'s
@@ -41,6 +45,11 @@ class Plan:
         shares: each node's in-situ share of the step (``None``: not known).
         effective: the share a replayed node's descent was decided by (its own,
             or its group's total, times the members its ancestors stand for).
+        not_copies: ``{path: why}`` for a group member's node that is replayed
+            itself although it stands where a representative's node stands: it,
+            or a descendant, was called unlike its counterpart or counted other
+            FLOPs in the step (:func:`first_difference`).
+        census_s: what the census of the step's FLOPs cost (s; 0: none ran).
     """
 
     skip: dict[str, tuple[str, float]] = field(default_factory=dict)
@@ -49,6 +58,8 @@ class Plan:
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     shares: dict[str, float | None] = field(default_factory=dict)
     effective: dict[str, float | None] = field(default_factory=dict)
+    not_copies: dict[str, str] = field(default_factory=dict)
+    census_s: float = 0.0
 
     @property
     def replayed(self) -> int:
@@ -98,6 +109,57 @@ def _representatives(members: Sequence[str], k: int, insitu: Mapping[str, InSitu
     return [members[i] for i in sorted(nearest)]
 
 
+def _own_difference(p: str, q: str, batches: Sequence[Mapping[str, ComponentInputs]], census: Counts) -> str | None:
+    """How node ``p`` itself (not its subtree) worked unlike ``q`` in the step: its calls in each batch
+    (:func:`cb_callback._engine.groups.call_difference`), then the FLOPs and bytes the census counted for it."""
+    for b, calls in enumerate(batches):
+        why = call_difference(calls.get(p), calls.get(q))
+        if why is not None:
+            return why if len(batches) == 1 else f"{why} (batch {b})"
+    for b, counts in enumerate(census):
+        mine, theirs = counts.get(p), counts.get(q)
+        where = "" if len(census) == 1 else f" (batch {b})"
+        uncounted = [x for x in (p, q) if x in counts and counts[x] is None]
+        if uncounted:
+            return f"the census of the step's FLOPs could not count {uncounted[0] or 'root'}{where}: not proven equal"
+        if mine is not None and theirs is not None and mine != theirs:
+            if mine[:2] == theirs[:2]:
+                return f"moved {mine[2]:.6g} bytes in the step where its counterpart moved {theirs[2]:.6g}{where}"
+            return (
+                f"counted {mine[0]:.6g} forward and {mine[1]:.6g} backward FLOPs in the step where its "
+                f"counterpart counted {theirs[0]:.6g} and {theirs[1]:.6g}{where}"
+            )
+    return None
+
+
+def first_difference(
+    p: str,
+    q: str,
+    by_path: Mapping[str, Node],
+    batches: Sequence[Mapping[str, ComponentInputs]],
+    census: Counts = (),
+    memo: dict[str, tuple[str, str] | None] | None = None,
+) -> tuple[str, str] | None:
+    """The first node of ``p``'s subtree (parents first) that worked unlike its counterpart under ``q``:
+    ``(its path, why)``; ``None`` when every node of the subtree did the same work as its counterpart
+    (then ``p``'s whole subtree may take ``q``'s rows). ``memo`` caches by path."""
+    memo = {} if memo is None else memo
+    if p in memo:
+        return memo[p]
+    why = _own_difference(p, q, batches, census)
+    found: tuple[str, str] | None = (p, why) if why is not None else None
+    for child in by_path[p].children if found is None else ():
+        other = corresponding(child, p, q)
+        if other not in by_path:
+            found = (child, f"no counterpart {other} under the representative")
+        else:
+            found = first_difference(child, other, by_path, batches, census, memo)
+        if found is not None:
+            break
+    memo[p] = found
+    return found
+
+
 def triage(
     nodes: Sequence[Node],
     modules: Mapping[str, nn.Module],
@@ -109,6 +171,7 @@ def triage(
     representatives: int,
     insitu: Mapping[str, InSitu] | None = None,
     batches: Sequence[Mapping[str, ComponentInputs]] = (),
+    census: Counts = (),
 ) -> Plan:
     """Decide the run's replays from the in-situ costs (:func:`insitu_costs`), breadth-first from the root.
 
@@ -120,11 +183,18 @@ def triage(
       time (:func:`_representatives`) are replayed and descended into
       when the group's **total** share (times what their ancestors stand for)
       reaches ``descend_share``; a representative's children then count as many
-      times as it stands for members. Every other member gets a row at its own
-      level: the representative's measurement, or, when its in-situ time per
-      call differs from the representative's beyond their spreads
-      (:func:`differs`: it does not run like it), replayed alone; its subtree
-      takes the representative's rows either way.
+      times as it stands for members.
+    - Every other member is compared with the (first) representative node by
+      node (:func:`first_difference`: called or not, call count, grad mode,
+      flags, autograd wrapper, reach of the loss, other calls, arguments, and
+      the FLOPs the ``census`` counted). A member whose whole subtree did the
+      same work gets a row at its own level: the representative's measurement,
+      or, when its in-situ time per call differs beyond their spreads
+      (:func:`differs`), replayed alone; its subtree takes the
+      representative's rows either way. A node that did not is replayed itself
+      (``not_copies`` says why) and descended into by its own share; each of
+      its children is compared again, and one whose subtree did the same work
+      takes its counterpart's rows.
     - ``representatives=0`` groups nothing.
 
     Args:
@@ -138,57 +208,104 @@ def triage(
         insitu: the in-situ times per call, by path (which members run unlike
             their representative).
         batches: every captured batch's calls, with several (members ran in
-            the same batches).
+            the same batches, and their nodes alike in each).
+        census: per batch, each node's FLOPs in the step
+            (:func:`cb_callback._engine.census.count_step`); empty: not counted.
     """
-    by_path = {n.path: n for n in nodes}
     plan = Plan()
     for n in nodes:
         c = costs.get(n.path)
         plan.shares[n.path] = c / step_ms if c is not None and step_ms > 0 else None
     if not nodes:
         return plan
-    root = nodes[0]
+    planner = _Planner(
+        plan, {n.path: n for n in nodes}, modules, calls, descend_share, representatives, insitu or {},
+        list(batches), census,
+    )  # fmt: skip
+    planner.descend(nodes[0], 1.0, plan.shares.get(nodes[0].path))
+    return plan
 
-    def share(path: str) -> float | None:
-        return plan.shares.get(path)
 
-    def descend(node: Node, stands_for: float, effective: float | None) -> None:
+@dataclass
+class _Planner:
+    """The walk :func:`triage` makes, breadth-first from the root, filling ``plan``."""
+
+    plan: Plan
+    by_path: dict[str, Node]
+    modules: Mapping[str, nn.Module]
+    calls: Mapping[str, ComponentInputs]
+    descend_share: float
+    representatives: int
+    times: Mapping[str, InSitu]
+    batches: list[Mapping[str, ComponentInputs]]
+    census: Counts
+
+    def share(self, path: str) -> float | None:
+        return self.plan.shares.get(path)
+
+    def scaled(self, path: str, stands_for: float) -> float | None:
+        own = self.share(path)
+        return None if own is None else own * stands_for
+
+    def skip_below(self, node: Node, effective: float) -> None:
+        for child in node.children:
+            for p in subtree(child, self.by_path):
+                self.plan.skip[p] = (node.path, effective)
+
+    def descend(self, node: Node, stands_for: float, effective: float | None) -> None:
+        """Replay ``node``; descend into it when ``effective`` reaches ``descend_share`` (or is unknown)."""
+        plan = self.plan
         plan.effective[node.path] = effective
-        if effective is not None and effective < descend_share:
-            for child in node.children:
-                for p in subtree(child, by_path):
-                    plan.skip[p] = (node.path, effective)
+        if effective is not None and effective < self.descend_share:
+            self.skip_below(node, effective)
             return
-        for members in (
-            sibling_groups(node, modules, calls, batches) if representatives > 0 else [[c] for c in node.children]
-        ):
+        groups = (
+            sibling_groups(node, self.modules, self.calls, self.batches)
+            if self.representatives > 0
+            else [[c] for c in node.children]
+        )
+        for members in groups:
             if len(members) == 1:
-                own = share(members[0])
-                descend(by_path[members[0]], stands_for, None if own is None else own * stands_for)
+                self.descend(self.by_path[members[0]], stands_for, self.scaled(members[0], stands_for))
                 continue
-            reps = _representatives(members, representatives, insitu or {})
-            known = [share(m) for m in members]
+            reps = _representatives(members, self.representatives, self.times)
+            known = [self.share(m) for m in members]
             total = math.fsum(s for s in known if s is not None) if all(s is not None for s in known) else None
             info = {"members": list(members), "representatives": list(reps), "share": total}
             for m in members:
                 plan.groups[m] = info
+            together = None if total is None else total * stands_for
             for r in reps:
-                descend(
-                    by_path[r], stands_for * len(members) / len(reps), None if total is None else total * stands_for
-                )
-            times = insitu or {}
+                self.descend(self.by_path[r], stands_for * len(members) / len(reps), together)
             for m in (m for m in members if m not in reps):
-                measured = differs(times.get(m), times.get(reps[0]))
-                if measured:
-                    plan.alone.add(m)
-                    own = share(m)
-                    plan.effective[m] = own * stands_for if own is not None else None
-                for p in subtree(m, by_path):
-                    if p == m and measured:
-                        continue
-                    source = corresponding(p, m, reps[0])
-                    if source in by_path:
-                        plan.copy[p] = source
+                self.member(m, reps[0], m, stands_for, {})
 
-    descend(root, 1.0, share(root.path))
-    return plan
+    def member(self, p: str, q: str, top: str, stands_for: float, memo: dict[str, tuple[str, str] | None]) -> None:
+        """Node ``p`` of member ``top``, standing where ``q`` stands under the representative: copied with
+        its subtree when that did the same work, else replayed and its children compared in turn."""
+        plan, by_path = self.plan, self.by_path
+        every = self.batches or [self.calls]
+        diff = first_difference(p, q, by_path, every, self.census, memo)
+        if diff is None:
+            measured = p == top and differs(self.times.get(p), self.times.get(q))
+            if measured:
+                plan.alone.add(p)
+                plan.effective[p] = self.scaled(p, stands_for)
+            for x in subtree(p, by_path):
+                source = corresponding(x, p, q)
+                if source in by_path and not (x == p and measured):
+                    plan.copy[x] = source
+            return
+        where, why = diff
+        plan.not_copies[p] = f"{where or 'root'}: {why}" if where == p else f"its descendant {where}: {why}"
+        effective = self.scaled(p, stands_for)
+        plan.effective[p] = effective
+        if effective is not None and effective < self.descend_share:
+            self.skip_below(by_path[p], effective)
+            return
+        for child in by_path[p].children:
+            other = corresponding(child, p, q)
+            if other in by_path:
+                self.member(child, other, top, stands_for, memo)
+            else:
+                self.descend(by_path[child], stands_for, self.scaled(child, stands_for))

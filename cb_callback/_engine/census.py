@@ -1,0 +1,293 @@
+"""The census: every module's FLOPs and bytes in the captured step, in one forward + backward of each top.
+
+The triage copies a representative's rows onto the other members of a group only where the two
+do the same work; the FLOPs each module counts in the step, forward and backward, are part of that
+proof (:func:`cb_callback._engine.triage.triage`), and so are its bytes. Each op is counted with
+the formulas ``torch.utils.flop_counter.FlopCounterMode`` counts with (the project's rules
+included) and the ``bytes`` metric's per-op rule, and attributed to the modules that built it: in
+the forward the modules running; in the backward the modules whose forward built the autograd
+node running. (``FlopCounterMode``'s own module tracker ends a module's backward when its inputs'
+gradients are complete: of siblings reading one tensor, each would hold the backward of those that
+run after it, and their counts would differ by order.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from cb_callback._engine.collectives import refuse_collectives
+from cb_callback._engine.component import ComponentRun
+from cb_callback._engine.inputs import ComponentInputs
+from cb_callback._engine.isolate import Replay, flatten_output, unobserved
+from cb_callback._engine.state import StateGuard
+from cb_callback._engine.tree import Node
+from cb_callback._metrics.flops import _RULES as _FLOP_RULES
+from cb_callback._metrics.traffic import _op_bytes
+from cb_callback._report.model import error_text
+
+__all__ = ["Census", "census_of", "count_step", "with_grad"]
+
+
+@dataclass
+class Census:
+    """What the census counted.
+
+    Attributes:
+        flops: per captured batch, ``{path: (forward FLOPs, backward FLOPs, bytes)}``
+            of every node under a counted top, over all of its calls in the step
+            (bytes: the ``bytes`` metric's per-op count over both passes; a module
+            that counted nothing: ``(0, 0, 0)``). A node whose module is
+            reachable from several paths (a shared module) is absent: its counts
+            are its module's over every path, not the node's. A node under a top
+            whose census raised (also on the step's own inputs) maps to ``None``:
+            uncounted, so nothing proves it does its counterpart's work and the
+            triage copies no row onto it or from it.
+        seconds: what the passes cost (wall).
+        tops: the tops counted.
+        errors: ``{top: error}`` for a top whose pass raised (its nodes are absent).
+    """
+
+    flops: list[dict[str, tuple[int, int, int] | None]] = field(default_factory=list)
+    seconds: float = 0.0
+    tops: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def to_metadata(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "tops": list(self.tops), "errors": dict(self.errors)}
+
+
+class _Attribution:
+    """Which modules each FLOP belongs to: in the forward, every tracked module running (forward
+    hooks keep the stack); in the backward, the modules whose forward built the autograd node
+    running (``torch._C._current_autograd_node()``).
+
+    After each call a module claims the nodes its forward built: walking back from its outputs'
+    ``grad_fn`` to its inputs' (or to nodes another, finished call claimed), each new node owned by
+    every module on the stack. Torch's own module tracker ends a module's backward when its inputs'
+    gradients are complete, so a module whose input feeds several (the branches of one tensor) holds
+    the others' backward. An activation checkpoint's recompute runs inside the backward node that
+    needs it: it counts as that node's modules' backward.
+    """
+
+    def __init__(self, tracked: set[int]) -> None:
+        self.tracked = tracked
+        self.stack: list[tuple[int, int, set[Any]]] = []  # (module id, call number, its inputs' nodes)
+        self.owner: dict[Any, tuple[tuple[int, ...], frozenset[int]]] = {}  # node -> (module ids, call numbers)
+        self.calls = 0
+        #: ``{"fwd" | "bwd" | "bytes": {module id: count}}``; bytes over both passes.
+        self.flops: dict[str, dict[int, int]] = {"fwd": {}, "bwd": {}, "bytes": {}}
+
+    def pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        if id(module) not in self.tracked:
+            return
+        self.calls += 1
+        leaves = pytree.tree_leaves((args, kwargs))
+        stop = {t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+        self.stack.append((id(module), self.calls, stop))
+
+    def post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if id(module) not in self.tracked or not self.stack or self.stack[-1][0] != id(module):
+            return
+        _, call, stop = self.stack[-1]
+        chain = (tuple(m for m, _, _ in self.stack), frozenset(c for _, c, _ in self.stack))
+        todo: list[Any] = [
+            t.grad_fn for t in flatten_output(output)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None
+        ]
+        seen: set[Any] = set()
+        while todo:
+            node = todo.pop()
+            if node is None or node in stop or node in seen:
+                continue
+            seen.add(node)
+            mine = self.owner.get(node)
+            if mine is None:
+                self.owner[node] = chain
+            elif call not in mine[1]:
+                continue  # built by another call, finished before this one: not this module's
+            todo.extend(nxt for nxt, _ in node.next_functions)
+        self.stack.pop()
+
+    def count(self, flops: int, moved: int) -> None:
+        """One op's FLOPs and bytes, to every module it belongs to."""
+        if torch._C._current_graph_task_id() == -1:
+            modules: tuple[int, ...] = tuple(m for m, _, _ in self.stack)
+            phase = self.flops["fwd"]
+        else:
+            owned = self.owner.get(torch._C._current_autograd_node())
+            modules = owned[0] if owned is not None else ()
+            phase = self.flops["bwd"]
+        traffic = self.flops["bytes"]
+        for m in set(modules):
+            phase[m] = phase.get(m, 0) + flops
+            traffic[m] = traffic.get(m, 0) + moved
+
+
+class _CountingMode(TorchDispatchMode):
+    """Every op's FLOPs (the formulas ``FlopCounterMode`` counts with, the project's rules included)
+    and bytes (the ``bytes`` metric's per-op rule), attributed by an :class:`_Attribution`."""
+
+    def __init__(self, attribution: _Attribution) -> None:
+        super().__init__()
+        self.attribution = attribution
+        self.registry = FlopCounterMode(display=False, custom_mapping=dict(_FLOP_RULES)).flop_registry
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = self.registry.get(func.overloadpacket)
+        with unobserved():  # a rule's own tensor ops are not the step's
+            flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+            moved = int(_op_bytes(func, args, kwargs, out))
+        if flops or moved:
+            self.attribution.count(flops, moved)
+        return out
+
+
+def with_grad(inputs: ComponentInputs) -> ComponentInputs:
+    """``inputs`` whose floating tensors all require grad, for the census's replay of a top.
+
+    Torch's module tracker ends a module's backward when its inputs' gradients
+    are done: a module fed by a tensor without grad would keep every later
+    backward op of the step. The census compares members, it reports nothing:
+    every member's inputs then require grad alike (the group key already
+    compares which did in the step).
+    """
+
+    def grad(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and not x.requires_grad:
+            return x.detach().requires_grad_(True)
+        return x
+
+    args, kwargs = pytree.tree_map(grad, (inputs.args, inputs.kwargs))
+    return dataclasses.replace(inputs, args=args, kwargs=kwargs)
+
+
+def _view(x: Any) -> Any:
+    return x.view_as(x) if isinstance(x, torch.Tensor) and x.requires_grad else x
+
+
+def _count_top(replay: Replay, backward: bool, tracked: Sequence[nn.Module]) -> _Attribution:
+    """One forward and (``backward``, when there is one) one backward of ``replay``, every op's FLOPs
+    attributed to the ``tracked`` modules (by ``id``) that built it."""
+    attribution = _Attribution({id(m) for m in tracked})
+    inputs = replay.fresh_inputs()
+    handles = []
+    try:
+        for m in tracked:
+            handles.append(m.register_forward_pre_hook(attribution.pre, with_kwargs=True))
+            handles.append(m.register_forward_hook(attribution.post, always_call=True))
+        with refuse_collectives(), _CountingMode(attribution):
+            out = replay.forward(inputs)
+            # The backward starts from a view of each output (the top's own output is then a node it built).
+            leaves = [_view(t) for t in flatten_output(out)[0]]
+            del out
+            bwd = replay.backward(inputs, leaves) if backward else None
+            del leaves
+            if bwd is not None:
+                bwd.run()
+            del bwd
+    finally:
+        for h in handles:
+            h.remove()
+        attribution.owner.clear()  # the step's graph nodes
+    return attribution
+
+
+def count_step(
+    tops: Sequence[Sequence[str]],
+    replay_of: Callable[[str, int, bool], Replay],
+    model: nn.Module,
+    nodes: Sequence[Node],
+    modules: Mapping[str, nn.Module],
+    batches: int,
+    *,
+    backward: bool = True,
+) -> Census:
+    """Count every node's FLOPs in each captured batch: each top replayed whole once, forward and backward.
+
+    Args:
+        tops: per batch, the components run whole (as the in-situ pass runs them).
+        replay_of: ``replay_of(top, batch, every_grad)``, the top's replay on that batch's captured
+            call (with ``every_grad``, its floating inputs requiring grad: :func:`with_grad`). A top
+            whose pass raises so is counted again on its call as the step made it (an input
+            changed in place, or read with ``.numpy()``, cannot require grad); if that raises too,
+            its nodes are uncounted (``None``) and its error is in ``errors``.
+        model: guarded (:class:`StateGuard`): the passes leave weights, buffers, grads and RNG as they were.
+        nodes: every node (which are under which top).
+        modules: each node's module.
+        batches: how many captured batches.
+        backward: count the backward too.
+    """
+    out = Census(tops=list(dict.fromkeys(t for mine in tops for t in mine)))
+    t0 = time.perf_counter()
+    seen: dict[int, int] = {}
+    for n in nodes:
+        if n.path in modules:
+            seen[id(modules[n.path])] = seen.get(id(modules[n.path]), 0) + 1
+    shared = {key for key, k in seen.items() if k > 1}  # one module, several nodes: its counts are not one node's
+    for b in range(batches):
+        found: dict[str, tuple[int, int, int] | None] = {}
+        for top in tops[b]:
+            below = [n.path for n in nodes if top == "" or n.path == top or n.path.startswith(top + ".")]
+            tracked = list({id(modules[p]): modules[p] for p in below if p in modules}.values())
+            counted = _counted(top, b, replay_of, model, backward, tracked, out.errors)
+            if counted is None:
+                found.update(dict.fromkeys(below))  # uncounted: never proven equal to anything
+                continue
+            fwd, bwd, moved = counted.flops["fwd"], counted.flops["bwd"], counted.flops["bytes"]
+            for path in below:
+                module = modules.get(path)
+                if module is not None and id(module) not in shared:
+                    key = id(module)
+                    found[path] = (fwd.get(key, 0), bwd.get(key, 0), moved.get(key, 0))
+        out.flops.append(found)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _counted(
+    top: str,
+    batch: int,
+    replay_of: Callable[[str, int, bool], Replay],
+    model: nn.Module,
+    backward: bool,
+    tracked: Sequence[nn.Module],
+    errors: dict[str, str],
+) -> _Attribution | None:
+    """``top``'s counts, its floating inputs requiring grad, else on its call as the step made it;
+    ``None`` (the error in ``errors``) when both raised."""
+    for every_grad in (True, False):
+        try:
+            with StateGuard(model):
+                return _count_top(replay_of(top, batch, every_grad), backward, tracked)
+        except Exception as e:
+            if not every_grad:
+                errors.setdefault(top, error_text(e))
+    return None
+
+
+def census_of(
+    run: ComponentRun,
+    nodes: Sequence[Node],
+    modules: Mapping[str, nn.Module],
+    batches: Sequence[Mapping[str, ComponentInputs]],
+    tops: Sequence[Sequence[str]],
+) -> Census:
+    """:func:`count_step` of a run: each top replayed as the in-situ pass replays it (``run.inputs_for``:
+    its preprocessed call, kept for its own replay; ``run.replay``), its floating inputs requiring grad."""
+
+    def replay_of(top: str, b: int, every_grad: bool) -> Replay:
+        inputs = run.inputs_for(top, modules[top], batches[b], b, keep=True)
+        return run.replay(modules[top], with_grad(inputs) if every_grad else inputs, batches[b][top])
+
+    return count_step(tops, replay_of, run.model, nodes, modules, len(batches), backward=run.cfg.backward)
