@@ -13,7 +13,7 @@ Each rank:
    profile and after one more real step on both;
 5. writes ``OUT/<sharding>/rank_<r>.json``: the plan, the report's rows (``path -> [status, error, note,
    module_type, total_ms, fwd_ms, bwd_ms, comm_bytes, comm_ms, bytes, details["comm"], details["no_backward"],
-   {details "torchrec", "parts", "planned", "ranks"}]``), ``torchrec_planned``
+   {details "torchrec", "parts", "planned", "ranks", "flags", "own_flags"}]``), ``torchrec_planned``
    (:func:`cb_callback.integrations.torchrec.planned_perf` of the plan), the
    twin comparison (``state_diff_after_profile``, ``state_diff_after_step``: the names of the tensors that differ),
    and ``error`` (the profile's exception, if it raised; the script still writes its file).
@@ -175,6 +175,10 @@ def state_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return [n for n in names if n not in a or n not in b or not torch.equal(a[n], b[n])]
 
 
+#: The row details a rank's JSON keeps.
+DETAIL_KEYS = ("torchrec", "parts", "planned", "ranks", "flags", "own_flags")
+
+
 def rows_of(report: Any) -> dict[str, list[Any]]:
     def num(v: float) -> float | None:
         return v if v == v and abs(v) != float("inf") else None
@@ -183,7 +187,7 @@ def rows_of(report: Any) -> dict[str, list[Any]]:
         r.path: [
             r.status, r.error, r.note, r.module_type, num(r.total_ms), num(r.fwd_ms), num(r.bwd_ms),
             num(r.comm_bytes), num(r.comm_ms), num(r.bytes), r.details.get("comm"), r.details.get("no_backward"),
-            {k: r.details[k] for k in ("torchrec", "parts", "planned", "ranks") if k in r.details},
+            {k: r.details[k] for k in DETAIL_KEYS if k in r.details},
         ]
         for r in report.rows
     }  # fmt: skip

@@ -113,7 +113,10 @@ def test_the_sharded_embedding_metric_splits_the_row_and_puts_the_plan_beside_it
     # the measured split: the lookup alone is the forward compute; no collective ran, so no comms
     measured = planned["measured"]
     assert measured["fwd_compute_ms"] == part["fwd_ms"] and measured["fwd_comms_ms"] == 0.0
-    assert measured["bwd_compute_ms"] == ebc.bwd_ms and measured["total_ms"] == ebc.total_ms
+    # the backward compute too is the lookup's own, timed alone (not the row's bwd_ms minus its comms)
+    assert part["bwd_ms"] > 0 and part["bwd_runs"] >= 5
+    assert measured["bwd_compute_ms"] == part["bwd_ms"] and measured["total_ms"] == ebc.total_ms
+    assert planned["measured_how"] == {"fwd_compute_ms": "measured", "bwd_compute_ms": "measured"}
     planned_total = want["ranks"]["0"]["total_ms"] + planned["input_dist_comms_ms"]  # its input all-to-all joins
     assert planned["ratio"]["total_ms"] == ebc.total_ms / planned_total
     # other rows get nothing from it

@@ -8,7 +8,8 @@ values):
   but were measured on their own (the torchrec integration's local embedding
   lookups of a sharded module: hidden in plain lists, they are no rows). Each
   part is a dict with ``name`` and, when measured, ``fwd_ms`` (a forward of the
-  part alone, per call of the component) and ``bytes`` (its memory traffic); the
+  part alone, per call of the component), ``bwd_ms`` (its backward alone) and
+  ``bytes`` (its memory traffic); the
   engine adds ``gbps`` (``bytes / fwd_ms``) and ``bw_util`` (that over the peak
   bandwidth: the copy ceiling a CPU calibrates, the device's table figure on a
   GPU). Other keys are the plugin's.
@@ -18,7 +19,12 @@ values):
   optionally ``input_dist_comms_ms`` (a forward collective the planner reports
   apart) and ``total_ms`` (the planner's own total, which may leave that out).
   The engine adds ``measured``: the same split of this row, see
-  :func:`measured_split`, and ``ratio`` (measured over planned, per part).
+  :func:`measured_split`; ``measured_how``: whether each compute value was
+  measured (the parts timed alone) or derived (the row's time minus its
+  collectives'), see :func:`split_sources`; ``derived_negative`` (only when a
+  derivation came out below zero: its raw value, the value itself being
+  ``None``, and the row's ``details["own_flags"]`` gets ``"derived_negative"``);
+  and ``ratio`` (measured over planned, per part).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Any, TypeGuard
 
 from cb_callback._report.model import ComponentRow
 
-__all__ = ["PLANNED_PARTS", "derive_parts", "measured_split"]
+__all__ = ["PLANNED_PARTS", "derive_parts", "measured_split", "split_sources"]
 
 #: The parts of a measured-vs-planned comparison, in the order they are shown.
 PLANNED_PARTS = ("fwd_compute_ms", "fwd_comms_ms", "bwd_compute_ms", "bwd_comms_ms", "total_ms")
@@ -50,6 +56,23 @@ def _comm_ms(row: ComponentRow, phase: str) -> float | None:
     return float(sum(times))
 
 
+def _parts_sum(row: ComponentRow, key: str) -> float | None:
+    """``key`` (``fwd_ms`` / ``bwd_ms``) summed over the row's parts when every part has it, else ``None``."""
+    parts = [p for p in row.details.get("parts") or () if isinstance(p, Mapping)]
+    values = [v for p in parts if _finite(v := p.get(key))]
+    if not parts or len(values) != len(parts):
+        return None
+    return float(sum(values))
+
+
+def _difference(total: float, comm: float | None) -> float | None:
+    """``total - comm``: what the timed runs spent outside waited collectives; ``None`` below zero or unknown."""
+    if not _finite(total) or comm is None:
+        return None
+    diff = total - comm
+    return diff if diff >= 0 else None
+
+
 def measured_split(row: ComponentRow) -> dict[str, float | None]:
     """This row's time split as a planner splits it (ms per call; ``None`` where unknown).
 
@@ -57,30 +80,52 @@ def measured_split(row: ComponentRow) -> dict[str, float | None]:
       (``details["comm"]``: each waited for as it was issued, in passes of their
       own), all of them: a planner's ``input_dist_comms_ms`` is compared to a
       part of ``fwd_comms_ms``, so the planned side adds it in.
-    * ``fwd_compute_ms``: the measured parts' ``fwd_ms`` summed when the row has
-      parts (the local lookups alone), else ``fwd_ms`` minus ``fwd_comms_ms``;
-      ``bwd_compute_ms``: ``bwd_ms`` minus ``bwd_comms_ms``. A difference is
-      what the timed runs spent outside waited collectives: where the real step
-      overlaps communication with compute, it is an upper bound of the compute.
+    * ``fwd_compute_ms`` / ``bwd_compute_ms``: measured, where the row has parts
+      timed alone (the local lookups, their forward resp. their backward, with
+      no collective in them): their sum. Otherwise, derived: ``fwd_ms`` minus
+      ``fwd_comms_ms`` (``bwd_ms`` minus ``bwd_comms_ms``), two times of
+      separate passes; where the real step overlaps communication with compute
+      that is an upper bound of the compute. A derivation below zero (the
+      collectives' passes were slower than the row's: the ranks' skew) is no
+      value, ``None``: :func:`split_sources` says so and the row gets the
+      ``derived_negative`` flag, never a 0.
     * ``total_ms``: the row's ``total_ms``.
     """
     fwd_comm, bwd_comm = _comm_ms(row, "forward"), _comm_ms(row, "backward")
-    parts = [p.get("fwd_ms") for p in row.details.get("parts") or () if isinstance(p, Mapping)]
-    timed = [float(t) for t in parts if _finite(t)]
-    if parts and len(timed) == len(parts):
-        fwd_compute: float | None = sum(timed)
-    elif _finite(row.fwd_ms) and fwd_comm is not None:
-        fwd_compute = max(row.fwd_ms - fwd_comm, 0.0)
-    else:
-        fwd_compute = None
-    bwd_compute = max(row.bwd_ms - bwd_comm, 0.0) if _finite(row.bwd_ms) and bwd_comm is not None else None
+    fwd = _parts_sum(row, "fwd_ms")
+    bwd = _parts_sum(row, "bwd_ms")
     return {
-        "fwd_compute_ms": fwd_compute,
+        "fwd_compute_ms": fwd if fwd is not None else _difference(row.fwd_ms, fwd_comm),
         "fwd_comms_ms": fwd_comm,
-        "bwd_compute_ms": bwd_compute,
+        "bwd_compute_ms": bwd if bwd is not None else _difference(row.bwd_ms, bwd_comm),
         "bwd_comms_ms": bwd_comm if _finite(row.bwd_ms) else None,
         "total_ms": row.total_ms if _finite(row.total_ms) else None,
     }
+
+
+def split_sources(row: ComponentRow) -> dict[str, Any]:
+    """How each compute value of :func:`measured_split` was obtained.
+
+    ``{"fwd_compute_ms": how, "bwd_compute_ms": how}``, ``how`` one of
+    ``"measured"`` (the parts timed alone), ``"derived"`` (the row's time minus
+    its collectives'), ``"unknown"``; and ``"negative"``: the derivations that
+    came out below zero, ``{key: row time - comms time}`` (ms), empty if none.
+    """
+    out: dict[str, Any] = {"negative": {}}
+    for key, total, phase, part in (
+        ("fwd_compute_ms", row.fwd_ms, "forward", "fwd_ms"),
+        ("bwd_compute_ms", row.bwd_ms, "backward", "bwd_ms"),
+    ):
+        comm = _comm_ms(row, phase)
+        if _parts_sum(row, part) is not None:
+            out[key] = "measured"
+        elif _finite(total) and comm is not None:
+            out[key] = "derived"
+            if total - comm < 0:
+                out["negative"][key] = total - comm
+        else:
+            out[key] = "unknown"
+    return out
 
 
 def _planned_split(planned: Mapping[str, Any]) -> dict[str, float | None]:
@@ -109,6 +154,13 @@ def derive_parts(row: ComponentRow, peak_bandwidth: float | None) -> None:
     measured = measured_split(row)
     on_split = _planned_split(planned)
     planned["measured"] = measured
+    sources = split_sources(row)
+    planned["measured_how"] = {k: v for k, v in sources.items() if k != "negative"}
+    if sources["negative"]:
+        planned["derived_negative"] = sources["negative"]
+        flags = row.details.setdefault("own_flags", [])
+        if "derived_negative" not in flags:
+            flags.append("derived_negative")
     planned["planned_on_split"] = on_split
     ratio: dict[str, float | None] = {}
     for key in PLANNED_PARTS:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from cb_callback._engine.config import BenchmarkConfig
-from cb_callback._engine.inputs import ComponentInputs, replicate_batch, to_device
+from cb_callback._engine.inputs import _BATCH_RULES, ComponentInputs, _has_rule, replicate_batch, to_device
 from cb_callback._engine.plugins import PrepareContext, Preprocessor
 
 __all__ = ["ReplicateBatch", "ToDevice", "builtin_preprocessors"]
@@ -28,16 +30,57 @@ class ReplicateBatch(Preprocessor):
         if batch_size < 1:
             raise ValueError(f"ReplicateBatch(batch_size={batch_size!r}): expected an integer >= 1")
         self.batch_size = batch_size
+        #: The components refused this run (their inputs cannot be replicated), and why.
+        self._refused: dict[str, str] = {}
 
     def process_inputs(self, inputs: ComponentInputs, ctx: PrepareContext) -> ComponentInputs:
         if ctx.batch_size is None or ctx.batch_size == self.batch_size:
             return inputs
+        self._refuse_unsized(inputs, ctx)
         if isinstance(ctx.module, nn.EmbeddingBag):
             bags = _replicate_bags(inputs, ctx.batch_size, self.batch_size)
             if bags is not None:
                 return bags
         args, kwargs = replicate_batch((inputs.args, inputs.kwargs), ctx.batch_size, self.batch_size)
         return dataclasses.replace(inputs, args=tuple(args), kwargs=dict(kwargs))
+
+    def _refuse_unsized(self, inputs: ComponentInputs, ctx: PrepareContext) -> None:
+        """Raise (the row fails with the reason) for a component that holds an input with a batch rule but no
+        single batch size (a variable-batch ``KeyedJaggedTensor``), and for every component under one.
+
+        Such an input cannot be tiled; replicating the rest of the component's inputs, or its children's,
+        would measure a parent at the captured batch and its children at ``batch_size`` (an estimated
+        container then reads several times its parent). Parents are preprocessed before their children
+        (the replays go breadth-first from the root).
+        """
+        path = ctx.path or ""
+        above = next((p for p in self._refused if p == "" or path == p or path.startswith(p + ".")), None)
+        if above is None:
+            where = unsized_batch_leaf((inputs.args, inputs.kwargs))
+            if where is None:
+                return
+            self._refused[path] = f"its input {where} has no single batch size to replicate (a batch size per key: VBE)"
+            above = path
+        if above == path:
+            why = self._refused[path]
+        else:
+            why = f"it is under {above or '(root)'}, which is refused ({self._refused[above]})"
+        raise ValueError(
+            f"ReplicateBatch(batch_size={self.batch_size}) refuses this component: {why}; a component and its "
+            "children are replicated alike or not at all (profile without batch_size=)"
+        )
+
+
+def unsized_batch_leaf(tree: Any) -> str | None:
+    """The first leaf of ``tree`` whose type has a batch rule that gives it no batch size (its type name), if any.
+
+    A variable-batch ``KeyedJaggedTensor`` (VBE: a batch size per key) is one: the torchrec integration's
+    rule returns ``None`` for it.
+    """
+    for x in pytree.tree_leaves(tree, is_leaf=_has_rule):
+        if _has_rule(x) and _BATCH_RULES[type(x)].size(x) is None:
+            return type(x).__qualname__
+    return None
 
 
 def _replicate_bags(inputs: ComponentInputs, batch: int, n: int) -> ComponentInputs | None:

@@ -108,17 +108,22 @@ def _planned_lines(report: Report) -> list[str]:
     rows = [r for r in report.rows if isinstance(r.details.get("planned"), Mapping)]
     if not rows:
         return []
-    lines = ["measured vs planned (ms per call; x: measured / planned):"]
+    lines = ["measured vs planned (ms per call; x: measured / planned; compute measured alone unless 'derived'):"]
     for r in rows:
         p = r.details["planned"]
         if "error" in p:
             lines.append(f"  {_label(r)}: no estimate ({p['error']})")
             continue
         measured, planned, ratio = p.get("measured", {}), p.get("planned_on_split", {}), p.get("ratio", {})
+        how, negative = p.get("measured_how") or {}, p.get("derived_negative") or {}
         cells = []
         for key, name in _PARTS:
             x = f" (x{ratio[key]:.3g})" if _finite(ratio.get(key)) else ""
-            cells.append(f"{name} {_g(measured.get(key))} vs {_g(planned.get(key))}{x}")
+            if key in negative:  # a derivation below zero: no value (the row is flagged derived_negative)
+                got = f"<0 (derived {_g(negative[key])})"
+            else:
+                got = _g(measured.get(key)) + (" (derived)" if how.get(key) == "derived" else "")
+            cells.append(f"{name} {got} vs {_g(planned.get(key))}{x}")
         lines.append(f"  {_label(r)} [{p.get('source', 'planner')}]: " + "; ".join(cells))
     return lines
 

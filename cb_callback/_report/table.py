@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cb_callback._report.distributed import distributed_lines
+from cb_callback._report.reduced import reduced_lines
 from cb_callback._report.schema import STATUSES
 
 if TYPE_CHECKING:
@@ -238,9 +239,13 @@ def format_summary(report: Report, top: int = 10) -> str:
         lines += [
             "",
             f"top {len(hot)} hotspots ({HOTSPOTS_ARE}; by {_RANKINGS.get(ranking, ranking)}"
-            + ("; ×N: N rows of repeated structure, the share theirs together" if any(n > 1 for _, n, _ in hot) else "")
+            + (
+                "; ×N: N rows of repeated structure, the share theirs together, calls each one's (a+b+…: unequal)"
+                if any(n > 1 for _, n, _, _ in hot)
+                else ""
+            )
             + "):",
-            *_aligned(header, [_with_p90(_hot_cells(r, n, share), r, multi) for r, n, share in hot]),
+            *_aligned(header, [_with_p90(_hot_cells(r, n, share, calls), r, multi) for r, n, share, calls in hot]),
         ]
 
     # Only ``error`` counts: a row that has just a note is a normal container, not a failure.
@@ -257,6 +262,8 @@ def format_summary(report: Report, top: int = 10) -> str:
     if what_if:
         lines += ["", *what_if]
     lines += distributed_lines(report)
+    reduced = reduced_lines(report)
+    lines += ["", *reduced] if reduced else []
     lines += quality_lines(report)
     return "\n".join(lines)
 
@@ -373,10 +380,10 @@ def quality_lines(report: Report) -> list[str]:
     return lines
 
 
-def _collapsed(hot: list[ComponentRow], top: int) -> list[tuple[ComponentRow, int, float]]:
+def _collapsed(hot: list[ComponentRow], top: int) -> list[tuple[ComponentRow, int, float, list[int]]]:
     """The top ``top`` hotspots with each row taken from a representative folded into the row it
-    was taken from: ``(row, rows folded in, their shares summed)``, ranked by that sum (by the
-    hotspots' own order when a share is unknown)."""
+    was taken from: ``(row, rows folded in, their shares summed, each one's calls)``, ranked by that
+    sum (by the hotspots' own order when a share is unknown)."""
     out: dict[str, list[Any]] = {}
     for r in hot:
         source = r.details.get("from") if r.details.get("as") == "representative" else None
@@ -386,20 +393,36 @@ def _collapsed(hot: list[ComponentRow], top: int) -> list[tuple[ComponentRow, in
             out[key][2] += r.share if math.isfinite(r.share) else 0.0
             if r.path == key:  # the measured row itself, met after a row taken from it: shown instead
                 out[key][0] = r
+                out[key][3].insert(0, r.calls)
+            else:
+                out[key][3].append(r.calls)
         else:
-            out[key] = [r, 1, r.share if math.isfinite(r.share) else math.nan]
+            out[key] = [r, 1, r.share if math.isfinite(r.share) else math.nan, [r.calls]]
     folded = list(out.values())
-    if all(math.isfinite(share) for _, _, share in folded):  # a group ranks by what it costs together
+    if all(math.isfinite(item[2]) for item in folded):  # a group ranks by what it costs together
         folded.sort(key=lambda item: -item[2])
-    return [(r, n, share) for r, n, share in folded[:top]]
+    return [(r, n, share, calls) for r, n, share, calls in folded[:top]]
 
 
-def _hot_cells(row: ComponentRow, n: int, share: float) -> list[str]:
-    """A hotspot's cells; with ``n`` rows of repeated structure folded in, ``path ×n`` and their share."""
+def _folded_calls(calls: list[int]) -> str:
+    """The ``calls`` cell of a folded line: each member's, ``3+1+1`` when they differ (``1`` when every
+    member was called once); past 6 members ``1–3 (Σ 40)``."""
+    if len(set(calls)) == 1:
+        return str(calls[0])
+    if len(calls) <= 6:
+        return "+".join(str(c) for c in calls)
+    return f"{min(calls)}–{max(calls)} (Σ {sum(calls)})"
+
+
+def _hot_cells(row: ComponentRow, n: int, share: float, calls: list[int] | None = None) -> list[str]:
+    """A hotspot's cells; with ``n`` rows of repeated structure folded in, ``path ×n``, their share
+    and each one's calls (:func:`_folded_calls`)."""
     cells = _summary_cells(row)
     if n > 1:
         cells[0] = f"{cells[0]} ×{n}"
         cells[SUMMARY_HEADERS.index("share %")] = _num(share, 1, 100.0)
+        if calls:
+            cells[SUMMARY_HEADERS.index("calls")] = _folded_calls(calls)
     return cells
 
 

@@ -18,6 +18,10 @@ needs to profile torchrec models (through ``cb_callback``'s public API only):
 * the unsharded paths of ``DistributedModelParallel`` models (``sparse_arch.…``,
   not ``_dmp_wrapped_module.module.sparse_arch.…``; see :func:`register_dmp_paths`),
   and replays that wait on a sharded module's ``LazyAwaitable`` output;
+* the :class:`ReducedTableMetric` (see :mod:`._reduced`): every row holding a
+  table that :class:`ReduceHashSize` shrank is flagged ``hash_reduced`` (and
+  ``hash_collapsed`` when the remap fell distinct ids onto one row), says which
+  columns come from the shrunk table, and has its bytes at the real size;
 * the :class:`ShardedEmbeddingMetric` (see :mod:`._stages`): a sharded
   embedding module's row split into its input all-to-all, local lookups (with
   bytes and bandwidth) and output all-to-all, and torchrec's planner estimate
@@ -51,6 +55,7 @@ from ._jagged import (
     take_kt,
 )
 from ._planner import planned_perf
+from ._reduced import ReducedTableMetric, register_reduced_table_metric
 from ._sharded import ShardedModelCheck, dmp_unwrapper, register_awaitable_outputs, register_dmp_paths, unwrap_model
 from ._stages import ShardedEmbeddingMetric, register_default_sharded_metric, register_sharded_metric
 from ._traffic import (
@@ -61,6 +66,7 @@ from ._traffic import (
 
 __all__ = [
     "ReduceHashSize",
+    "ReducedTableMetric",
     "ShardedEmbeddingMetric",
     "ShardedModelCheck",
     "dmp_unwrapper",
@@ -93,6 +99,7 @@ def register() -> None:
     register_dmp_paths()
     register_awaitable_outputs()
     register_default_sharded_metric()
+    register_reduced_table_metric()
 
 
 register()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 import cb_callback
 
 from ._copy import copy_paths, shallow_copy
+from ._reduced import ACTIVE, ReducedTable
 
 __all__ = ["ReduceHashSize"]
 
@@ -62,12 +64,14 @@ def _tables(model: nn.Module) -> Iterator[_Table]:
             yield _Table(f"{prefix}{attr}.{name}", path, name, table, configs.get(name))
 
 
-def _remap_hook(rows: int) -> Callable[..., Any]:
+def _remap_hook(rows: int, record: ReducedTable) -> Callable[..., Any]:
     def remap(ids: Any) -> Any:
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
             return ids
         with cb_callback.unobserved():  # the id remap is not the component's work
-            return torch.remainder(ids, rows)
+            out = torch.remainder(ids, rows)
+            record.count(ids, out)  # only in an observed (untimed) pass: distinct ids before and after
+            return out
 
     def reduce_hash_size_remap(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if args:
@@ -141,18 +145,31 @@ class ReduceHashSize(cb_callback.Preprocessor):
         max_rows: the most rows a profiled table keeps (>= 1).
 
     Notes:
-        What reduction changes: a lookup touches the same number of rows of the
-        same width, so bytes and FLOPs are those of the original table, but the
-        rows come from a table of ``max_rows`` rows, so more of them are in
-        cache (and TLB) than in the real table: reduced tables read as faster
-        than the original, most when the ids are spread (uniform) and least when
-        a few hot ids dominate (Zipf). ``params_mb`` of a reduced table (and its
-        ancestors) is the reduced size; the original sizes are in the metadata.
-        A dense backward's table-sized gradient is the reduced one. The remap
-        (``id % max_rows``) runs outside the FLOP and byte counters but inside
-        the timed forward (one elementwise pass over the ids), and its output
-        (the remapped ids) is in the table's ``peak_mem_mb``. Fused
-        (``FusedEmbeddingBagCollection``, fbgemm TBE) and sharded tables are
+        What reduction changes, and how the report says it (the integration's
+        :class:`~._reduced.ReducedTableMetric`): every measured row whose
+        subtree holds a remapped table is flagged ``hash_reduced`` and its
+        ``details["hash_size"]`` gives each such table's real and reduced rows
+        and which columns come from which table. A lookup touches the same
+        number of rows of the same width, so bytes and FLOPs are those of the
+        real table; an op over a whole table-sized tensor (the sum of a shared
+        table's dense gradients, one per call) is counted at the real size (its
+        table-sized tensors scaled by ``real / reduced`` rows). Times are *not*
+        scaled: the rows come from a table of ``max_rows`` rows, so more of them
+        are in cache (and TLB) than in the real table and reduced tables read
+        as faster than the original, most when the ids are spread (uniform) and
+        least when a few hot ids dominate (Zipf); the rates derived from times
+        (TFLOP/s, GB/s, ``bw_util``, MFU), ``params_mb``, the memory columns and
+        the working set (so the bandwidth ceiling: often a cache level where the
+        real table would be served from DRAM) are the reduced table's too. The
+        original sizes are in the metadata and the summary. The remap (``id %
+        max_rows``) can fall distinct ids onto one row (a strided id space):
+        the observed pass counts the distinct ids before and after it, and a row
+        where fewer remain is flagged ``hash_collapsed`` (its lookups touch
+        fewer distinct rows than the real step's). The remap runs outside the
+        FLOP and byte counters but inside the timed forward (one elementwise
+        pass over the ids), and its output (the remapped ids) is in the table's
+        ``peak_mem_mb``. Fused (``FusedEmbeddingBagCollection``, fbgemm TBE)
+        and sharded tables are
         not rebuilt; they are listed under ``"not_reduced"``.
     """
 
@@ -163,6 +180,7 @@ class ReduceHashSize(cb_callback.Preprocessor):
             raise ValueError(f"ReduceHashSize(max_rows={max_rows!r}): expected an integer >= 1")
         self.max_rows = max_rows
         self._handles: list[RemovableHandle] = []
+        self._active: list[weakref.ref[nn.Module]] = []  # the tables this run rebuilt, in ACTIVE while it runs
         self._prepared = False
         self._warned = False
 
@@ -204,7 +222,11 @@ class ReduceHashSize(cb_callback.Preprocessor):
                 torch.manual_seed(ctx.config.seed + i)
                 table = _rebuild(t.module, new_rows, ctx.device, t.config)
                 if new_rows < rows:
-                    self._handles.append(table.register_forward_pre_hook(_remap_hook(new_rows), with_kwargs=True))
+                    record_t = ReducedTable(t.path, rows, new_rows)
+                    hook = _remap_hook(new_rows, record_t)
+                    self._handles.append(table.register_forward_pre_hook(hook, with_kwargs=True))
+                    ACTIVE[table] = record_t
+                    self._active.append(weakref.ref(table))
                 owner = modules[t.collection]
                 attr = "embedding_bags" if isinstance(owner, EmbeddingBagCollection) else "embeddings"
                 container = shallow_copy(getattr(owner, attr))
@@ -250,6 +272,11 @@ class ReduceHashSize(cb_callback.Preprocessor):
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for ref in self._active:
+            table = ref()
+            if table is not None:
+                ACTIVE.pop(table, None)
+        self._active.clear()
 
 
 def _not_reduced(model: nn.Module) -> list[str]:

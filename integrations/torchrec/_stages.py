@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -40,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import cb_callback
 
+from ._hidden import tbe_modules
 from ._planner import module_perf, rank_topology
 from ._traffic import tbe_op_bytes
 
@@ -182,7 +183,12 @@ class _StagesInstrument:
                 h.remove()
 
     def _time(self, i: int) -> dict[str, Any]:
-        """The lookup's forward alone, on this rank (no collective): median ms, runs."""
+        """The lookup alone, on this rank (no collective): its forward's and its backward's median ms, runs.
+
+        The backward is timed on its own (:func:`_backward_ms`): the sharded
+        row's backward compute is measured, not its ``bwd_ms`` minus the
+        collectives' times of other passes.
+        """
         lookup = self.lookups[i]
         if _cached(lookup):
             return {"not_timed": "a lookup with a cache updates it in its forward: not replayed alone"}
@@ -194,17 +200,16 @@ class _StagesInstrument:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
 
-        times: list[float] = []
+        def forward() -> None:
+            inner(*args, **kwargs)
+
         with torch.no_grad():
-            inner(*args, **kwargs)  # warm-up
-            sync()
-            start = time.perf_counter()
-            while len(times) < _MAX_RUNS and (len(times) < _MIN_RUNS or time.perf_counter() - start < _MIN_S):
-                t0 = time.perf_counter()
-                inner(*args, **kwargs)
-                sync()
-                times.append((time.perf_counter() - t0) * 1e3)
-        return {"fwd_ms": statistics.median(times), "runs": len(times)}
+            out: dict[str, Any] = _median_ms(forward, sync)
+        try:
+            out.update(_backward_ms(inner, args, kwargs, sync))
+        except Exception as e:  # the part keeps its forward; the split says the backward compute is unknown
+            out["bwd_not_timed"] = f"its backward alone raised {type(e).__name__}: {e}"
+        return out
 
     def _parts(self) -> list[dict[str, Any]]:
         rank, plan = _env_value(self.module, "rank"), self.plan
@@ -249,6 +254,87 @@ class _StagesInstrument:
             "parts": self._parts(),
             "planned": self._planned(),
         }
+
+
+def _median_ms(run: Callable[[], Any], sync: Callable[[], None]) -> dict[str, Any]:
+    """``run`` timed alone after one warm-up: ``fwd_ms`` (median ms) and ``runs``."""
+    run()
+    sync()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < _MAX_RUNS and (len(times) < _MIN_RUNS or time.perf_counter() - start < _MIN_S):
+        t0 = time.perf_counter()
+        run()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"fwd_ms": statistics.median(times), "runs": len(times)}
+
+
+def _backward_ms(
+    inner: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], sync: Callable[[], None]
+) -> dict[str, Any]:
+    """The lookup's backward alone, on this rank: ``bwd_ms`` (median ms of the backward only) and ``bwd_runs``.
+
+    Each run builds the lookup's graph with an untimed forward, then times
+    ``torch.autograd.grad`` of its outputs (gradient of ones) w.r.t. its
+    TBEs (:func:`_lookup_grad_targets`): a fused TBE's placeholder (its backward is
+    the gradient scatter and the fused optimizer update, undone with the rest
+    of the fused state after the run by the integration's state saver), a dense
+    TBE's weights (``autograd.grad`` writes no ``.grad``). No collective runs in
+    it: a data-parallel lookup's all-reduce is its ``DistributedDataParallel``
+    wrapper's, which is not called. ``bwd_not_timed`` says why when the lookup
+    has no backward.
+    """
+    targets = _lookup_grad_targets(inner)
+    if not targets:
+        return {"bwd_not_timed": "the lookup has no TBE or parameter that requires grad"}
+
+    def graph() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        with torch.enable_grad():
+            result = inner(*args, **kwargs)
+        outs = [t for t in torch.utils._pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and t.requires_grad]
+        return outs, [torch.ones_like(t) for t in outs]
+
+    outs, grads = graph()
+    if not outs:
+        return {"bwd_not_timed": "the lookup's output does not require grad"}
+    torch.autograd.grad(outs, targets, grads, allow_unused=True)  # warm-up
+    sync()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < _MAX_RUNS and (len(times) < _MIN_RUNS or time.perf_counter() - start < _MIN_S):
+        outs, grads = graph()
+        sync()
+        t0 = time.perf_counter()
+        torch.autograd.grad(outs, targets, grads, allow_unused=True)
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"bwd_ms": statistics.median(times), "bwd_runs": len(times)}
+
+
+def _lookup_grad_targets(inner: nn.Module) -> list[torch.Tensor]:
+    """What a lookup's backward differentiates against so that its TBEs' backward runs.
+
+    torchrec's lookups expose per-table *views* of a TBE's weights as their
+    parameters, which are not in the autograd graph: differentiating against
+    them prunes the TBE's backward. Each TBE's ``placeholder_autograd_tensor``
+    (a fused TBE: the input of its autograd function), or a dense TBE's own
+    weights, is what the graph holds (as the engine's grad targets,
+    :mod:`._grad_targets`); the lookup's other parameters that require grad
+    are added, duplicates dropped by identity.
+    """
+    out: list[torch.Tensor] = []
+    for tbe in tbe_modules(inner):
+        placeholder = getattr(tbe, "placeholder_autograd_tensor", None)
+        if isinstance(placeholder, torch.Tensor) and placeholder.requires_grad:
+            out.append(placeholder)
+        else:
+            out.extend(p for p in tbe._parameters.values() if p is not None and p.requires_grad)
+    out.extend(p for p in inner.parameters() if p.requires_grad)
+    unique: dict[int, torch.Tensor] = {}
+    for t in out:
+        unique.setdefault(id(t), t)
+    return list(unique.values())
 
 
 def _device_type(module: nn.Module) -> str:
