@@ -1,0 +1,205 @@
+"""The model zoo (issue 22, "a test that guards all of this"): the default profile and ``descend="all"`` agree.
+
+A copy is a claim (docs: DESIGN, "A copy is a claim"): the default's triage measures repeated structure
+once and copies it to the other members, so on every row its FLOPs, bytes, saved activations and status
+must be those of the complete tree, which measures every component itself. Only times may differ.
+Each model of :mod:`tests._zoo_models` is one case: a MoE with routing, a stack with one checkpointed
+member, convs differing in attributes, blocks with a scalar argument, self-conditioning, a logged probe,
+torchrec's DLRM with a shared table, a GPT and a CNN with BatchNorm in train mode.
+
+Three properties are wrong in *both* modes when they are wrong (a module called under ``no_grad`` and
+then with grad, a probe no loss reaches, a table shared by two features): the agreement cannot see them,
+so those cases also check them (``test_zoo_backward_is_the_one_that_ran_*``,
+:func:`test_zoo_shared_table_is_measured_on_both_features`). The profiles of a case are taken once per
+session and shared by its tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from cb_callback import Report, profile_components
+from cb_callback._report.model import ComponentRow
+from tests._zoo_models import BUILDERS, expert_tokens
+from tests.conftest import FAST
+
+#: FAST (one untimed-warm-up-free run per pass), fixed peaks (no CPU calibration: rates are not compared),
+#: and a triage that is still the default's: one in-situ pass (the groups and the members measured
+#: alone need in-situ times; without them "hotspots" goes level by level and groups nothing),
+#: ``representatives=1`` (the default) and ``descend_share=0``, so no subtree is left ``skipped`` for a
+#: small share: every row the default reports is measured or copied, and comparable with "all".
+SETTINGS: dict[str, Any] = dict(
+    FAST, peak_flops=1e12, peak_bandwidth=1e11, insitu_passes=1, representatives=1, descend_share=0.0, rounds=1
+)
+
+#: The columns that must agree: the work (FLOPs, bytes), the memory, what happened (status) and how
+#: often it happened (``calls``, from the capture: the same in both modes by construction).
+COLUMNS = ("status", "calls", "fwd_flops", "bwd_flops", "bytes", "activation_mb")
+
+#: Relative tolerance of the float columns. FLOPs and bytes are integer counts, exact in float64 (below
+#: 2**53), and ``activation_mb`` is a byte count over 2**20: measured twice on the same inputs they are
+#: equal bit for bit. The tolerance only absorbs a different summation order in an estimated
+#: container (a sum of children); one FLOP in 1e8 (1e-8) is still a difference.
+REL_TOL = 1e-9
+
+
+@dataclass
+class Profiled:
+    """Both profiles of one model and what changed in its training state."""
+
+    default: Report
+    full: Report
+    state_changes: list[str]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values; NaN equals NaN (a column neither mode could fill)."""
+    if isinstance(a, float) and isinstance(b, float):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=0.0)
+    return bool(a == b)
+
+
+def _provenance(row: ComponentRow) -> str:
+    """How the default got the row (``as``/``from`` of the triage), its error if any."""
+    bits = [f"as={row.details['as']}"] if "as" in row.details else []
+    bits += [f"from={row.details['from']}"] if "from" in row.details else []
+    bits += [f"error={row.error}"] if row.error else []
+    return f" [{', '.join(bits)}]" if bits else ""
+
+
+def row_diff(default: Report, full: Report, columns: Iterable[str] = COLUMNS) -> list[str]:
+    """Every difference, one line each: ``path  column  default=…  all=…  [how the default got it]``."""
+    d_paths, a_paths = [r.path for r in default], [r.path for r in full]
+    if d_paths != a_paths:
+        missing = [p for p in a_paths if p not in d_paths]
+        extra = [p for p in d_paths if p not in a_paths]
+        if not missing and not extra:
+            return [f"row paths in another order: default={d_paths}, all={a_paths}"]
+        return [f"row paths differ: only in all={missing}, only in default={extra}"]
+    lines = []
+    for d_row, a_row in zip(default, full, strict=True):
+        for col in columns:
+            dv, av = getattr(d_row, col), getattr(a_row, col)
+            if not _same(dv, av):
+                lines.append(f"{d_row.path or '<root>'}  {col}  default={dv!r}  all={av!r}{_provenance(d_row)}")
+    return lines
+
+
+def _state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+
+
+def _state_changes(model: nn.Module, before: dict[str, torch.Tensor], when: str) -> list[str]:
+    """What differs from ``before``: a tensor of the state dict (values, dtype, shape), a gradient, a mode."""
+    after = model.state_dict()
+    out = [f"{when}: {k} changed" for k in before if k not in after or not torch.equal(before[k], after[k])]
+    out += [f"{when}: {k} appeared" for k in after if k not in before]
+    out += [f"{when}: {n}.grad is set" for n, p in model.named_parameters() if p.grad is not None]
+    out += [f"{when}: {n or '<root>'} is in eval mode" for n, m in model.named_modules() if not m.training]
+    return out
+
+
+@functools.cache
+def _profiled(case: str) -> Profiled:
+    """Profile ``case`` under the default and under ``descend="all"`` (the same model and inputs)."""
+    if case == "dlrm_shared":
+        pytest.importorskip("torchrec")
+    model, args = BUILDERS[case]()
+    assert model.training and all(p.grad is None for p in model.parameters())
+    before = _state(model)
+    torch.manual_seed(0)
+    default = profile_components(model, args, **SETTINGS)
+    changes = _state_changes(model, before, "after the default")
+    torch.manual_seed(0)
+    full = profile_components(model, args, descend="all", **SETTINGS)
+    changes += _state_changes(model, before, 'after descend="all"')
+    return Profiled(default, full, changes)
+
+
+CASES = list(BUILDERS)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_zoo_default_agrees_with_descend_all(case: str) -> None:
+    """Every row: the same paths, status, calls, FLOPs, bytes and saved activations in both modes."""
+    p = _profiled(case)
+    diff = row_diff(p.default, p.full)
+    assert not diff, f"{case}: the default and descend='all' differ on {len(diff)} cells:\n" + "\n".join(diff)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_zoo_leaves_training_state_untouched(case: str) -> None:
+    """Weights, buffers (BatchNorm's running statistics), gradients and train mode are as before both runs."""
+    p = _profiled(case)
+    assert not p.state_changes, "\n".join(p.state_changes)
+
+
+def test_zoo_moe_blocks_really_route_differently() -> None:
+    """The MoE case is only a case if its blocks differ: counted by hooks on one plain forward."""
+    model, args = BUILDERS["moe"]()
+    tokens = expert_tokens(model, args)
+    # 96 tokens per block; block 0 never picks expert 2, block 1 never expert 0 (router biases of -1e3).
+    assert [sum(b) for b in tokens] == [96, 96]
+    assert tokens[0][2] == 0 and tokens[1][0] == 0 and tokens[0][0] > 0 and tokens[1][2] > 0
+    assert tokens[0][1] != tokens[1][1]  # the expert both blocks run sees other token counts
+
+
+def _both(case: str) -> list[tuple[str, Report]]:
+    p = _profiled(case)
+    return [("default", p.default), ("all", p.full)]
+
+
+def _over_children(report: Report, column: str, path: str = "") -> float:
+    """The children's ``column`` over the step: per-call values times calls (NaN: none, 0)."""
+    values = (getattr(c, column) * c.calls for c in report.children(path))
+    return math.fsum(0.0 if math.isnan(v) else v for v in values)
+
+
+def test_zoo_backward_is_the_one_that_ran_self_conditioning() -> None:
+    """The denoiser's first call is under ``no_grad``, its second builds the graph the loss runs through:
+    its row has the second call's backward, not 0, and the root's FLOPs are its children's over the step
+    (``embed`` once, the denoiser twice; the root's own ``zeros_like`` counts none), in both modes."""
+    for mode, report in _both("self_cond"):
+        row = report.row("denoiser")
+        assert row.calls == 2, mode
+        assert row.bwd_flops > 0, f"{mode}: denoiser bwd_flops={row.bwd_flops!r} ({row.note})"
+        for col in ("fwd_flops", "bwd_flops"):
+            assert getattr(report.row(""), col) == _over_children(report, col), f"{mode}: {col}"
+
+
+def test_zoo_backward_is_the_one_that_ran_probe() -> None:
+    """The probe's output only reaches ``.item()``: the step runs no backward through it (0 or NaN), and
+    the root's backward is its children's (every child called once; the root's own ops count no FLOPs)."""
+    for mode, report in _both("probe"):
+        assert not report.row("probe").bwd_flops > 0, f"{mode}: probe bwd_flops={report.row('probe').bwd_flops!r}"
+        assert report.row("").bwd_flops == _over_children(report, "bwd_flops"), mode
+
+
+def test_zoo_shared_table_is_measured_on_both_features() -> None:
+    """``t_shared`` serves ``f_one`` (1 id per sample) and ``f_many`` (50): the step gathers 16 × (1 + 50) =
+    816 of its rows of 8 float32, 816 × 8 × 4 = 26,112 bytes, in the forward alone. Whether the row holds
+    a call's share or the step's, its bytes times its calls reach that (in both modes)."""
+    for mode, report in _both("dlrm_shared"):
+        row = report.row("sparse_arch.embedding_bag_collection.embedding_bags.t_shared")
+        assert row.bytes * max(row.calls, 1) >= 16 * (1 + 50) * 8 * 4, f"{mode}: bytes={row.bytes!r} calls={row.calls}"
+
+
+#: Cases whose equal blocks stay one group under any correct key (same configuration, calls and counted
+#: work): the default must still copy rows there, or their agreement says nothing about copies.
+COPYING = ("checkpoint", "gpt", "bn_cnn")
+
+
+@pytest.mark.parametrize("case", COPYING)
+def test_zoo_default_still_copies_equal_blocks(case: str) -> None:
+    triage = _profiled(case).default.metadata["triage"]
+    assert triage["groups"] >= 1 and triage["copied"] > 0, triage
