@@ -121,16 +121,22 @@ def test_merge_names_the_batch_that_failed_and_keeps_the_others() -> None:
     assert none.status == "failed" and none.error == "E: a"
 
 
+class _Switch:
+    """A flag in an object of its own: profiling restores a module's own attributes, not other objects."""
+
+    on = False
+
+
 class _FailsOnLong(nn.Module):
     """Raises in a replay of a batch longer than 8 (not in the capture forward, under the hooks)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 4)
-        self.replaying = False
+        self.replaying = _Switch()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.replaying and x.shape[0] > 8:
+        if self.replaying.on and x.shape[0] > 8:
             raise RuntimeError("too long")
         return self.lin(x)
 
@@ -140,7 +146,7 @@ def test_a_failure_on_one_batch_is_an_error_in_the_row_and_the_summary(monkeypat
     real = Capture.__exit__
 
     def exit_and_arm(self: Capture, *a: Any) -> Any:
-        model[0].replaying = True  # every forward after the capture is a replay
+        model[0].replaying.on = True  # every forward after the capture is a replay
         return real(self, *a)
 
     monkeypatch.setattr(Capture, "__exit__", exit_and_arm)

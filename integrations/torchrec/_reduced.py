@@ -41,6 +41,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import cb_callback
 
+from ._stages import _Nothing
+
 __all__ = ["FROM_REAL", "FROM_REDUCED", "ReducedTable", "ReducedTableMetric", "register_reduced_table_metric"]
 
 #: The columns a row with a reduced table takes from the reduced (shrunk) tables.
@@ -200,15 +202,6 @@ class _ReducedInstrument:
                 "table_sized_bytes": {"reduced": self.reduced, "real": self.reduced + sum(self.extra.values())},
             },
         }
-
-
-class _Nothing:
-    @contextlib.contextmanager
-    def observe(self, ctx: cb_callback.PassContext) -> Iterator[None]:
-        yield
-
-    def values(self) -> Mapping[str, Any]:
-        return {}
 
 
 class ReducedTableMetric:

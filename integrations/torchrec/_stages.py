@@ -343,6 +343,8 @@ def _device_type(module: nn.Module) -> str:
 
 
 class _Nothing:
+    """The instrument of a row a metric has nothing to observe on."""
+
     @contextlib.contextmanager
     def observe(self, ctx: cb_callback.PassContext) -> Iterator[None]:
         yield
