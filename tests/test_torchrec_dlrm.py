@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -64,7 +65,12 @@ def test_embedding_rows_are_memory_bound(report: Report) -> None:
     for row in [*tables, report.row("sparse_arch"), report.row("sparse_arch.embedding_bag_collection")]:
         # 0 FLOPs: under the memory roof ("memory" or, far from it, "latency": issue 22)
         assert row.bytes > 0 and row.fwd_flops == 0 and row.details["roofline"]["roof"] == "memory", row.path
-        assert row.gbps > 0 and row.bw_util > 0
+        if "at_floor" in row.details.get("flags", []):
+            # a time isolation cannot tell from a replay doing nothing derives no rate (issue 22);
+            # a busy machine's floor noise can swallow a 4-row table's lookup
+            assert math.isnan(row.gbps) and math.isnan(row.bw_util), row.path
+        else:
+            assert row.gbps > 0 and row.bw_util > 0, row.path
 
 
 def test_dense_and_over_arch_linear_flops_are_exact(report: Report) -> None:
