@@ -177,7 +177,7 @@ def test_over_peak_is_judged_against_the_working_sets_ceiling() -> None:
     out = assess(rows, {}, load=LoadProbe(before=None), threads=1)
     assert "in_cache" not in out.flags  # before: over_peak (bw_util 2.47 > 1)
     assert out.flags["too_fast"] == ["over_peak"] and out.flags["no_levels"] == ["over_peak"]
-    assert any("ceiling of the memory level their data fit" in a for a in out.quality["advice"])
+    assert any("bandwidth ceiling (the memory level their data fit" in a for a in out.quality["advice"])
 
 
 def test_a_relus_working_set_is_its_four_tensors() -> None:

@@ -101,7 +101,7 @@ def test_a_peak_key_the_registration_left_out_is_unknown_with_one_warning(
         resolve_peaks("cuda", "fp64")
     assert [str(w.message) for w in caught] == [
         "cb_callback: the registered GH200 96GB entry has no fp64 peak, so MFU is left "
-        "empty; pass peak_flops= (FLOP/s) to set it."
+        "empty; pass peak_flops=<FLOP/s> to set it."
     ]
     assert (first.flops, first.flops_source) == (None, "unknown")
     assert (first.bandwidth, first.bandwidth_source) == (4.0e12, "registered")

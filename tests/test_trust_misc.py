@@ -138,7 +138,7 @@ def test_a_dtype_without_any_peak_leaves_mfu_empty_with_one_warning() -> None:
         profile_components(nn.Linear(4, 2), (x,), dtype=torch.int8, peak_bandwidth=1e10, **FAST)
     assert [m for m in _ours(caught) if "peak FLOP/s" in m] == [
         "cb_callback: no peak FLOP/s is known for torch.int8 (peaks exist for ('fp32', 'tf32', "
-        "'bf16', 'fp16', 'fp8', 'fp64')), so MFU is left empty; pass peak_flops= (FLOP/s) to set it."
+        "'bf16', 'fp16', 'fp8', 'fp64')), so MFU is left empty; pass peak_flops=<FLOP/s> to set it."
     ]
     assert first.metadata["dtype"] == "torch.int8"
     assert first.metadata["peaks"]["flops"] is None
@@ -157,7 +157,7 @@ def test_fp64_on_a_gpu_is_unknown_but_its_bandwidth_known(monkeypatch: pytest.Mo
         hw.resolve_peaks("cuda", "fp64")
     assert _ours(caught) == [
         "cb_callback: the H100 SXM datasheet has no fp64 peak (the table records no FP64 rates), "
-        "so MFU is left empty; pass peak_flops= (FLOP/s) to set it."
+        "so MFU is left empty; pass peak_flops=<FLOP/s> to set it."
     ]
     assert (peaks.flops, peaks.flops_source) == (None, "unknown")
     assert (peaks.bandwidth, peaks.bandwidth_source) == (3.35e12, "datasheet")

@@ -22,15 +22,28 @@ The vocabulary (thresholds are module constants, recorded in the metadata):
   working set (``details["bw_ceiling"]``: the cache level its data fit, measured
   on CPU; DRAM's when it fits none): an in-cache ReLU beating the DRAM copy is
   not over its peak. Where no levels are known (a GPU), ``bw_util`` above 1.
-- ``contention``: evidence that the machine was busy while the row was timed:
-  the row's runs are slowed by whole multiples of one scheduling quantum (see
-  :func:`quantum_ms`), or the run as a whole shows a busy machine (more than
-  :data:`SWITCHES_PER_S_THRESHOLD` involuntary context switches per second
-  per thread, a load average above our own threads, a calibration that
-  disagreed with itself, a VM's steal time above :data:`STEAL_THRESHOLD`, a
-  reference GEMM slower than the process's best by :data:`SLOWDOWN_THRESHOLD`) and
-  the scheduler took the CPU away from this row
-  more often than that threshold too.
+- ``contention``: evidence that other processes took the CPU while the row was
+  timed: a signal that measures other processes says the machine was busy, and
+  the row itself shows preemption (its runs slowed by whole multiples of one
+  scheduling quantum, see :func:`quantum_ms`, or more than
+  :data:`SWITCHES_PER_S_THRESHOLD` involuntary context switches per second per
+  thread). On Linux that signal is other processes' CPU share over the profile
+  (:class:`LoadProbe`: ``/proc/stat``'s busy ticks of the CPUs this process may
+  use, less the CPU time of this process, every thread of it, and of its
+  descendants; :data:`OTHERS_THRESHOLD` beyond the CPUs the torch threads leave
+  free) or a VM's steal time above :data:`STEAL_THRESHOLD`. Not counted: the
+  trainer's own threads and children (a progress bar's refresh thread, a
+  logger, dataloader workers, fork children): Lightning's Rich bar wakes 100
+  times a second and raises the switch rate by as much, but uses no CPU the
+  compute needs. The load average (a minute behind, counting our own threads),
+  the switch rate and a quantum are evidence there, not a verdict. Without
+  ``/proc`` the signal is the load average above our own threads, a quantum, or
+  the switch rate where no other Python thread of ours is alive to cause it (a
+  baseline of the rate with the same threads alive would need a second or so of
+  extra timing per profile). The run is ``contended`` on that signal, on a
+  reference GEMM slower than the process's best by :data:`SLOWDOWN_THRESHOLD`,
+  or on a calibration that disagreed with itself; ``metadata["quality"]``
+  records ``others``, ``children``, ``own_pids`` and ``busy_by``.
 - ``insitu_mismatch``: the isolated ``fwd_ms`` and the in-situ ``insitu_ms``
   of a measured row differ by more than both rows' noise allows (see
   :func:`insitu_mismatch`): the component runs differently alone than inside
@@ -57,24 +70,43 @@ The vocabulary (thresholds are module constants, recorded in the metadata):
 from __future__ import annotations
 
 import math
+import os
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cb_callback._engine.advice import (
+    count,
+    insitu_advice,
+    method_advice,
+    noisy_advice,
+    parent_advice,
+    peak_advice,
+)
 from cb_callback._engine.floor import is_at_floor
 from cb_callback._engine.timing import SampleSet
-from cb_callback._hardware.load import LOAD_EXCESS_PER_CPU, available_cpus, load_average
+from cb_callback._hardware.load import (
+    LOAD_EXCESS_PER_CPU,
+    available_cpus,
+    cpu_lines,
+    load_average,
+    own_tree,
+    tree_ticks,
+)
 from cb_callback._hardware.peaks import CALIBRATION_SPREAD_LIMIT
 from cb_callback._report.model import ComponentRow
 
 __all__ = [
     "FLAGS",
     "NOISY_THRESHOLD",
+    "OTHERS_THRESHOLD",
     "OWN_FLAGS",
     "PARENT_MARGIN",
     "SWITCHES_PER_S_THRESHOLD",
     "Assessment",
+    "CpuTicks",
     "LoadProbe",
     "above_parent",
     "assess",
@@ -108,11 +140,13 @@ PARENT_MARGIN = 0.10
 PARENT_SLACK_MS = 0.02
 
 #: Involuntary context switches per second of sampling and per torch thread above
-#: which the whole run counts as timed under ``contention`` (and a row with such a
-#: rate is flagged when the run is). Measured on the 2-vCPU development VM
-#: (docs/quality.md): quiet, a whole profile sees 20-30 per second per thread (a
+#: which a row shows preemption (flagged ``contention`` when other processes were busy);
+#: without ``/proc`` and with no other thread of ours alive, the whole run's rate above it
+#: is the busy machine's evidence. Measured on the 2-vCPU development VM
+#: (docs/quality.md): quiet, a whole profile sees 10-30 per second per thread (a
 #: tiny component's runs up to 80: kernel threads preempt the spinning OpenMP
-#: workers, cheaply); with a second busy process on the machine, 120-130.
+#: workers, cheaply); with Lightning's Rich progress bar alive, 70-130 (its thread
+#: wakes 100 times a second); with two other busy processes, 120-135.
 SWITCHES_PER_S_THRESHOLD = 60.0
 
 #: ``insitu_mismatch`` needs the larger of ``fwd_ms`` and ``insitu_ms`` to exceed the smaller by this
@@ -131,6 +165,16 @@ _QUANTUM_MIN_VALUES = 12
 
 #: Steal time (a VM's CPUs given to other guests) above this fraction counts as a busy machine.
 STEAL_THRESHOLD = 0.05
+
+#: Other processes' CPU time (:attr:`LoadProbe.others`, in CPUs' worth) beyond the CPUs the torch
+#: threads leave free, as a fraction of the CPUs those threads need, above which the machine counts as
+#: busy: on 2 CPUs with 2 threads, others above 20 % of the CPU time (0.4 CPU). One spinning process
+#: there takes a third of the CPU time (3 runnable threads on 2 CPUs), two take half.
+OTHERS_THRESHOLD = 0.2
+
+#: Clock ticks per CPU that :attr:`LoadProbe.others` may be off by (``/proc/stat`` counts a CPU's
+#: ticks whole, twice: at the start and at the end); judged beyond them.
+_TICK_SLACK = 2
 
 #: A reference GEMM this much slower (median of the run ÷ fastest seen in the process)
 #: counts as a busy machine.
@@ -211,43 +255,97 @@ def is_noisy(samples: SampleSet) -> bool:
     return noise > NOISY_THRESHOLD and 1.57 * noise / math.sqrt(n) > MEDIAN_UNCERTAINTY
 
 
-def _cpu_ticks() -> tuple[int, int] | None:
-    """``(steal, total)`` jiffies of all CPUs from ``/proc/stat`` (Linux), else ``None``."""
+@dataclass(frozen=True)
+class CpuTicks:
+    """One reading of CPU time in clock ticks (USER_HZ), which two of make a :class:`LoadProbe`'s window.
+
+    Attributes:
+        busy: the CPUs this process may run on, their user + nice + system + irq + softirq ticks
+            (``/proc/stat``; not idle, iowait or steal).
+        steal: their steal ticks (a hypervisor running other guests).
+        total: all their ticks.
+        own: this process's utime + stime (every thread: a progress bar's, a logger's too).
+        children: its descendants' (alive: utime + stime + cutime + cstime) and every child it
+            reaped (its cutime + cstime): dataloader workers, fork children.
+        pids: this process, then the descendants alive at the reading.
+    """
+
+    busy: int
+    steal: int
+    total: int
+    own: int
+    children: int
+    pids: tuple[int, ...]
+
+
+def _cpu_ticks() -> CpuTicks | None:
+    """A :class:`CpuTicks` reading (Linux), else ``None``. The seam tests replace to inject a machine."""
     try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-    except OSError:
+        cpus: set[int] | None = set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = None
+    machine = cpu_lines(cpus)
+    if machine is None:
         return None
-    if not fields or fields[0] != "cpu" or len(fields) < 9:
-        return None
-    values = [int(v) for v in fields[1:]]
-    return values[7], sum(values[:8])
+    pids = own_tree()
+    own, children = tree_ticks(pids)
+    return CpuTicks(*machine, own, children, tuple(pids))
+
+
+def _other_threads() -> int:
+    """This process's live Python threads besides the calling one (a progress bar's refresh, a logger)."""
+    return sum(t.is_alive() for t in threading.enumerate()) - 1
 
 
 @dataclass
 class LoadProbe:
-    """The machine's 1-minute load average before and after profiling.
+    """What the machine did while profiling: the load average, steal time, other processes' CPU.
+
+    :meth:`stop` compares two :func:`_cpu_ticks` readings (``/proc``): the CPU time the CPUs
+    this process may use spent busy, less what this process (all its threads) and its
+    descendants (dataloader workers, fork children, whatever they started) used, is
+    what other processes used. The trainer's own threads and children are never counted.
 
     Attributes:
         before: load average when profiling started (``None`` where unknown).
         after: when it ended.
         cpus: CPUs this process may run on.
-        steal: fraction of the machine's CPU time the hypervisor gave to other
-            guests meanwhile (``/proc/stat``'s steal column; ``None`` where unknown).
+        steal: fraction of those CPUs' time the hypervisor gave to other guests meanwhile
+            (``/proc/stat``'s steal column; ``None`` where unknown).
+        others: fraction of those CPUs' time other processes used meanwhile (``None`` without
+            ``/proc``): 0.5 on 2 CPUs is one CPU's worth.
+        children: fraction this process's descendants used (counted as its own, not in ``others``).
+        own_pids: the processes counted as this one's own: itself first, then every descendant seen
+            at the start or the end.
+        span: the window's ticks over those CPUs (USER_HZ × seconds × CPUs): ``others`` is uncertain
+            by about two ticks per CPU in it.
+        other_threads: this process's Python threads besides the profiling one, alive at the start.
     """
 
     before: float | None = field(default_factory=load_average)
     after: float | None = None
     cpus: int = field(default_factory=available_cpus)
     steal: float | None = None
-    _ticks: tuple[int, int] | None = field(default_factory=lambda: _cpu_ticks(), repr=False)
+    others: float | None = None
+    children: float | None = None
+    own_pids: list[int] = field(default_factory=list)
+    span: int = 0
+    other_threads: int = field(default_factory=lambda: _other_threads())
+    _ticks: CpuTicks | None = field(default_factory=lambda: _cpu_ticks(), repr=False)
 
     def stop(self) -> None:
-        """Read the load average and the steal time again."""
+        """Read the load average and the CPU ticks again: ``steal``, ``others``, ``children``, ``own_pids``."""
         self.after = load_average()
-        now = _cpu_ticks()
-        if now is not None and self._ticks is not None and now[1] > self._ticks[1]:
-            self.steal = (now[0] - self._ticks[0]) / (now[1] - self._ticks[1])
+        now, then = _cpu_ticks(), self._ticks
+        if now is None or then is None or now.total <= then.total:
+            return
+        span = self.span = now.total - then.total
+        self.steal = (now.steal - then.steal) / span
+        own = (now.own - then.own) + (now.children - then.children)
+        self.others = max(now.busy - then.busy - own, 0) / span
+        self.children = max(now.children - then.children, 0) / span
+        seen = dict.fromkeys([*then.pids, *now.pids])  # ordered: this process first
+        self.own_pids = list(seen)
 
 
 @dataclass
@@ -378,6 +476,9 @@ def assess(
         The flags of each flagged row and the ``quality`` metadata: ``flags``
         (count per flag), ``flagged_rows``, ``load_before``, ``load_after``,
         ``cpus``, ``threads``, ``switches_per_s`` (whole run, per thread),
+        ``others``, ``children``, ``own_pids``, ``other_threads`` (:class:`LoadProbe`),
+        ``busy_by`` (what made the machine busy: ``others``, ``steal``; without ``/proc``
+        ``load``, ``switches``, ``quantum``; and ``slowdown``, ``calibration``),
         ``quantum_ms``, ``calibration_spread``, ``insitu_mismatch`` (paths),
         ``at_floor`` (paths), ``above_parent`` (``{path, parent, ratio}`` each),
         ``thresholds``, ``verdict`` (``"clean"``, ``"noisy"``, ``"inconsistent"``,
@@ -398,15 +499,19 @@ def assess(
         if is_noisy(s):
             add(path, "noisy")
     medians = {p: by_path[p].total_ms for p in timed if math.isfinite(by_path[p].total_ms)}
-    for child, parent in inconsistent_pairs(by_path, medians) if pairs is None else pairs:
+    slow = list(inconsistent_pairs(by_path, medians) if pairs is None else pairs)
+    for child, parent in slow:
         add(child, "slower_than_parent")
         add(parent, "slower_than_parent")
-    over_flops = []
+    over_flops: list[ComponentRow] = []
+    over_bandwidth: list[ComponentRow] = []
     for r in rows:
         if r.status == "ok" and (_over_flops(r) or _over_bandwidth(r)):
             add(r.path, "over_peak")
             if _over_flops(r):
                 over_flops.append(r)
+            if _over_bandwidth(r):
+                over_bandwidth.append(r)
 
     drift = slowdown - 1.0 if slowdown is not None and math.isfinite(slowdown) else 0.0
     mismatched = [r.path for r in rows if insitu_mismatch(r, drift)]
@@ -416,27 +521,21 @@ def assess(
 
     machine = _machine(timed, load, threads, calibration_spread, slowdown)
     per_thread = max(threads, 1)
-    for path, s in timed.items():
+    for path, s in timed.items():  # only where other processes were busy, and the row itself shows it
         rate = s.switches_per_s / per_thread
-        preempted = machine.busy and math.isfinite(rate) and rate > SWITCHES_PER_S_THRESHOLD
-        if preempted or (machine.quantum is not None and _row_quantised(s, machine.quantum)):
+        preempted = math.isfinite(rate) and rate > SWITCHES_PER_S_THRESHOLD
+        quantised = machine.quantum is not None and _row_quantised(s, machine.quantum)
+        if machine.others and (preempted or quantised):
             add(path, "contention")
 
     counts = {f: sum(f in v for v in flags.values()) for f in FLAGS}
     contended = counts["contention"] > 0 or machine.busy
-    advice = _advice(
-        counts, contended, load, machine.run_rate, machine.quantum, threads, config, machine.busy_load,
-        calibration_spread, slowdown,
-    )  # fmt: skip
-    advice += _peak_advice(over_flops, peaks or {}, counts["over_peak"] - len(over_flops))
-    if mismatched:
-        named = ", ".join(p or "root" for p in mismatched[:8]) + (" …" if len(mismatched) > 8 else "")
-        advice.append(
-            f"{len(mismatched)} components run differently alone than in the step (insitu_mismatch: {named}): "
-            "their isolated fwd_ms and in-situ insitu_ms disagree beyond both rows' noise; isolation misses "
-            "what their neighbours leave (caches, lazy initialisation) or the replay takes another path"
-        )
-    advice += _method_advice(at_floor, above, {f: [p for p, v in flags.items() if f in v] for f in OWN_FLAGS})
+    advice = _advice(counts, contended, load, machine, threads, calibration_spread, slowdown)
+    advice += noisy_advice({p: s for p, s in timed.items() if "noisy" in flags.get(p, ())}, NOISY_THRESHOLD, config)
+    advice += parent_advice(slow, by_path, config)
+    advice += peak_advice(over_flops, over_bandwidth, peaks or {})
+    advice += insitu_advice([by_path[p] for p in mismatched])
+    advice += method_advice(at_floor, above, {f: [p for p, v in flags.items() if f in v] for f in OWN_FLAGS})
     quality = {
         "verdict": _verdict(counts, contended),
         "flags": counts,
@@ -452,6 +551,11 @@ def assess(
         "quantum_ms": machine.quantum,
         "calibration_spread": calibration_spread,
         "steal": load.steal,
+        "others": load.others,
+        "children": load.children,
+        "own_pids": load.own_pids,
+        "other_threads": load.other_threads,
+        "busy_by": machine.signals,
         "slowdown": slowdown,
         "thresholds": _thresholds(),
         "advice": advice,
@@ -473,6 +577,7 @@ def _thresholds() -> dict[str, float]:
         "switches_per_s_per_thread": SWITCHES_PER_S_THRESHOLD,
         "load_excess_per_cpu": LOAD_EXCESS_PER_CPU,
         "steal": STEAL_THRESHOLD,
+        "others": OTHERS_THRESHOLD,
         "slowdown": SLOWDOWN_THRESHOLD,
         "insitu_margin": INSITU_MARGIN,
         "insitu_slack_ms": INSITU_SLACK_MS,
@@ -499,12 +604,38 @@ def _method_flags(
 
 @dataclass
 class _Machine:
-    """What the run as a whole says about the machine (see :func:`assess`)."""
+    """What the run as a whole says about the machine (see :func:`assess`).
+
+    ``others``: a signal that measures other processes says the machine was busy (rows may then be
+    flagged ``contention``); ``busy``: that, or the machine ran slower than it can (a slowed
+    reference GEMM, an unsure calibration): the verdict is ``contended``. ``others_share``: the
+    ``/proc`` share crossed :data:`OTHERS_THRESHOLD`; ``rate_counts``: the switch rate counted
+    (no ``/proc``, and no other thread of ours alive to cause it); ``signals``: the names of what
+    made it busy (``metadata["quality"]["busy_by"]``).
+    """
 
     busy: bool
+    others: bool
     busy_load: bool
     run_rate: float
     quantum: float | None
+    others_share: bool = False
+    rate_counts: bool = False
+    signals: list[str] = field(default_factory=list)
+
+
+def _others_busy(load: LoadProbe, threads: int) -> bool:
+    """Whether other processes took CPU time the torch threads needed (``load.others``; ``False`` unknown).
+
+    Their CPUs' worth (``others × cpus``), less the CPUs the ``threads`` leave free and less the
+    ticks' rounding (:data:`_TICK_SLACK` per CPU over the window), above :data:`OTHERS_THRESHOLD` of
+    the CPUs those threads need.
+    """
+    if load.others is None or load.span <= 0:
+        return False
+    needed = min(max(threads, 1), load.cpus)
+    slack = _TICK_SLACK * load.cpus / load.span
+    return (load.others - slack) * load.cpus - (load.cpus - needed) > OTHERS_THRESHOLD * needed
 
 
 def _machine(
@@ -514,8 +645,16 @@ def _machine(
     calibration_spread: float | None,
     slowdown: float | None,
 ) -> _Machine:
-    """Whether the machine was busy: the load average, steal, a slowed canary, the runs' context
-    switches per second and thread, a scheduling quantum in the runs, an unsure calibration."""
+    """Whether the machine was busy.
+
+    Where ``/proc`` measured other processes' CPU (:attr:`LoadProbe.others`), that share and the
+    steal time are what say so: the load average (a minute behind, and counting our own threads),
+    the switch rate (a progress bar's refresh preempts the compute threads too) and a scheduling
+    quantum in the runs (our own busy dataloader workers can cause one) are evidence only. Without
+    ``/proc``: the load average above our threads, a quantum, and the runs' context switches per
+    second and thread where no other Python thread of ours is alive to cause them. Either way a
+    slowed reference GEMM or an unsure calibration makes the machine busy (it ran slower than it can).
+    """
     per_thread = max(threads, 1)
     excess = []
     for s in timed.values():
@@ -526,15 +665,21 @@ def _machine(
     run_rate = sum(s.switches for s in timed.values()) / total_s / per_thread if total_s > 0 else math.nan
     loads = [x for x in (load.before, load.after) if x is not None]
     busy_load = bool(loads) and max(loads) - min(per_thread, load.cpus) > LOAD_EXCESS_PER_CPU * load.cpus
-    busy = (
-        busy_load
-        or (load.steal is not None and load.steal > STEAL_THRESHOLD)
-        or (slowdown is not None and slowdown > SLOWDOWN_THRESHOLD)
-        or (math.isfinite(run_rate) and run_rate > SWITCHES_PER_S_THRESHOLD)
-        or quantum is not None
-        or (calibration_spread is not None and calibration_spread > CALIBRATION_SPREAD_LIMIT)
-    )
-    return _Machine(busy, busy_load, run_rate, quantum)
+    share = _others_busy(load, threads)
+    steal = load.steal is not None and load.steal > STEAL_THRESHOLD
+    high_rate = math.isfinite(run_rate) and run_rate > SWITCHES_PER_S_THRESHOLD
+    rate_counts = load.others is None and load.other_threads <= 0 and high_rate
+    if load.others is not None:
+        candidates = {"others": share, "steal": steal}
+    else:
+        candidates = {"load": busy_load, "steal": steal, "switches": rate_counts, "quantum": quantum is not None}
+    signals = [name for name, on in candidates.items() if on]
+    others = bool(signals)
+    if slowdown is not None and slowdown > SLOWDOWN_THRESHOLD:
+        signals.append("slowdown")
+    if calibration_spread is not None and calibration_spread > CALIBRATION_SPREAD_LIMIT:
+        signals.append("calibration")
+    return _Machine(bool(signals), others, busy_load, run_rate, quantum, share, rate_counts, signals)
 
 
 def _verdict(counts: Mapping[str, int], contended: bool) -> str:
@@ -555,91 +700,39 @@ def _advice(
     counts: Mapping[str, int],
     contended: bool,
     load: LoadProbe,
-    run_rate: float,
-    quantum: float | None,
+    machine: _Machine,
     threads: int,
-    config: Any,
-    busy_load: bool,
     calibration_spread: float | None,
     slowdown: float | None,
 ) -> list[str]:
-    out = []
-    if contended:
-        evidence = []
-        if busy_load:
-            shown = ", ".join(f"{x:.1f}" for x in (load.before, load.after) if x is not None)
-            evidence.append(f"load average {shown} on {load.cpus} CPUs")
-        if math.isfinite(run_rate) and run_rate > SWITCHES_PER_S_THRESHOLD:
-            evidence.append(f"{run_rate:.0f} involuntary context switches/s per thread")
-        if quantum is not None:
-            evidence.append(f"runs slowed by multiples of a {quantum:g} ms scheduling quantum")
-        if slowdown is not None and slowdown > SLOWDOWN_THRESHOLD:
-            evidence.append(f"a reference GEMM ran {slowdown - 1:.0%} slower than the fastest seen in this process")
-        if load.steal is not None and load.steal > STEAL_THRESHOLD:
-            evidence.append(f"the hypervisor took {load.steal:.0%} of the CPU time (steal)")
-        if calibration_spread is not None and calibration_spread > CALIBRATION_SPREAD_LIMIT:
-            evidence.append(f"the peak calibration disagreed with itself by {calibration_spread:.0%}")
-        if counts["contention"] and not evidence:
-            evidence.append(f"{counts['contention']} rows timed while the CPU was taken away")
-        fewer = " or fewer threads (torch.set_num_threads)" if threads > 1 else ""
-        out.append(
-            "the machine was busy while profiling (" + "; ".join(evidence) + "): times, MFU and the "
-            f"hotspot ranking may be off; profile on a quiet machine{fewer}"
-        )
-    if counts["noisy"]:
-        min_run = getattr(config, "min_run_time_s", None)
-        rounds = getattr(config, "rounds", None)
-        now = f" (now {min_run:g} s and {rounds})" if min_run is not None and rounds is not None else ""
-        out.append(
-            f"{counts['noisy']} components vary by more than {NOISY_THRESHOLD:.0%} between runs, too "
-            f"much for their few runs: raise min_run_time_s or rounds{now}"
-        )
-    if counts["slower_than_parent"]:
-        out.append(
-            f"{counts['slower_than_parent']} rows are a child measured slower than its parent (or that "
-            "parent): noise or isolation overhead; treat those times as uncertain"
-        )
-    return out
-
-
-def _named(paths: Sequence[str], most: int = 8) -> str:
-    return ", ".join(p or "root" for p in paths[:most]) + (" …" if len(paths) > most else "")
-
-
-#: What a row's own flag means, for the advice (:data:`OWN_FLAGS`).
-_OWN_ADVICE = {
-    "hash_reduced": "are timed on a hash-size-reduced table: their times come from the shrunk table "
-    "(the row's details say which columns are the real table's)",
-    "hash_collapsed": "had distinct ids collapsed onto one row by the hash-size remap: their lookups touch "
-    "fewer rows than the real step's",
-    "derived_negative": "have a value derived by subtraction that would go below zero (two separately "
-    "measured times): it is not a measurement of either; read the row's details",
-}
-
-
-def _method_advice(
-    at_floor: Sequence[str], above: Sequence[tuple[str, str, float]], own: Mapping[str, Sequence[str]]
-) -> list[str]:
-    """Advice on what the method (not the machine) limits: rows at the floor, estimates above their
-    parent, and the flags rows carried themselves."""
-    out = []
-    if at_floor:
-        out.append(
-            f"{len(at_floor)} components run within the harness floor's noise (at_floor: {_named(at_floor)}): "
-            "isolation cannot tell their time from a replay that does nothing, so it is at most the floor's "
-            "spread (details['floor_ms']) and no TFLOP/s, GB/s, MFU or bound is derived from it"
-        )
-    if above:
-        shown = [f"{p or 'root'} {x:.2f}× {q or 'root'}" for p, q, x in above]
-        out.append(
-            f"{len(above)} estimated components exceed their measured parent (above_parent: {_named(shown)}): "
-            "an estimate sums its children's isolated replays, each paying isolation's per-replay cost that "
-            "the parent's one replay pays once; read the parent's time, the estimate is no lower bound here"
-        )
-    for name, paths in own.items():
-        if paths:
-            out.append(f"{len(paths)} components {_OWN_ADVICE[name]} ({name}: {_named(paths)})")
-    return out
+    """The ``contended`` verdict's sentence, naming its evidence: other processes' share of the CPUs
+    first, slowdowns as ratios (``49×``), fractions as percentages."""
+    if not contended:
+        return []
+    evidence = []
+    if machine.others_share and load.others is not None:
+        evidence.append(f"other processes used {load.others:.0%} of the {count(load.cpus, 'CPU')}")
+    if machine.busy_load and load.others is None:  # where /proc measured others, the lagging average is not evidence
+        shown = ", ".join(f"{x:.1f}" for x in (load.before, load.after) if x is not None)
+        evidence.append(f"load average {shown} on {count(load.cpus, 'CPU')}")
+    if machine.others and math.isfinite(machine.run_rate) and machine.run_rate > SWITCHES_PER_S_THRESHOLD:
+        evidence.append(f"{machine.run_rate:.0f} involuntary context switches/s per thread")
+    if machine.quantum is not None:
+        evidence.append(f"runs slowed by multiples of a {machine.quantum:g} ms scheduling quantum")
+    if slowdown is not None and slowdown > SLOWDOWN_THRESHOLD:
+        evidence.append(f"a reference GEMM ran {slowdown:.3g}× slower than the fastest seen in this process")
+    if load.steal is not None and load.steal > STEAL_THRESHOLD:
+        evidence.append(f"the hypervisor took {load.steal:.0%} of the CPU time (steal)")
+    if calibration_spread is not None and calibration_spread > CALIBRATION_SPREAD_LIMIT:
+        evidence.append(f"the peak calibration disagreed with itself by {calibration_spread:.0%}")
+    if counts["contention"] and not evidence:
+        n = counts["contention"]
+        evidence.append(f"{count(n, 'row')} timed while the CPU was taken away")
+    fewer = " or fewer threads (torch.set_num_threads)" if threads > 1 else ""
+    return [
+        "the machine was busy while profiling (" + "; ".join(evidence) + "): times, MFU and the "
+        f"hotspot ranking may be off; profile on a quiet machine{fewer}"
+    ]  # the rows' own advice (noisy, slower_than_parent, ...): cb_callback._engine.advice
 
 
 def _over_flops(r: ComponentRow) -> bool:
@@ -652,36 +745,3 @@ def _over_bandwidth(r: ComponentRow) -> bool:
     if isinstance(ceiling, Mapping) and isinstance(ceiling.get("gbps"), (int, float)):
         return math.isfinite(r.gbps) and r.gbps > ceiling["gbps"] * (1.0 + 1e-9)
     return math.isfinite(r.bw_util) and r.bw_util > 1.0 + 1e-9
-
-
-def _peak_advice(over_flops: Sequence[ComponentRow], peaks: Mapping[str, Any], over_bandwidth: int) -> list[str]:
-    """What to do about rows above a peak, and about a CPU peak calibrated on a busy machine."""
-    out = []
-    measured = peaks.get("flops_source") == "measured"
-    notes = peaks.get("calibration") or {}
-    flops_note: Mapping[str, Any] = next((v for k, v in notes.items() if k.startswith("gemm")), {})
-    if over_flops:
-        worst = max(over_flops, key=lambda r: r.mfu)
-        if measured:
-            busy = " (the machine was busy while it calibrated)" if flops_note.get("machine") == "busy" else ""
-            out.append(
-                f"{len(over_flops)} components run above the measured CPU peak ({worst.path or 'root'} at "
-                f"{worst.mfu:.0%} MFU): the GEMM calibration read low{busy}; the best figure is kept per "
-                "machine, so a run on a quiet machine raises it (CB_CACHE_DIR), or pass peak_flops="
-            )
-        else:
-            out.append(
-                f"{len(over_flops)} components run above the device's FLOP/s peak ({worst.path or 'root'} at "
-                f"{worst.mfu:.0%}): the peak is too low for this dtype (see metadata['peaks']); pass peak_flops="
-            )
-    elif measured and flops_note.get("machine") == "busy" and flops_note.get("used") == "measured":
-        out.append(
-            "the CPU FLOP/s peak was calibrated on a busy machine with no better figure kept for it: MFU may read "
-            "too high; profile once on a quiet machine (the best calibration is kept) or pass peak_flops="
-        )
-    if over_bandwidth:
-        out.append(
-            f"{over_bandwidth} components move bytes faster than the ceiling of the memory level their data fit "
-            "(details['bw_ceiling']): the ceiling is too low or the time too short to be true; pass peak_bandwidth="
-        )
-    return out

@@ -9,9 +9,12 @@ __all__ = [
     "OTHERS_BUSY_FRACTION",
     "available_cpus",
     "busy_load",
+    "cpu_lines",
     "load_average",
     "machine_busy",
     "others_busy",
+    "own_tree",
+    "tree_ticks",
 ]
 
 #: Load-average excess (above our own threads) per CPU that counts as a busy machine.
@@ -48,23 +51,115 @@ def busy_load(load: float | None, own_threads: int, cpus: int | None = None) -> 
 OTHERS_BUSY_FRACTION = 0.2
 
 
-def _ticks() -> tuple[int, int, int] | None:
-    """``(busy, total, own)`` clock ticks: all CPUs' from ``/proc/stat``, this process's
-    ``utime + stime`` from ``/proc/self/stat`` (both in USER_HZ); ``None`` off Linux."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's ``)`` (``[0]`` is the state, ``[1]`` the
+    parent's pid, ``[11:15]`` utime, stime, cutime, cstime in clock ticks); ``None`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _children_files(pid: int) -> list[int] | None:
+    """``pid``'s child processes from ``/proc/<pid>/task/*/children``; ``None`` where the kernel has
+    no such file (built without ``CONFIG_PROC_CHILDREN``)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []  # gone meanwhile
+    out: list[int] = []
+    seen = False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+            seen = True
+        except OSError:  # the thread ended meanwhile, or no such file at all
+            continue
+    return out if seen or not tasks else None
+
+
+def _by_parent() -> dict[int, list[int]]:
+    """Every process's children by scanning ``/proc/*/stat`` (the fallback of :func:`own_tree`)."""
+    out: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (fields := _stat(int(name))) is not None and len(fields) > 1:
+            out.setdefault(int(fields[1]), []).append(int(name))
+    return out
+
+
+def own_tree(root: int | None = None) -> list[int]:
+    """``root`` (this process by default) and its descendants alive now, root first (Linux; ``[root]``
+    elsewhere). Dataloader workers, fork children and the processes they start are descendants."""
+    root = os.getpid() if root is None else root
+    out, todo, scanned = [root], [root], None
+    while todo:
+        pid = todo.pop()
+        kids = _children_files(pid) if scanned is None else scanned.get(pid, [])
+        if kids is None:  # no children files: one scan of /proc answers for the whole tree
+            try:
+                scanned = _by_parent()
+            except OSError:
+                return out
+            kids = scanned.get(pid, [])
+        fresh = [k for k in kids if k not in out]
+        out += fresh
+        todo += fresh
+    return out
+
+
+def tree_ticks(pids: list[int]) -> tuple[int, int]:
+    """``(first, rest)``: CPU time in clock ticks of ``pids[0]`` (utime + stime, all its threads) and of
+    the others, plus every child any of them reaped (cutime + cstime: a worker that exited meanwhile
+    stays counted, in its parent's). A pid gone meanwhile counts 0."""
+    first = rest = 0
+    for i, pid in enumerate(pids):
+        fields = _stat(pid)
+        if fields is None or len(fields) < 15:
+            continue
+        mine, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+        if i == 0:
+            first, rest = first + mine, rest + reaped
+        else:
+            rest += mine + reaped
+    return first, rest
+
+
+def cpu_lines(cpus: set[int] | None = None) -> tuple[int, int, int] | None:
+    """``(busy, steal, total)`` clock ticks of the CPUs ``cpus`` from ``/proc/stat`` (the whole
+    machine's ``cpu`` line when ``None``); busy is user + nice + system + irq + softirq (not idle,
+    iowait or steal). ``None`` off Linux."""
     try:
         with open("/proc/stat") as f:
-            fields = f.readline().split()
-        with open("/proc/self/stat") as f:
-            own = f.read().rsplit(")", 1)[1].split()
+            lines = [ln.split() for ln in f if ln.startswith("cpu")]
     except OSError:
         return None
-    if not fields or fields[0] != "cpu" or len(fields) < 9:
+    if cpus is None:
+        wanted = [ln for ln in lines if ln[0] == "cpu"]
+    else:
+        wanted = [ln for ln in lines if ln[0][3:].isdigit() and int(ln[0][3:]) in cpus]
+    if not wanted or any(len(ln) < 9 for ln in wanted):
         return None
-    values = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
-    idle = values[3] + values[4]
-    total = sum(values)
-    # After the ")" of the command: state is field 3, utime and stime fields 14 and 15.
-    return total - idle, total, int(own[11]) + int(own[12])
+    busy = steal = total = 0
+    for ln in wanted:
+        v = [int(x) for x in ln[1:9]]  # user nice system idle iowait irq softirq steal
+        busy += v[0] + v[1] + v[2] + v[5] + v[6]
+        steal += v[7]
+        total += sum(v)
+    return busy, steal, total
+
+
+def _ticks() -> tuple[int, int, int] | None:
+    """``(busy, total, own)`` clock ticks: all CPUs' (steal counted busy) from ``/proc/stat``, this
+    process's and its descendants' (:func:`own_tree`, :func:`tree_ticks`), both in USER_HZ; ``None``
+    off Linux."""
+    machine = cpu_lines()
+    if machine is None:
+        return None
+    busy, steal, total = machine
+    first, rest = tree_ticks(own_tree())
+    return busy + steal, total, first + rest
 
 
 def others_busy(window_s: float = 0.1) -> float | None:

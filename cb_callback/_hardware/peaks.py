@@ -185,7 +185,7 @@ def _check_override(name: str, value: float | None) -> None:
 
 
 def _fix_hint() -> str:
-    return "pass peak_flops= (FLOP/s, dense) and peak_bandwidth= (bytes/s) to set them"
+    return "pass peak_flops=<FLOP/s, dense> and peak_bandwidth=<bytes/s> to set them"
 
 
 def resolve_peaks(
@@ -246,7 +246,7 @@ def resolve_peaks(
         _warn_once(
             ("no peak key", dtype),
             f"cb_callback: no peak FLOP/s is known for {dtype} (peaks exist for {DTYPES}), so "
-            "MFU is left empty; pass peak_flops= (FLOP/s) to set it.",
+            "MFU is left empty; pass peak_flops=<FLOP/s> to set it.",
         )
         needs_flops = False
     if device.type == "cuda":
@@ -316,7 +316,7 @@ def _from_table(found: _Found, name: str, dtype: str, needs_flops: bool, needs_b
                 what = f"{spec.name} datasheet has no {dtype} peak (the GPU lacks it)"
             _warn_once(
                 ("cuda", name, dtype),
-                f"cb_callback: the {what}, so MFU is left empty; pass peak_flops= (FLOP/s) to set it.",
+                f"cb_callback: the {what}, so MFU is left empty; pass peak_flops=<FLOP/s> to set it.",
             )
         else:
             found.flops_source = _entry_source(spec)
@@ -338,7 +338,7 @@ def _measured(found: _Found, name: str, dtype: str, needs_flops: bool, needs_ban
         _warn_once(
             ("cpu", name, dtype),
             f"cb_callback: no {dtype} peak is known for CPUs, so MFU is left empty; "
-            f"pass peak_flops= (FLOP/s) to set it.",
+            f"pass peak_flops=<FLOP/s> to set it.",
         )
     elif needs_flops and gemm_dtype is not None:
         try:
@@ -347,7 +347,7 @@ def _measured(found: _Found, name: str, dtype: str, needs_flops: bool, needs_ban
             _warn_once(
                 ("cpu", name, dtype),
                 f"cb_callback: could not measure a {dtype} GEMM on this CPU ({err}); "
-                f"MFU is left empty; pass peak_flops= (FLOP/s) to set it.",
+                f"MFU is left empty; pass peak_flops=<FLOP/s> to set it.",
             )
         else:
             found.flops_source = "measured"

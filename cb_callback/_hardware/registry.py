@@ -220,8 +220,9 @@ def register_device_peaks(
         if overlap(existing, spec):
             raise ValueError(
                 f"{where}: duplicates the {_describe(existing)}: a device name could match "
-                "both and would then resolve to neither. Give a form= or memory_gb= that "
-                "tells them apart, or pass peak_flops= / peak_bandwidth= to override a "
+                "both and would then resolve to neither. Give a form=<'sxm', 'pcie' or 'nvl'> or "
+                "memory_gb=<GB> that "
+                "tells them apart, or pass peak_flops=<FLOP/s> / peak_bandwidth=<bytes/s> to override a "
                 "built-in entry's figures"
             )
     _REGISTERED.append(spec)
