@@ -53,13 +53,13 @@ def test_sort_orders_the_one_listing_and_shows_the_column_it_sorts_by(
     title, header, body = _listing(out)
     assert title == "components (5 of 5; by noise, largest first):"
     assert header[-1].strip() == "noise %"  # noise is not a summary column: it is added, last
-    # noise 0.30, 0.10, 0.05, 0.02, 0.01 -> in percent with one decimal: 30.0, 10.0, 5.0, 2.0, 1.0
+    # noise 0.30, 0.10, 0.05, 0.02, 0.01 -> in percent to 3 significant figures: 30.0, 10.0, 5.00, 2.00, 1.00
     assert [(r[0], r[-1]) for r in body] == [
         ("conv", "30.0"),
         ("block.conv2", "10.0"),
-        ("block.fc", "5.0"),
-        ("block", "2.0"),
-        ("(root)", "1.0"),
+        ("block.fc", "5.00"),
+        ("block", "2.00"),
+        ("(root)", "1.00"),
     ]
     assert out.startswith("cb_callback component benchmark\n")  # the summary's head and whole model stay
     assert "whole model:" in out
@@ -78,7 +78,7 @@ def test_sort_by_a_shown_column_adds_none_and_missing_values_go_last(
     title, header, body = _listing(capsys.readouterr().out)
     assert title == "components (first 2 of 3 selected, 5 in all; depth <= 1; by bw_util, largest first):"
     assert header[-1].strip() == "bw util %"
-    assert [(r[0], r[-1]) for r in body] == [("(root)", "20.0"), ("conv", "5.0")]
+    assert [(r[0], r[-1]) for r in body] == [("(root)", "20.0"), ("conv", "5.00")]
     # text A to Z: Block < Conv2d (conv, block.conv2: a stable sort keeps their report order) < Linear < Net
     assert main(["report", str(tmp_path), "--sort", "module_type"]) == 0
     title, header, body = _listing(capsys.readouterr().out)
@@ -156,7 +156,7 @@ def test_the_newest_capture_is_taken_and_the_others_are_listed(
         f"cb: using {cb / 'step_500' / 'report.json'} (capture step 500, the newest of 3 reports under "
         f"{tmp_path}; capture steps: 8, 10, 500; pick one with --step N or DIR@N)\n"
     )
-    assert _root_total(captured.out) == "50.000"  # step 500 / 10
+    assert _root_total(captured.out) == "50.0"  # step 500 / 10
 
 
 def test_step_and_dir_at_step_pick_that_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -168,7 +168,7 @@ def test_step_and_dir_at_step_pick_that_capture(tmp_path: Path, capsys: pytest.C
             f"cb: using {cb / 'step_10' / 'report.json'} (capture step 10; capture steps under {tmp_path}: "
             "8, 10, 500)\n"
         )
-        assert _root_total(captured.out) == "1.000"  # step 10 / 10
+        assert _root_total(captured.out) == "1.00"  # step 10 / 10
     assert main(["report", str(cb / "step_8"), "--step", "8"]) == 0  # the report's own directory, its step
     assert _root_total(capsys.readouterr().out) == "0.800"
 
@@ -187,7 +187,7 @@ def test_of_several_reports_of_one_step_the_newest_is_taken_and_that_is_said(
         f"cb: using {replayed / 'report.json'} (capture step 10, the newest of 2 reports of that step; "
         f"capture steps under {tmp_path}: 8, 10, 500)\n"
     )
-    assert _root_total(captured.out) == "4.000"
+    assert _root_total(captured.out) == "4.00"
 
 
 def test_a_step_that_is_not_there_exits_2_naming_the_steps_that_are(
@@ -222,6 +222,6 @@ def test_a_directory_named_like_dir_at_n_is_a_path_not_a_step(
     rows = [ComponentRow("", "Net", 0, None, "ok", calls=1, total_ms=7.0)]
     Report(rows, {"capture_step": 3}).save(tmp_path / "run@3")
     assert main(["report", str(tmp_path / "run@3")]) == 0  # exists as written: not run + step 3
-    assert _root_total(capsys.readouterr().out) == "7.000"
+    assert _root_total(capsys.readouterr().out) == "7.00"
     assert main(["report", str(tmp_path / "run@3") + "@3"]) == 0  # run@3, capture step 3
-    assert _root_total(capsys.readouterr().out) == "7.000"
+    assert _root_total(capsys.readouterr().out) == "7.00"

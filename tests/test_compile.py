@@ -19,6 +19,7 @@ from torch._dynamo.utils import counters
 
 from cb_callback import BenchmarkConfig, compare_components, profile_components
 from cb_callback._report.model import ComponentRow, Report
+from cb_callback._report.numbers import sig
 from cb_callback._whatif.compile import children_separately
 from tests.conftest import FAST
 
@@ -209,8 +210,8 @@ def test_the_summary_sets_whole_against_children_separately() -> None:
         root.total_ms - sum(k.details["compile"]["eager_ms_same_rounds"] - k.compiled_ms for k in kids)
     )
     line = next(x for x in report.summary().splitlines() if "compiling root whole" in x)
-    assert f"{root.total_ms:.3g} -> {root.compiled_ms:.3g} ms" in line
-    assert f"its children separately: {root.total_ms:.3g} -> {sep:.3g} ms (3/3 compiled)" in line
+    assert f"{sig(root.total_ms)} -> {sig(root.compiled_ms)} ms" in line  # 3 significant figures (numbers.sig)
+    assert f"its children separately: {sig(root.total_ms)} -> {sig(sep)} ms (3/3 compiled)" in line
 
 
 def test_compare_components_compiles_both_sides() -> None:

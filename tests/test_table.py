@@ -67,16 +67,17 @@ def test_markdown_headers_and_one_line_per_row() -> None:
 
 def test_markdown_values() -> None:
     lines = markdown_table(_report()).split("\n")
-    # root: 1 call, 4 + 6 = 10 ms, share 1.0 -> 100.0 %, 0.6 TFLOP/s, mfu 0.125 -> 12.5 %, 12.5 MiB
-    assert lines[2] == "| (root) | Net | ok | 1 | 4.000 | 6.000 | 10.000 | 100.0 | 0.600 | 12.5 | 12.5 | compute |"
+    # root: 1 call, 4 + 6 = 10 ms, share 1.0 -> 100 %, 0.6 TFLOP/s, mfu 0.125 -> 12.5 %, 12.5 MiB
+    # (3 significant figures, trailing zeros kept: 4.00, 10.0, 100)
+    assert lines[2] == "| (root) | Net | ok | 1 | 4.00 | 6.00 | 10.0 | 100 | 0.600 | 12.5 | 12.5 | compute |"
     # a.x: depth 2 -> 4 non-breaking spaces; 2 calls; share 2 ms x 2 / 10 ms = 0.4 -> 40.0 %; mfu 0.25 -> 25.0 %
     assert lines[5] == (
-        f"| {NB2 * 2}a.x | Linear | ok | 2 | 0.500 | 1.500 | 2.000 | 40.0 | 1.500 | 25.0 | 3.5 | compute |"
+        f"| {NB2 * 2}a.x | Linear | ok | 2 | 0.500 | 1.50 | 2.00 | 40.0 | 1.50 | 25.0 | 3.50 | compute |"
     )
     # failed row: never called in the replay (0 calls), every number missing
     assert lines[6] == f"| {NB2 * 2}b.0 | Dropout | failed | 0 | - | - | - | - | - | - | - | - |"
     # the pipe in the type is escaped, so the row keeps 12 cells; no backward, no share
-    assert lines[7] == f"| {NB2 * 2}b.1 | My\\|Mod | ok | 1 | 1.500 | - | 1.500 | - | - | - | - | memory |"
+    assert lines[7] == f"| {NB2 * 2}b.1 | My\\|Mod | ok | 1 | 1.50 | - | 1.50 | - | - | - | - | memory |"
 
 
 def test_mfu_is_a_percent_in_text_a_fraction_in_data() -> None:
@@ -104,8 +105,8 @@ def test_summary_metadata_and_counts() -> None:
     lines = text.split("\n")
     assert lines[0] == "cb_callback component benchmark"
     assert lines[1] == "device: NVIDIA H200  dtype: bfloat16"
-    # 989e12 FLOP/s -> 989.0 TFLOP/s; 4.8e12 B/s -> 4800.0 GB/s
-    assert lines[2] == "peak: 989.0 TFLOP/s (datasheet), 4800.0 GB/s (datasheet HBM3e)"
+    # 989e12 FLOP/s -> 989 TFLOP/s; 4.8e12 B/s -> 4800 GB/s (3 significant figures, no exponent)
+    assert lines[2] == "peak: 989 TFLOP/s (datasheet), 4800 GB/s (datasheet HBM3e)"
     assert lines[3] == "components: 6 (4 ok, 1 estimated, 1 failed)"
 
 
@@ -113,23 +114,24 @@ def test_summary_root_then_hotspots_in_order() -> None:
     lines = format_summary(_report()).split("\n")
     header = lines.index("whole model:")
     root = lines[header + 3].split()
-    # share % = 1.0 * 100; GFLOP = (2e9 + 4e9) / 1e9; MFU % = 0.125 * 100
+    # share % = 1.0 * 100; FLOP = 2e9 + 4e9 = 6.00 G (an SI prefix: a cell of two words); MFU % = 0.125 * 100
     assert root == [
-        "(root)", "Net", "ok", "1", "4.000", "6.000", "10.000", "100.0",
-        "6.000", "0.600", "12.5", "12.5", "50.0", "compute",
+        "(root)", "Net", "ok", "1", "4.00", "6.00", "10.0", "100",
+        "6.00", "G", "0.600", "12.5", "12.5", "50.0", "compute",
     ]  # fmt: skip
     hot = lines.index("top 2 hotspots (leaf-most: measured, no child measured; by total ms x calls):")
     # a.x costs 2 ms x 2 calls = 4 ms, b.1 1.5 ms x 1; a and b are containers
     first, second = lines[hot + 3].split(), lines[hot + 4].split()
     # share 0.4 -> "40.0" (%)
+    # FLOP 1e9 + 2e9 = 3.00 G
     assert first == [
-        "a.x", "Linear", "ok", "2", "0.500", "1.500", "2.000", "40.0",
-        "3.000", "1.500", "25.0", "3.5", "20.0", "compute",
+        "a.x", "Linear", "ok", "2", "0.500", "1.50", "2.00", "40.0",
+        "3.00", "G", "1.50", "25.0", "3.50", "20.0", "compute",
     ]  # fmt: skip
-    # no backward flops: GFLOP is the forward's 0.5; NaN (share too) shows as "-"
+    # no backward flops: FLOP is the forward's 5e8 = 500 M; NaN (share too) shows as "-"
     assert second == [
-        "b.1", "My|Mod", "ok", "1", "1.500", "-", "1.500", "-",
-        "0.500", "-", "-", "-", "-", "memory",
+        "b.1", "My|Mod", "ok", "1", "1.50", "-", "1.50", "-",
+        "500", "M", "-", "-", "-", "-", "memory",
     ]  # fmt: skip
     assert lines[hot + 5] == ""
 
@@ -194,10 +196,10 @@ def test_the_summary_has_a_share_column_beside_the_times() -> None:
     whole = lines.index("whole model:")
     assert _columns(lines[whole + 1])[6:8] == ["total ms", "share %"]
     assert SUMMARY_HEADERS.index("share %") == SUMMARY_HEADERS.index("total ms") + 1
-    # the root's share 1.0 -> "100.0"; a.x's 0.4 (2 ms x 2 calls / 10 ms) -> "40.0"
-    assert _columns(lines[whole + 3])[6:8] == ["10.000", "100.0"]
+    # the root's share 1.0 -> "100"; a.x's 0.4 (2 ms x 2 calls / 10 ms) -> "40.0"
+    assert _columns(lines[whole + 3])[6:8] == ["10.0", "100"]
     hot = next(i for i, line in enumerate(lines) if line.startswith("top 2 hotspots"))
-    assert _columns(lines[hot + 3])[:8] == ["a.x", "Linear", "ok", "2", "0.500", "1.500", "2.000", "40.0"]
+    assert _columns(lines[hot + 3])[:8] == ["a.x", "Linear", "ok", "2", "0.500", "1.50", "2.00", "40.0"]
     # with several batches the p90 comes after total ms, then the share
     multi = format_summary(Report(_report().rows, {"batches": 2})).split("\n")
     assert _columns(multi[multi.index("whole model:") + 1])[6:9] == ["total ms", "p90 ms", "share %"]
@@ -260,6 +262,6 @@ def test_the_summary_folds_rows_taken_from_a_representative_into_it() -> None:
     # h.1-h.3 took h.0's row: one line ×4, their shares summed (4 × 25 % = 100 %), ranked first.
     hot = text.split("top ")[1].splitlines()
     assert "×N: N rows of repeated structure" in hot[0]
-    assert hot[3].startswith("h.0 ×4 ") and " 100.0 " in hot[3]
+    assert hot[3].startswith("h.0 ×4 ") and " 100 " in hot[3]  # 1.0 -> "100" (3 significant figures)
     assert hot[4].startswith("head ")
     assert not any(line.startswith("h.1") for line in hot)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.text import text_plugin
 from torch.utils.tensorboard import SummaryWriter
 
 import cb_callback._report.tensorboard as tensorboard_module
@@ -102,14 +103,62 @@ def _text(acc: EventAccumulator, tag: str) -> str:
 def test_texts_read_back(events: EventAccumulator) -> None:
     # stored under exactly the contract's tags (not add_text's "<tag>/text_summary"), beside the layout
     assert set(events.Tags()["tensors"]) == {*TEXTS, LAYOUT_TAG}
-    table = _text(events, "component_benchmark/table")
-    assert table.split("\n")[0] == (
-        "| path | type | status | calls | fwd ms | bwd ms | total ms | share % | TFLOP/s | MFU % | MB | bound |"
-    )
-    assert len(table.split("\n")) == 2 + 3
+    table = _text(events, "component_benchmark/table").split("\n")
+    # a fenced code block: the columns of format_table (MARKDOWN_HEADERS), aligned, a rule, one line per row
+    assert table[0] == table[-1] == "```"
+    assert table[1].split() == [
+        "path", "type", "status", "calls", "fwd", "ms", "bwd", "ms", "total", "ms", "share", "%",
+        "TFLOP/s", "MFU", "%", "MB", "bound",
+    ]  # fmt: skip
+    assert set(table[2]) == {"-", " "}
+    assert len(table) == 1 + 2 + 3 + 1
     summary = _text(events, "component_benchmark/summary")
     assert summary.startswith("```\ncb_callback component benchmark\n")
     assert '"device_name": "cpu"' in summary
+
+
+def test_the_text_tab_shows_the_table_as_one_unwrapped_block(tmp_path: Path) -> None:
+    """Issue 23 §7: TensorBoard's Text tab renders the logged table with its own markdown (the text
+    plugin's ``text_array_to_html``, the sanitizer included) as a ``<pre><code>`` block, each row one
+    line with its numbers whole; a markdown ``<table>`` wrapped inside its cells there ("136.0" over "29")."""
+    rows = [
+        ComponentRow(
+            "", "Net", 0, None, "ok", calls=1, fwd_ms=40.0, bwd_ms=96.0, total_ms=136.0, share=1.0,
+            tflops=0.6, mfu=0.125, peak_mem_mb=136.0, bound="compute",
+        ),
+        ComponentRow(
+            "blocks.0.attn", "Attention<causal>", 2, "blocks.0", "ok", calls=29, fwd_ms=0.0123, bwd_ms=0.02,
+            total_ms=0.0323, share=0.0069, tflops=0.0219, mfu=2.19e-5, peak_mem_mb=0.5, bound="memory",
+        ),
+    ]  # fmt: skip
+    writer = SummaryWriter(str(tmp_path))
+    log_report(writer, Report(rows, {}), step=7)
+    writer.close()
+    text = _text(_read(tmp_path), "component_benchmark/table")
+    html = text_plugin.text_array_to_html(np.array(text.encode()), enable_markdown=True)
+    assert html.startswith("<pre><code>") and html.endswith("</code></pre>") and "<table" not in html
+    lines = html.removeprefix("<pre><code>").removesuffix("</code></pre>").rstrip("\n").split("\n")
+    assert len(lines) == 2 + 2  # header, rule, one line per row: no row broken over lines
+    assert lines[0].split()[:3] == ["path", "type", "status"]
+    # the root: 136.0 ms -> "136"; share 1.0 -> "100"; mfu 0.125 -> "12.5"; peak 136.0 MiB -> "136"
+    assert lines[2].split() == [
+        "(root)",
+        "Net",
+        "ok",
+        "1",
+        "40.0",
+        "96.0",
+        "136",
+        "100",
+        "0.600",
+        "12.5",
+        "136",
+        "compute",
+    ]
+    # two spaces per depth level; the type's "<" and ">" escaped, not stripped; share 0.0069 -> 0.690 %,
+    # mfu 2.19e-5 -> 0.00219 %: 3 significant figures, none of them a 0 beside a non-zero rate
+    assert lines[3].startswith("    blocks.0.attn  Attention&lt;causal&gt;  ok")
+    assert lines[3].split()[3:] == ["29", "0.0123", "0.0200", "0.0323", "0.690", "0.0219", "0.00219", "0.500", "memory"]
 
 
 class _ImageOnlyWriter:

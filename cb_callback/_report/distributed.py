@@ -10,6 +10,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from cb_callback._report.numbers import sig
+
 if TYPE_CHECKING:
     from cb_callback._report.model import ComponentRow, Report
 
@@ -74,7 +76,7 @@ def _ranks_lines(report: Report) -> list[str]:
     root_spread = rank_spread(root) if root is not None else None
     if root is not None and root_spread is not None:
         lines.append(
-            f"  whole model: ranks differ by {100 * root_spread:.1f} % of the median; "
+            f"  whole model: ranks differ by {sig(root_spread, scale=100.0)} % of the median; "
             f"straggler rank {root.details['ranks'].get('straggler')}"
         )
     bad = sorted(
@@ -83,8 +85,8 @@ def _ranks_lines(report: Report) -> list[str]:
     )
     for s, r in bad[:5]:
         lines.append(
-            f"  imbalanced: {_label(r)} {100 * s:.1f} % (straggler rank {r.details['ranks'].get('straggler')}; "
-            f"{100 * r.share:.1f} % of the step)"
+            f"  imbalanced: {_label(r)} {sig(s, scale=100.0)} % (straggler rank {r.details['ranks'].get('straggler')}; "
+            f"{sig(r.share, scale=100.0)} % of the step)"
         )
     if len(bad) > 5:
         lines.append(f"  ... and {len(bad) - 5} more")

@@ -17,6 +17,8 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import PercentFormatter
 
+from cb_callback._report.numbers import sig
+
 if TYPE_CHECKING:
     from cb_callback._report.model import ComponentRow, Report
 
@@ -169,9 +171,9 @@ def _value_text(value: float, scale: float, column: str) -> str:
     if not math.isfinite(value):
         return ""
     v = value * scale
-    if column == "mfu":
-        return f"{v:.1f}%"
-    return f"{v:.0f} {_UNITS[column]}" if abs(v) >= 1000 else f"{v:.3g} {_UNITS[column]}"
+    if column == "mfu":  # 3 significant figures (numbers.sig): a small non-zero MFU is never "0.0%"
+        return f"{sig(v)}%"
+    return f"{sig(v)} {_UNITS[column]}"
 
 
 class _Measure:

@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cb_callback._report.numbers import si, sig
 from cb_callback._report.table import format_rows
 
 if TYPE_CHECKING:
@@ -29,32 +30,33 @@ __all__ = ["ADDED_COLUMNS", "TEXT_COLUMNS", "format_listing", "matches", "select
 TEXT_COLUMNS: tuple[str, ...] = ("path", "module_type", "status", "parent", "bound")
 
 
-def _cell(value: Any, digits: int, scale: float = 1.0) -> str:
-    """``value * scale`` with ``digits`` decimals; ``"-"`` when missing."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return f"{value * scale:.{digits}f}" if ok else "-"
+def _cell(value: Any, scale: float = 1.0) -> str:
+    """``value * scale`` to 3 significant figures (:func:`~cb_callback._report.numbers.sig`); ``"-"`` when missing."""
+    return sig(value, scale=scale)
 
 
 #: The columns the summary's component lines lack (:data:`cb_callback._report.table.SUMMARY_HEADERS`):
-#: ``(header, cell)`` of the one :func:`format_listing` adds, last, when it is sorted by.
+#: ``(header, cell)`` of the one :func:`format_listing` adds, last, when it is sorted by. Numbers to
+#: 3 significant figures, counts (FLOP, bytes) with an SI prefix (``134 k``, ``1.20 M``): a value that
+#: is not 0 never shows as 0.
 ADDED_COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "depth": ("depth", str),
     "parent": ("parent", lambda v: "-" if v is None else (v or "(root)")),
-    "cpu_ms": ("cpu ms", lambda v: _cell(v, 3)),
-    "device_ms": ("device ms", lambda v: _cell(v, 3)),
-    "fwd_flops": ("fwd GFLOP", lambda v: _cell(v, 3, 1e-9)),
-    "bwd_flops": ("bwd GFLOP", lambda v: _cell(v, 3, 1e-9)),
-    "params_mb": ("params MB", lambda v: _cell(v, 1)),
-    "activation_mb": ("activation MB", lambda v: _cell(v, 1)),
-    "bytes": ("MB moved", lambda v: _cell(v, 1, 1e-6)),
-    "bw_util": ("bw util %", lambda v: _cell(v, 1, 100.0)),
-    "intensity": ("FLOP/byte", lambda v: _cell(v, 2)),
-    "noise": ("noise %", lambda v: _cell(v, 1, 100.0)),
-    "compiled_ms": ("compiled ms", lambda v: _cell(v, 3)),
-    "compile_speedup": ("compile x", lambda v: _cell(v, 2)),
-    "comm_bytes": ("comm MB", lambda v: _cell(v, 3, 1e-6)),
-    "comm_ms": ("comm ms", lambda v: _cell(v, 3)),
-    "insitu_ms": ("in-situ ms", lambda v: _cell(v, 3)),
+    "cpu_ms": ("cpu ms", _cell),
+    "device_ms": ("device ms", _cell),
+    "fwd_flops": ("fwd FLOP", si),
+    "bwd_flops": ("bwd FLOP", si),
+    "params_mb": ("params MB", _cell),
+    "activation_mb": ("activation MB", _cell),
+    "bytes": ("bytes moved", si),
+    "bw_util": ("bw util %", lambda v: _cell(v, 100.0)),
+    "intensity": ("FLOP/byte", _cell),
+    "noise": ("noise %", lambda v: _cell(v, 100.0)),
+    "compiled_ms": ("compiled ms", _cell),
+    "compile_speedup": ("compile x", _cell),
+    "comm_bytes": ("comm bytes", si),
+    "comm_ms": ("comm ms", _cell),
+    "insitu_ms": ("in-situ ms", _cell),
 }
 
 

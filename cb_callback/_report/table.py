@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cb_callback._report.distributed import distributed_lines
+from cb_callback._report.numbers import si, sig
 from cb_callback._report.reduced import reduced_lines
 from cb_callback._report.schema import STATUSES
 
@@ -25,6 +26,7 @@ __all__ = [
     "format_rows",
     "format_summary",
     "format_table",
+    "format_text_table",
     "markdown_table",
     "quality_lines",
 ]
@@ -40,7 +42,7 @@ MARKDOWN_HEADERS: tuple[str, ...] = (
 #: Columns of the component lines of :func:`format_summary`, in order.
 SUMMARY_HEADERS: tuple[str, ...] = (
     "path", "type", "status", "calls", "fwd ms", "bwd ms", "total ms", "share %",
-    "GFLOP", "TFLOP/s", "MFU %", "peak MB", "GB/s", "bound",
+    "FLOP", "TFLOP/s", "MFU %", "peak MB", "GB/s", "bound",
 )  # fmt: skip
 
 #: What the hotspots of :func:`format_summary` are (:meth:`Report.hotspots`): measured
@@ -59,14 +61,10 @@ _NBSP = "\u00a0"
 _ERROR_CHARS = 120
 
 
-def _num(value: Any, digits: int, scale: float = 1.0) -> str:
-    """``value * scale`` with ``digits`` decimals; ``"-"`` for None, NaN and inf."""
-    if value is None:
-        return _MISSING
-    v = float(value)
-    if not math.isfinite(v):
-        return _MISSING
-    return f"{v * scale:.{digits}f}"
+def _num(value: Any, scale: float = 1.0) -> str:
+    """``value * scale`` to 3 significant figures (:func:`~cb_callback._report.numbers.sig`: a value
+    that is not 0 never shows as 0); ``"-"`` for None, NaN and inf."""
+    return sig(value, scale=scale, missing=_MISSING)
 
 
 def _total_flops(row: ComponentRow) -> float:
@@ -97,7 +95,7 @@ def _multi(report: Report) -> bool:
 
 def _p90(row: ComponentRow) -> str:
     value = row.details.get("p90_ms")
-    return _num(value, 3) if isinstance(value, (int, float)) else _MISSING
+    return _num(value) if isinstance(value, (int, float)) else _MISSING
 
 
 def _with_p90(cells: list[str], row: ComponentRow | None, multi: bool) -> list[str]:
@@ -118,15 +116,15 @@ def _summary_cells(row: ComponentRow) -> list[str]:
         row.module_type,
         _status(row),
         str(row.calls),
-        _num(row.fwd_ms, 3),
-        _num(row.bwd_ms, 3),
-        _num(row.total_ms, 3),
-        _num(row.share, 1, 100.0),
-        _num(_total_flops(row), 3, 1e-9),
-        _num(row.tflops, 3),
-        _num(row.mfu, 1, 100.0),
-        _num(row.peak_mem_mb, 1),
-        _num(row.gbps, 1),
+        _num(row.fwd_ms),
+        _num(row.bwd_ms),
+        _num(row.total_ms),
+        _num(row.share, 100.0),
+        si(_total_flops(row), missing=_MISSING),
+        _num(row.tflops),
+        _num(row.mfu, 100.0),
+        _num(row.peak_mem_mb),
+        _num(row.gbps),
         row.bound or _MISSING,
     ]
 
@@ -161,7 +159,7 @@ def _metadata_lines(metadata: dict[str, Any]) -> list[str]:
             value = peaks.get(key)
             if value is None:
                 continue
-            text = f"{_num(value, 1, scale)} {unit}"
+            text = f"{_num(value, scale)} {unit}"
             source = peaks.get(f"{key}_source")
             if source:
                 text += f" ({source})"
@@ -196,7 +194,9 @@ def format_summary(report: Report, top: int = 10) -> str:
         calls the real step made (a hotspot's rank is ``total ms * calls``).
         ``share %`` is the row's time over the step in percent of the root's
         (``share``, what to compare first; over every batch with several).
-        ``GFLOP`` is forward plus backward; ``MFU %`` is percent of the peak.
+        ``FLOP`` is forward plus backward, with an SI prefix (``134 k``, ``6.00 G``);
+        ``MFU %`` is percent of the peak. Numbers show 3 significant figures
+        (:mod:`cb_callback._report.numbers`): a value that is not 0 never shows as 0.
         A row's ``note`` (how an estimate was built, "a container") is not an
         error: a container estimated from its children is not listed.
         With ``compile=True`` a compile what-if section follows
@@ -281,8 +281,8 @@ def _saved(r: ComponentRow) -> tuple[int, float]:
 
 
 def _g(value: Any) -> str:
-    """``value`` to 3 significant digits; ``"-"`` when missing (a saved report's NaN is ``None``)."""
-    return f"{value:.3g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else _MISSING
+    """``value`` to 3 significant figures; ``"-"`` when missing (a saved report's NaN is ``None``)."""
+    return sig(value, missing=_MISSING)
 
 
 def compile_lines(report: Report, top: int = 5) -> list[str]:
@@ -311,14 +311,14 @@ def compile_lines(report: Report, top: int = 5) -> list[str]:
     for r in done[:top]:
         info = r.details["compile"]
         same = info.get("eager_ms_same_rounds")
-        paired = f"; x{same / r.compiled_ms:.2f} against eager in the same rounds" if _finite(same) else ""
+        paired = f"; x{_g(same / r.compiled_ms)} against eager in the same rounds" if _finite(same) else ""
         line = (
-            f"  compiling {r.path or 'root'} whole: {r.total_ms:.3g} -> {r.compiled_ms:.3g} ms "
-            f"(x{r.total_ms / r.compiled_ms:.2f}{paired})"
+            f"  compiling {r.path or 'root'} whole: {_g(r.total_ms)} -> {_g(r.compiled_ms)} ms "
+            f"(x{_g(r.total_ms / r.compiled_ms)}{paired})"
         )
         if "children_separately_ms" in info:
             line += (
-                f"; its children separately: {r.total_ms:.3g} -> {_g(info['children_separately_ms'])} ms "
+                f"; its children separately: {_g(r.total_ms)} -> {_g(info['children_separately_ms'])} ms "
                 f"({info.get('children_compiled')} compiled)"
             )
         if info.get("graph_breaks"):
@@ -362,7 +362,9 @@ def quality_lines(report: Report) -> list[str]:
     machine = []
     before, after = quality.get("load_before"), quality.get("load_after")
     if before is not None or after is not None:
-        machine.append(f"load average {_num(before, 2)} -> {_num(after, 2)} on {quality.get('cpus')} CPUs")
+        machine.append(f"load average {_num(before)} -> {_num(after)} on {quality.get('cpus')} CPUs")
+    if isinstance(quality.get("others"), (int, float)):  # other processes' CPU share (/proc), ours not counted
+        machine.append(f"other processes {float(quality['others']):.0%} of the CPU time")
     rate = quality.get("switches_per_s")
     if rate is not None and math.isfinite(float(rate)):
         machine.append(f"{float(rate):.0f} involuntary context switches/s per thread")
@@ -371,7 +373,7 @@ def quality_lines(report: Report) -> list[str]:
     if machine:
         lines.append("  machine: " + "; ".join(machine))
     for r in flagged[:_QUALITY_ROWS_SHOWN]:
-        noise = f" (noise {_num(r.noise, 0, 100.0)} %)" if math.isfinite(r.noise) else ""
+        noise = f" (noise {_num(r.noise, 100.0)} %)" if math.isfinite(r.noise) else ""
         lines.append(f"  {_path_label(r)}: {', '.join(r.details['flags'])}{noise}")
     if len(flagged) > _QUALITY_ROWS_SHOWN:
         lines.append(f"  ... and {len(flagged) - _QUALITY_ROWS_SHOWN} more flagged rows")
@@ -420,7 +422,7 @@ def _hot_cells(row: ComponentRow, n: int, share: float, calls: list[int] | None 
     cells = _summary_cells(row)
     if n > 1:
         cells[0] = f"{cells[0]} ×{n}"
-        cells[SUMMARY_HEADERS.index("share %")] = _num(share, 1, 100.0)
+        cells[SUMMARY_HEADERS.index("share %")] = _num(share, 100.0)
         if calls:
             cells[SUMMARY_HEADERS.index("calls")] = _folded_calls(calls)
     return cells
@@ -436,13 +438,13 @@ _MARKDOWN_CELLS: tuple[Callable[[ComponentRow], str], ...] = (
     lambda r: r.module_type,
     lambda r: _status(r),
     lambda r: str(r.calls),
-    lambda r: _num(r.fwd_ms, 3),
-    lambda r: _num(r.bwd_ms, 3),
-    lambda r: _num(r.total_ms, 3),
-    lambda r: _num(r.share, 1, 100.0),
-    lambda r: _num(r.tflops, 3),
-    lambda r: _num(r.mfu, 1, 100.0),
-    lambda r: _num(r.peak_mem_mb, 1),
+    lambda r: _num(r.fwd_ms),
+    lambda r: _num(r.bwd_ms),
+    lambda r: _num(r.total_ms),
+    lambda r: _num(r.share, 100.0),
+    lambda r: _num(r.tflops),
+    lambda r: _num(r.mfu, 100.0),
+    lambda r: _num(r.peak_mem_mb),
     lambda r: r.bound or _MISSING,
 )
 
@@ -457,10 +459,11 @@ def format_table(report: Report) -> str:
         A header line with :data:`MARKDOWN_HEADERS`, a separator, then one line
         per row: the full dotted path (``(root)`` for the root) indented by two
         non-breaking spaces per depth level, the module type, the status,
-        ``calls``, ``fwd_ms``, ``bwd_ms`` and ``total_ms`` (3 decimals),
-        ``share`` in percent (1 decimal), ``tflops`` (3 decimals), ``mfu`` in
-        percent (1 decimal: ``12.5`` under ``MFU %``), ``peak_mem_mb``
-        (1 decimal) and ``bound``. Missing values show as ``"-"``; ``|`` in a
+        ``calls``, ``fwd_ms``, ``bwd_ms`` and ``total_ms``, ``share`` in
+        percent, ``tflops``, ``mfu`` in percent (``12.5`` under ``MFU %``),
+        ``peak_mem_mb`` and ``bound``, each number to 3 significant figures
+        (:func:`~cb_callback._report.numbers.sig`: ``4.00``, ``0.0420``; a value
+        that is not 0 never shows as 0). Missing values show as ``"-"``; ``|`` in a
         cell is escaped as ``\\|``. With several captured batches
         (``metadata["batches"] > 1``) :data:`P90_HEADER` follows ``total ms``.
 
@@ -485,3 +488,21 @@ def format_table(report: Report) -> str:
 
 #: The former name of :func:`format_table`.
 markdown_table = format_table
+
+
+def format_text_table(report: Report) -> str:
+    """The rows of :func:`format_table` as aligned plain text: the same columns and cells, names
+    left-aligned and numbers right-aligned, the path indented by two spaces per depth level.
+
+    What TensorBoard's Text tab shows as a preformatted block
+    (:func:`cb_callback._report.tensorboard.log_report`): a markdown table wraps inside its
+    cells there (``136.0`` over ``29``), a ``<pre>`` block scrolls instead.
+    """
+    multi = _multi(report)
+    header = _with_p90(list(MARKDOWN_HEADERS), None, multi)
+    lines = []
+    for row in report.rows:
+        cells = [" ".join(cell(row).split()) for cell in _MARKDOWN_CELLS]  # line breaks folded
+        cells[0] = "  " * row.depth + _path_label(row)
+        lines.append(_with_p90(cells, row, multi))
+    return "\n".join(_aligned(header, lines))

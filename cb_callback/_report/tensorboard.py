@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from cb_callback._report.icicle import icicle_figure
-from cb_callback._report.table import format_summary, format_table
+from cb_callback._report.table import format_summary, format_text_table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -153,10 +154,26 @@ def scalar_layout() -> dict[str, dict[str, list[Any]]]:
     }
 
 
+def _fenced(text: str) -> str:
+    """``text`` as a fenced code block (markdown's ``<pre><code>``, which TensorBoard's sanitizer keeps):
+    shown as it is, one line per line, never wrapped. The fence is three backticks, or one more than
+    the longest run of backticks that starts a line of ``text`` (which would close a shorter one)."""
+    runs = [len(m.group()) for m in re.finditer(r"^`+", text, flags=re.MULTILINE)]
+    fence = "`" * max([3, *(n + 1 for n in runs)])
+    return f"{fence}\n{text}\n{fence}"
+
+
 def _summary_markdown(report: Report) -> str:
     """:func:`format_summary` and the metadata as fenced code blocks (TensorBoard markdown)."""
     metadata = json.dumps(report.metadata, indent=1, sort_keys=True, default=str)
-    return f"```\n{format_summary(report)}\n```\n\nmetadata:\n\n```\n{metadata}\n```"
+    return f"{_fenced(format_summary(report))}\n\nmetadata:\n\n{_fenced(metadata)}"
+
+
+def _table_markdown(report: Report) -> str:
+    """:func:`~cb_callback._report.table.format_text_table` as a fenced code block: TensorBoard's Text tab
+    wraps a markdown table inside its cells (``136.0`` over ``29``); a ``<pre>`` block keeps each row on
+    one line and scrolls sideways."""
+    return _fenced(format_text_table(report))
 
 
 def _figure_to_hwc(fig: Figure) -> np.ndarray:
@@ -194,8 +211,10 @@ def log_report(
     ``(metric, path)``, metric by metric in that order (time first); the
     Custom Scalars layout :func:`scalar_layout` (when ``layout`` and the writer
     has ``add_custom_scalars``); the texts ``component_benchmark/table``
-    (:func:`format_table`) and ``component_benchmark/summary``
-    (:func:`format_summary` and the metadata); and the images
+    (:func:`~cb_callback._report.table.format_text_table`: the columns of
+    :func:`~cb_callback._report.table.format_table`, aligned, in a fenced code
+    block) and ``component_benchmark/summary`` (:func:`format_summary` and the
+    metadata, fenced too: TensorBoard shows both as ``<pre>`` blocks, unwrapped); and the images
     ``component_benchmark/icicle/<metric>`` for :data:`ICICLE_IMAGE_METRICS`
     (:func:`~cb_callback._report.icicle.icicle_figure`, 1600x900 px), through
     ``add_figure`` when the writer has it, else ``add_image`` (HWC, uint8).
@@ -232,7 +251,7 @@ def log_report(
                 writer.add_scalar(scalar_tag(metric, row.path), value, global_step=step)
     if rows and layout and callable(getattr(writer, "add_custom_scalars", None)):
         writer.add_custom_scalars(scalar_layout())
-    _add_text(writer, f"{TAG_PREFIX}/table", format_table(report), step)
+    _add_text(writer, f"{TAG_PREFIX}/table", _table_markdown(report), step)
     _add_text(writer, f"{TAG_PREFIX}/summary", _summary_markdown(report), step)
     for metric in ICICLE_IMAGE_METRICS:
         tag = f"{TAG_PREFIX}/icicle/{metric}"
