@@ -15,6 +15,7 @@ from torch import nn
 import cb_callback._lightning.child as child_module
 from cb_callback import BenchmarkConfig, Capture
 from cb_callback._engine.precision import AUTOCAST_DTYPES, DEFAULT_DTYPES, PRECISIONS, peak_dtype
+from cb_callback._engine.progress import ScheduleCount
 from cb_callback._lightning.args import ENGINE_OPTIONS, check_callback_args
 from cb_callback._lightning.child import ChildResult
 from cb_callback._lightning.fork import SNAPSHOT_DIR, Fork, fork_report
@@ -25,7 +26,7 @@ from cb_callback._lightning.placement import (
     profiles_on_rank,
     time_bound_s,
 )
-from cb_callback._lightning.progress import ProgressBar
+from cb_callback._lightning.progress import ProgressBar, TrainerBar
 from cb_callback._lightning.step import capture_warnings, never_reached, plan, unreachable
 from cb_callback._report.model import ComponentRow, Report
 
@@ -156,13 +157,26 @@ def test_step_messages() -> None:
 
 
 def test_progress_bar_is_a_context_manager() -> None:
-    with ProgressBar(1, show=False) as none:
-        assert none is None
-    with ProgressBar(1) as bar:
+    class Rich: ...
+
+    class Tqdm: ...
+
+    class Lines:  # another progress bar: plain lines through its print
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def print(self, line: str) -> None:
+            self.lines.append(line)
+
+    with ProgressBar(1, TrainerBar(None, Rich, Tqdm), ScheduleCount(1, 1, 1)) as none:
+        assert none is None  # no bar: nothing drawn
+    lines = Lines()
+    with ProgressBar(1, TrainerBar(lines, Rich, Tqdm), ScheduleCount(1, 1, 1)) as bar:
         assert bar is not None
-        bar(1, 2, "a")
-        assert bar._bar is not None and bar._bar.n == 1
-    assert bar._bar is None  # closed on exit
+        bar(1, 2, "")  # 1 component + 1 round x 1 level = 2 steps
+        assert bar._row is not None
+        assert lines.lines == ["cb_callback: profiling step 1: 1 component, 1 timing round per level"]
+    assert bar._row is None and lines.lines[-1].startswith("cb_callback: step 1 profiled in ")  # closed on exit
 
 
 # --- fork lifecycle ------------------------------------------------------------------------------

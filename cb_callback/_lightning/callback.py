@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning.pytorch.callbacks.callback import Callback
+from lightning.pytorch.callbacks.progress import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
@@ -24,6 +25,7 @@ from cb_callback._lightning import step as _step
 from cb_callback._lightning.args import DISABLE_ENV, check_callback_args, disabled_by_env
 from cb_callback._lightning.child import ChildResult
 from cb_callback._lightning.fork import Fork, fork_report
+from cb_callback._lightning.progress import TrainerBar
 from cb_callback._lightning.spawn import fork_problem, fork_sharded_problem
 from cb_callback._lightning.step import StepCaptures
 from cb_callback._lightning.when import CaptureSchedule
@@ -38,6 +40,19 @@ if TYPE_CHECKING:
 __all__ = ["ComponentBenchmark"]
 
 _DEFAULTS = BenchmarkConfig()  # the engine options' defaults (one source of truth)
+
+
+def _bar(trainer: pl.Trainer) -> TrainerBar:
+    """The Trainer's progress bar on rank zero, to draw the pause and print through (none on other ranks)."""
+    return TrainerBar(
+        trainer.progress_bar_callback if trainer.is_global_zero else None, RichProgressBar, TQDMProgressBar
+    )
+
+
+def _say(trainer: pl.Trainer, line: str) -> None:
+    """``line`` on a line of its own above the progress bar when one is drawn, else ``rank_zero_info``."""
+    if not _bar(trainer).print(line):
+        rank_zero_info(line)
 
 
 class ComponentBenchmark(Callback):
@@ -251,15 +266,14 @@ class ComponentBenchmark(Callback):
             if self.mode == "pause":
                 # The engine runs the user's reporters with this context (the logger's writer on rank zero).
                 ctx = ReportContext(output_dir=out, step=step, writer=_publish.open_writer(self._tb(trainer)))
-                show = trainer.is_global_zero and trainer.progress_bar_callback is not None
                 forward = trainer.precision_plugin.forward_context
-                report = run.profile_here(pl_module, window, cfg, metadata, ctx, forward, show)
+                report = run.profile_here(pl_module, window, cfg, metadata, ctx, forward, _bar(trainer))
                 if mine:
                     self._publish(trainer, report, _publish.write_files(report, ctx), step)
                 return
             device = str(self.config.device or pl_module.device)
             self._fork = run.fork(pl_module, window, cfg, metadata, out, device, step, trainer.precision)
-            rank_zero_info(self._fork.describe())
+            _say(trainer, self._fork.describe())
         except Exception as e:
             _publish.report_failure(step, out, e)
 
@@ -279,7 +293,7 @@ class ComponentBenchmark(Callback):
         if trainer.is_global_zero and (
             line := _publish.log_to_tensorboard(report, ctx, target, self.log_to_tensorboard, files.problem)
         ):
-            rank_zero_info(line)
+            _say(trainer, line)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -257,7 +257,7 @@ class ChildRun:
         sent = self._received()
         if exitcode == 0:
             try:
-                report = Report.load(self.output_dir)
+                report = Report.load(self.output_dir / Report.REPORT_FILE)  # the child's own, not one below
             except (OSError, ValueError, KeyError, TypeError) as e:
                 message = f"the profiling child ended but its report could not be read: {e}"
                 return ChildResult(None, message, self._write_error(message))

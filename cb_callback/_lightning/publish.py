@@ -167,7 +167,7 @@ def _holds_report(directory: Path) -> bool:
     from cb_callback._report.model import Report
 
     try:
-        Report.load(directory)
+        Report.load(directory / Report.REPORT_FILE)  # this one file, never a report found below
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
     return True

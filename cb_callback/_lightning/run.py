@@ -11,8 +11,9 @@ from torch import nn
 
 from cb_callback._engine.config import BenchmarkConfig
 from cb_callback._engine.profile import profile_captured
+from cb_callback._engine.progress import ScheduleCount
 from cb_callback._lightning.fork import Fork
-from cb_callback._lightning.progress import ProgressBar
+from cb_callback._lightning.progress import ProgressBar, TrainerBar
 from cb_callback._lightning.step import StepCaptures
 from cb_callback._report.context import ReportContext
 from cb_callback._report.model import Report
@@ -27,12 +28,15 @@ def profile_here(
     metadata: dict[str, Any],
     ctx: ReportContext,
     forward_context: Callable[[], AbstractContextManager[Any]] | None,
-    show_progress: bool,
+    bar: TrainerBar,
 ) -> Report:
-    """Profile the capture's steps now, in the Trainer's precision context, with a progress bar."""
-    with ProgressBar(ctx.step, show_progress) as progress:
+    """Profile the capture's steps now, in the Trainer's precision context, drawn through its progress ``bar``."""
+    calls = window.calls()
+    drawn = bar.bar is not None  # the tree is walked for a bar's total only
+    count = ScheduleCount.for_run(module, [calls] if isinstance(calls, dict) else calls, cfg) if drawn else None
+    with ProgressBar(ctx.step, bar, count or ScheduleCount(None, cfg.rounds, 1)) as progress:
         return profile_captured(
-            module, window.calls(), config=cfg.replace(progress=progress), metadata=metadata, report_context=ctx,
+            module, calls, config=cfg.replace(progress=progress), metadata=metadata, report_context=ctx,
             captured_batch_size=window.captures[0].stored_batch_size, forward_context=forward_context,
         )  # fmt: skip
 
