@@ -113,7 +113,13 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument(
         "--metric", default="total_ms", choices=_DIFF_METRICS, help="column to compare (default total_ms)"
     )
-    diff.add_argument("--html", type=Path, default=None, metavar="FILE", help="also write a diff page")
+    diff.add_argument(
+        "--html",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write a diff page (B's tree coloured by the change; both runs' quality in its header)",
+    )
     _add_selection(diff, sorts=_DIFF_SORTS, default_sort="change")
 
     compare = sub.add_parser(
@@ -233,15 +239,15 @@ def _location(text: str, step: int | None) -> tuple[Path, int | None] | None:
 
 
 def _resolved(
-    text: str, step: int | None, find: Callable[[Path, int | None], Resolved], what: str, filename: str
+    text: str, step: int | None, find: Callable[[str, int | None], Resolved], what: str, filename: str
 ) -> Path | None:
     """The directory a location names (saying on stderr which one, when searched); ``None``: there is none."""
     where = _location(text, step)
     if where is None:
         return None
     try:
-        resolved = find(*where)
-    except (FileNotFoundError, StepNotFoundError) as e:
+        resolved = find(text, where[1])  # DIR@N parsed again there: the rules Report.load follows too
+    except (FileNotFoundError, StepNotFoundError) as e:  # InvalidStepError (DIR@x) is a StepNotFoundError
         print(f"cb: error: {e}", file=sys.stderr)
         return None
     except OSError as e:
@@ -392,7 +398,7 @@ def _diff(args: argparse.Namespace) -> int:
     if args.html is not None:
         from cb_callback._report.html import write_diff_html
 
-        print(f"cb: wrote {write_diff_html(a, b, d, args.html)}")
+        print(f"cb: wrote {write_diff_html(a, b, d, args.html, labels=(args.a, args.b))}")
     return 0
 
 

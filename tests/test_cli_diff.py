@@ -48,8 +48,10 @@ def test_changes_are_over_the_step_sorted_by_size_and_noise_aware() -> None:
     assert lines[0] == "whole model: A 10.000 ms -> B 8.000 ms (-20.0 %)"
     assert lines[1] == "biggest movers: b -3.000 ms, a +1.000 ms"
     assert [ln.split()[0] for ln in lines[4:-1]] == ["b", "(root)", "a", "c"]  # by absolute change
-    assert lines[-2].split()[-2:] == ["~", "~"]  # c: ratio not printed, marked not significant
-    assert lines[-1].startswith("(~: the change is within the two runs' noise")
+    assert lines[-2].split()[-2:] == ["≈1×", "noise"]  # c: ratio not printed, marked not significant
+    assert _line(lines, "a")[-2:] == ["1.50×", "slower"]  # 3 / 2 beyond the noise
+    assert _line(lines, "b")[-2:] == ["0.500×", "faster"]  # 3 / 6
+    assert lines[-1].startswith("(B/A: B ÷ A, ≈1× when within noise; sig: slower / faster beyond the two runs'")
 
 
 def test_two_runs_of_the_same_model_are_not_78x_apart(tmp_path: Path) -> None:
@@ -57,7 +59,7 @@ def test_two_runs_of_the_same_model_are_not_78x_apart(tmp_path: Path) -> None:
     a = _report({"": (5.0, 0.05), "r": (0.01, 1.2)})
     b = _report({"": (5.1, 0.05), "r": (0.78, 1.2)})
     line = next(ln for ln in format_diff(compare_reports(a, b)) if ln.startswith("r "))
-    assert line.split()[-2:] == ["~", "~"]
+    assert line.split()[-2:] == ["≈1×", "noise"]
     assert "78" not in line.split()[-2]
 
 
@@ -146,15 +148,16 @@ def test_flops_and_bytes_are_exact_counts_not_judged_by_the_timing_noise() -> No
     # have called it noise; a FLOP count has none); 0 -> 0 for the ReLU: unchanged (B/A undefined: "-").
     assert lines[0] == "whole model: A 1000000000 -> B 1200000000 (+20.0 %)"
     assert lines[1] == "biggest movers: fc +200000000"
-    assert _line(lines, "fc")[2:] == ["1000000000", "1200000000", "+200000000", "1.200"]
+    assert _line(lines, "fc")[2:] == ["1000000000", "1200000000", "+200000000", "1.20×", "higher"]
     assert _line(lines, "relu")[2:] == ["0", "0", "+0", "-", "unchanged"]
     assert lines[-1].startswith("(fwd_flops is a count or a size, not a time: any difference is a change")
-    # bytes 2**40 -> 2**40 + 1: differ by one, counts compare exactly -> a change of +1 (every digit printed);
-    # the ReLU's 2**40 = 1099511627776 in both: unchanged, B/A = 1.000.
+    # bytes 2**40 -> 2**40 + 1: differ by one, counts compare exactly -> a change of +1 (every digit printed),
+    # +100 / 2**40 = +9.09e-11 % (a change never reads "+0.0 %"); the ReLU's 2**40 = 1099511627776 in both:
+    # unchanged, B/A = 1.00×.
     lines = format_diff(compare_reports(a, b, "bytes"))
-    assert lines[0] == "whole model: A 1099511627776 -> B 1099511627777 (+0.0 %)"
-    assert _line(lines, "")[4:] == ["+1", "1.000"]
-    assert _line(lines, "relu")[4:] == ["+0", "1.000", "unchanged"]
+    assert lines[0] == "whole model: A 1099511627776 -> B 1099511627777 (+9.09e-11 %)"
+    assert _line(lines, "")[4:] == ["+1", "1.00×", "higher"]
+    assert _line(lines, "relu")[4:] == ["+0", "1.00×", "unchanged"]
     # 0 -> 0 over the whole model reads "unchanged", never "within noise".
     zero = _tree("Net", {}, bwd_flops={"": 0.0})
     assert format_diff(compare_reports(zero, zero, "bwd_flops"))[0] == "whole model: A 0 -> B 0 (unchanged)"
@@ -180,17 +183,17 @@ def test_sizes_and_peaks_are_per_call_what_adds_up_over_the_step_is_times_calls(
     params = format_diff(compare_reports(a, b, "params_mb"))
     # fc's 2 MiB of parameters are the same 2 MiB however often it is called (3 then 4 times):
     # 2.000 -> 2.000, B/A 1.000, unchanged (was 6 -> 8, 1.33 x); the header says no "×calls".
-    assert _line(params, "fc")[2:] == ["2.000", "2.000", "+0.000", "1.000", "unchanged"]
+    assert _line(params, "fc")[2:] == ["2.000", "2.000", "+0.000", "1.00×", "unchanged"]
     assert next(ln for ln in params if ln.startswith("path")).split()[2:4] == ["A", "params_mb"]
     peaks = format_diff(compare_reports(a, b, "peak_mem_mb"))
     # the root's peak of one call: 5 -> 5 unchanged (not 5 x calls); fc's peak unknown in B: nothing
-    # to judge, so no "~" (which would claim "within noise") and no ratio.
-    assert _line(peaks, "")[2:] == ["5.000", "5.000", "+0.000", "1.000", "unchanged"]
+    # to judge, so no "noise" (which would claim "within noise") and no ratio.
+    assert _line(peaks, "")[2:] == ["5.000", "5.000", "+0.000", "1.00×", "unchanged"]
     assert _line(peaks, "fc")[2:] == ["5.000", "-", "-", "-"]
     # activations are saved by every call until the backward: 1.5 MiB x 3 = 4.5 -> 1.5 x 4 = 6.0, +1.5,
     # B/A 6 / 4.5 = 1.333: a change (an exact size, no noise).
     acts = format_diff(compare_reports(a, b, "activation_mb"))
-    assert _line(acts, "fc")[2:] == ["4.500", "6.000", "+1.500", "1.333"]
+    assert _line(acts, "fc")[2:] == ["4.500", "6.000", "+1.500", "1.33×", "higher"]
 
 
 def test_unrelated_models_are_diffed_under_a_warning() -> None:
@@ -236,7 +239,7 @@ def test_cb_diff_prints_both_quality_verdicts_and_the_warning(
         "quality: A clean, B contended (a timed change may be the machine's, not the model's)",
         "  B: re-run on a quiet machine",
         "  B: pin the threads",
-        "whole model: A 1.000 ms -> B 1.000 ms (+0.0 %, within noise)",
+        "whole model: A 1.000 ms -> B 1.000 ms (unchanged)",  # equal: not "within noise"
     ]
     # a report written before quality was measured says so; a FLOP diff needs no timing caveat.
     Report(b.rows, {"device_name": "cpu", "dtype": "fp32"}).save(tmp_path / "old")

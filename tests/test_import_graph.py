@@ -148,6 +148,7 @@ GRAPH = import_graph(_package_modules())
 LAYERS: dict[str, int] = {
     "cb_callback._report.schema": 0,
     "cb_callback._report.model": 0,
+    "cb_callback._report.discover": 0,  # finding reports on disk (stdlib only): what Report.load resolves with
     "cb_callback._report.context": 0,
     "cb_callback._hardware": 0,
     "cb_callback._report": 1,
@@ -213,7 +214,9 @@ def test_the_results_model_and_the_hardware_tables_import_only_their_own_folder(
 
 
 def test_the_results_model_imports_no_renderer() -> None:
-    assert GRAPH["cb_callback._report.model"] == {"cb_callback._report.schema"}
+    # the statuses, and finding a report on disk (Report.load accepts what `cb report` does); no renderer
+    assert GRAPH["cb_callback._report.model"] == {"cb_callback._report.schema", "cb_callback._report.discover"}
+    assert GRAPH["cb_callback._report.discover"] == set()  # the standard library only
 
 
 def test_integrations_use_the_public_surface_only() -> None:

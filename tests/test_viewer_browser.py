@@ -14,6 +14,7 @@ from torch import nn
 from cb_callback import profile_components
 from cb_callback._report.html import HTML_FILE, render_html, write_html
 from cb_callback._report.model import ComponentRow, Report
+from cb_callback._report.numbers import sig  # the page shows numbers as the text does
 from tests._browser import browser, new_page
 
 __all__ = ["browser"]  # the fixture
@@ -211,11 +212,6 @@ def _cell(page: object, path: str, header: str) -> str:
     return page.locator(f'#table tbody tr[data-path="{path}"] td').nth(col).inner_text()  # type: ignore[attr-defined]
 
 
-def _to_fixed(page: object, value: float, digits: int) -> str:
-    """``value`` as the browser's ``toFixed`` writes it (the page's number format)."""
-    return page.evaluate(f"({value!r}).toFixed({digits})")  # type: ignore[attr-defined]
-
-
 def _hover(page: object, path: str) -> str:
     ids = page.evaluate("document.getElementById('icicle').data[0].ids")  # type: ignore[attr-defined]
     hover = page.evaluate("document.getElementById('icicle').data[0].customdata")  # type: ignore[attr-defined]
@@ -252,9 +248,9 @@ def test_many_batches_show_median_p90_and_each_batch(browser: object, tmp_path: 
         assert "total ms" not in headers
         assert headers.index("p90 ms") == headers.index("median ms") + 1
         assert "3 batches" in (page.locator("#table th[data-key='total_ms']").get_attribute("title") or "")
-        assert _cell(page, "", "p90 ms") == _to_fixed(page, root.details["p90_ms"], 3)
-        assert _cell(page, "", "median ms") == _to_fixed(page, root.total_ms, 3)
-        assert f"p90 {_to_fixed(page, root.details['p90_ms'], 3)} ms over 3 batches" in _hover(page, "")
+        assert _cell(page, "", "p90 ms") == sig(root.details["p90_ms"])
+        assert _cell(page, "", "median ms") == sig(root.total_ms)
+        assert f"p90 {sig(root.details['p90_ms'])} ms over 3 batches" in _hover(page, "")
         # sorting by p90 orders the rows by it
         page.click("#table th[data-key='p90_ms']")
         p90 = {r.path: r.details.get("p90_ms", float("-inf")) for r in report.rows}
@@ -293,11 +289,11 @@ def test_the_compile_what_if_shows_compiled_times_and_speedups(browser: object, 
         assert headers.index("compile \u00d7") == headers.index("compiled ms") + 1
         assert "total ms" in headers and "p90 ms" not in headers  # one batch
         for r in compiled:
-            assert _cell(page, r.path, "compiled ms") == _to_fixed(page, r.compiled_ms, 3)
-            assert _cell(page, r.path, "compile \u00d7") == _to_fixed(page, r.compile_speedup, 2)
+            assert _cell(page, r.path, "compiled ms") == sig(r.compiled_ms)
+            assert _cell(page, r.path, "compile \u00d7") == sig(r.compile_speedup)
         root = report.row("")
-        speedup = _to_fixed(page, root.compile_speedup, 2)
-        assert f"compiled {_to_fixed(page, root.compiled_ms, 3)} ms (\u00d7{speedup})" in _hover(page, "")
+        speedup = sig(root.compile_speedup)
+        assert f"compiled {sig(root.compiled_ms)} ms (\u00d7{speedup})" in _hover(page, "")
         table = list(csv.DictReader(io.StringIO(page.evaluate("window.cbViewer.csv()"))))
         assert float(next(t for t in table if t["path"] == "(root)")["compile \u00d7"]) == root.compile_speedup
         page.select_option("#metric", "compile_speedup")
@@ -306,13 +302,10 @@ def test_the_compile_what_if_shows_compiled_times_and_speedups(browser: object, 
         section = page.locator("#details .compile-whatif")
         assert section.count() == 1
         text = section.inner_text()
-        assert f"compiled {_to_fixed(page, root.compiled_ms, 3)} ms (\u00d7{speedup})" in text
+        assert f"compiled {sig(root.compiled_ms)} ms (\u00d7{speedup})" in text
         assert "graph breaks" in text and "recompiles" in text and "outputs close" in text
         sep = root.details["compile"]["children_separately_ms"]
-        assert (
-            f"\u2192 {_to_fixed(page, sep, 3)} ms ({root.details['compile']['children_compiled']} children compiled)"
-            in text
-        )
+        assert f"\u2192 {sig(sep)} ms ({root.details['compile']['children_compiled']} children compiled)" in text
         assert '"compile"' not in page.locator("#details pre").inner_text()
         assert log.errors == []
 
@@ -382,6 +375,32 @@ def test_the_csv_holds_percents_under_percent_headers(browser: object, tmp_path:
         page.click(".tabs button[data-view='types']")
         groups = {r["group"]: r for r in csv.DictReader(io.StringIO(page.evaluate("window.cbViewer.csv()")))}
         assert groups["Linear"]["share %"] == "17.67" and groups["Linear"]["mean MFU %"] == "17.671234"
+        assert log.errors == []
+
+
+def test_the_table_and_tooltip_show_numbers_to_their_significance(browser: object, tmp_path: Path) -> None:
+    """Issue 23 §4: a tiny Linear's FLOP is not "0.000" (GFLOP) beside its MFU; the page's rules are the text's."""
+    # Linear(32, 32) on 64 rows: forward 2 * 64 * 32 * 32 = 131072 FLOP, backward twice that: 393216 in all
+    rows = [
+        ComponentRow("", "Net", 0, None, "ok", calls=1, fwd_ms=4.0, bwd_ms=0.0, total_ms=4.0, share=1.0,
+                     fwd_flops=6e9, mfu=0.125),
+        ComponentRow("fc", "Linear", 1, "", "ok", calls=1, fwd_ms=0.02, bwd_ms=0.04, total_ms=0.06, share=0.015,
+                     fwd_flops=131072.0, bwd_flops=262144.0, tflops=0.00655, mfu=0.022, bw_util=2.19e-5),
+    ]  # fmt: skip
+    out = Report(rows, {"device_name": "cpu"}).save(tmp_path)
+    with new_page(browser) as (page, log):
+        _open(page, out)
+        assert "FLOP" in _headers(page) and "GFLOP" not in _headers(page)
+        assert _cell(page, "fc", "FLOP") == "393 k" and _cell(page, "fc", "MFU %") == "2.20"  # was 0.000 beside 2.2
+        assert _cell(page, "", "FLOP") == "6.00 G"
+        assert _cell(page, "fc", "BW %") == "0.00219"  # 2.19e-5 * 100: not "0.0"
+        assert _cell(page, "fc", "TFLOP/s") == "0.00655" and _cell(page, "fc", "total ms") == "0.0600"
+        assert _cell(page, "", "bwd ms") == "0"  # exactly 0
+        assert _cell(page, "", "BW %") == "-"  # missing
+        assert "FLOP 393 k; TFLOP/s 0.00655; MFU 2.20 %" in _hover(page, "fc")
+        # the CSV keeps every digit, the count unscaled under "FLOP"
+        table = {r["path"]: r for r in csv.DictReader(io.StringIO(page.evaluate("window.cbViewer.csv()")))}
+        assert table["fc"]["FLOP"] == "393216"
         assert log.errors == []
 
 

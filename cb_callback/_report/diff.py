@@ -13,6 +13,8 @@ Each metric is judged by what it is (:func:`metric_kind`):
   ``compile_speedup``): a change smaller than the runs' own spread is *within
   noise*: the larger of the two rows' ``noise × value``, times
   :data:`NOISE_FACTOR`, bounds what two runs of the same model differ by.
+  Equal values are *unchanged* here too (``MFU 0 -> 0``: nothing moved, not
+  "within noise").
 
 Whether ``× calls`` applies (:data:`OVER_STEP_METRICS`): what adds up over the
 step's calls is compared over the step, ``metric × calls`` (time, FLOPs, bytes,
@@ -47,10 +49,12 @@ __all__ = [
     "UNKNOWN_NOISE",
     "Change",
     "Comparison",
+    "change_word",
     "compare_reports",
     "format_diff",
     "metric_kind",
     "model_mismatch",
+    "ratio_text",
 ]
 
 #: A change within this many times the larger IQR of the two rows is not significant.
@@ -140,8 +144,8 @@ class Change:
 
     @property
     def unchanged(self) -> bool:
-        """An exact metric with the same value in A and B (``0 -> 0`` included)."""
-        return self.exact and math.isfinite(self.change) and self.a == self.b
+        """The same value in A and B (``0 -> 0`` included), for any metric, timed or exact."""
+        return math.isfinite(self.change) and self.a == self.b
 
     @property
     def significant(self) -> bool:
@@ -273,9 +277,77 @@ def compare_reports(a: Report, b: Report, metric: str = "total_ms") -> Compariso
 
 
 def _num(v: float, digits: int = 3, sign: bool = False) -> str:
+    """``v`` with ``digits`` decimals, or 3 significant figures where those decimals would read 0.
+
+    ``0.0004`` is ``0.0004`` (not ``0.000``); exactly 0 is ``0.000`` (``+0.000`` with ``sign``);
+    NaN or inf is ``-``.
+    """
     if not math.isfinite(v):
         return "-"
-    return f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}"
+    plus = "+" if sign else ""
+    if v != 0 and round(abs(v), digits) == 0:  # a non-zero value never shows as 0
+        return f"{v:{plus}.3g}"
+    return f"{v:{plus}.{digits}f}"
+
+
+#: Rates of work done per time: higher is faster (for the same work).
+_THROUGHPUT = frozenset({"tflops", "gbps", "mfu", "bw_util"})
+
+
+def _directions(metric: str) -> tuple[str, str]:
+    """What the ``sig`` column calls a significant change of ``metric``: ``(B larger, B smaller)``."""
+    if metric.endswith("_ms"):
+        return "slower", "faster"
+    if metric in _THROUGHPUT:
+        return "faster", "slower"
+    return "higher", "lower"
+
+
+def change_word(c: Change, metric: str) -> str:
+    """The ``sig`` cell of a change: what a person reads of it at a glance.
+
+    ``unchanged`` (the same value in A and B); ``slower`` / ``faster`` for a time or a
+    throughput rate, ``higher`` / ``lower`` for a count, size or other rate, when the change
+    is significant (:attr:`Change.significant`); ``noise`` when it is within the two runs'
+    noise; ``only in A`` / ``only in B``; ``""`` when A or B did not measure it (nothing to judge).
+    """
+    if c.only_in:
+        return f"only in {c.only_in}"
+    if not math.isfinite(c.change):
+        return ""
+    if c.unchanged:
+        return "unchanged"
+    if not c.significant:
+        return "noise"
+    up, down = _directions(metric)
+    return up if c.change > 0 else down
+
+
+def ratio_text(c: Change) -> str:
+    """The ``B/A`` cell: ``1.20×`` (3 significant figures, ``4837×`` from 100 up); ``≈1×`` within noise.
+
+    A change within noise is not shown as a ratio (a tiny module's 0.01 -> 0.78 ms within its
+    noise is not "78× slower"); ``-`` where the ratio is undefined (A is 0, or either missing).
+    """
+    if not math.isfinite(c.ratio):
+        return "-"
+    if math.isfinite(c.change) and not c.significant and not c.unchanged:
+        return "\u22481\u00d7"
+    return (f"{c.ratio:.0f}" if c.ratio >= 100 else f"{c.ratio:#.3g}") + "\u00d7"
+
+
+def _legend(metric: str, exact: bool) -> str:
+    """The line under the table saying what the ``B/A`` and ``sig`` cells mean."""
+    up, down = _directions(metric)
+    if exact:
+        return (
+            f"({metric} is a count or a size, not a time: any difference is a change; B/A: B \u00f7 A; "
+            f"sig: {up} / {down} in B, unchanged: the same value in A and B)"
+        )
+    return (
+        f"(B/A: B \u00f7 A, \u22481\u00d7 when within noise; sig: {up} / {down} beyond the two runs' noise "
+        "(2 \u00d7 the larger IQR), noise within it: not significant, unchanged: the same value in A and B)"
+    )
 
 
 def _sort_key(sort: str) -> Callable[[Change], Any]:
@@ -304,8 +376,69 @@ def _quality_lines(d: Comparison) -> list[str]:
     return lines
 
 
+def _units(metric: str) -> tuple[float, int, str]:
+    """``(scale, decimals, suffix)`` a metric is shown with: percent ×100, whole counts, ``ms``."""
+    unit = "ms" if metric.endswith("_ms") else ("%" if metric in _PERCENT else "")
+    return (100.0 if metric in _PERCENT else 1.0), (0 if metric in _INTEGER else 3), (f" {unit}" if unit else "")
+
+
+def _whole_model_line(d: Comparison) -> list[str]:
+    """``whole model: A 10.000 ms -> B 8.000 ms (-20.0 %)`` (``unchanged``, ``within noise``); none without a root."""
+    root = d.root
+    if root is None or not (math.isfinite(root.a) and math.isfinite(root.b)):
+        return []
+    scale, digits, suffix = _units(d.metric)
+    if root.unchanged:
+        how = "unchanged"
+    else:
+        pct = f"{_num((root.b - root.a) / root.a * 100, 1, True)} %" if root.a else "from 0"
+        how = pct + ("" if root.significant else ", within noise")
+    a_text, b_text = _num(root.a * scale, digits) + suffix, _num(root.b * scale, digits) + suffix
+    return [f"whole model: A {a_text} -> B {b_text} ({how})"]
+
+
+def _movers_line(d: Comparison) -> list[str]:
+    """``biggest movers: b -3.000 ms, a +1.000 ms``: the three largest significant changes below the root."""
+    scale, digits, suffix = _units(d.metric)
+    movers = sorted(
+        (c for c in d.changes if c.path != "" and c.significant and math.isfinite(c.effective)),
+        key=lambda c: -abs(c.effective),
+    )[:3]
+    if not movers:
+        return []
+    return [
+        "biggest movers: "
+        + ", ".join(
+            f"{c.path} {_num(c.effective * scale, digits, True)}{suffix}"
+            + (f" (only in {c.only_in})" if c.only_in else "")
+            for c in movers
+        )
+    ]
+
+
+def _table_lines(d: Comparison, changes: list[Change], sort: str) -> list[str]:
+    """The header, a rule, then one aligned line per component (names left, numbers right, ``sig`` left)."""
+    scale, digits, _ = _units(d.metric)
+    label = f"{d.metric} %" if d.metric in _PERCENT else (f"{d.metric}×calls" if metric_kind(d.metric)[1] else d.metric)
+    header = ("path", "type", f"A {label}", f"B {label}", "change", "B/A", "sig")
+    table = [header]
+    for c in sorted(changes, key=_sort_key(sort)):
+        a, b, change = (_num(v * scale, digits, sign) for v, sign in ((c.a, False), (c.b, False), (c.effective, True)))
+        table.append((c.path or "(root)", c.module_type, a, b, change, ratio_text(c), change_word(c, d.metric)))
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = []
+    for i, row in enumerate(table):
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
+        cells += [v.rjust(w) for v, w in zip(row[2:6], widths[2:6], strict=True)]
+        cells.append(row[6].ljust(widths[6]))
+        lines.append("  ".join(cells).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
 def format_diff(d: Comparison, *, sort: str = "change", paths: Iterable[str] | None = None) -> list[str]:
-    """The warnings, a one-line summary, then one aligned line per component.
+    """The warnings, a one-line summary, then one aligned line per component, then a legend.
 
     Args:
         d: the comparison.
@@ -317,20 +450,22 @@ def format_diff(d: Comparison, *, sort: str = "change", paths: Iterable[str] | N
         Lines: ``warning: A and B look like different models: ...`` when they
         do (:func:`model_mismatch`); ``quality: A <verdict>, B <verdict>`` and
         each report's advice when either has a quality; ``whole model: A … -> B …
-        (±x %)``; ``biggest movers: …``; a header, then the components. For a
-        timed metric a change within noise is marked ``~`` in the ``sig``
-        column (not significant) and its ratio is not printed as a speed-up or
-        slow-down; for an exact one every difference is a change and equal
-        values are marked ``unchanged``.
+        (±x %)`` (``unchanged`` when equal, ``, within noise`` when not
+        significant); ``biggest movers: …``; a header (``path type A … B … change
+        B/A sig``), then the components, then one legend line.
+
+        ``B/A`` is the ratio (:func:`ratio_text`: ``1.20×``; ``≈1×`` for a
+        change within noise, which is never printed as a speed-up or slow-down;
+        ``-`` when undefined). ``sig`` says what the change is
+        (:func:`change_word`): ``slower`` / ``faster`` (a time or a throughput),
+        ``higher`` / ``lower`` (a count, a size, another rate), ``noise`` (within
+        the two runs' noise, timed metrics only), ``unchanged`` (the same value
+        in A and B, any metric: MFU 0 -> 0 too), ``only in A`` / ``only in B``,
+        or nothing when A or B did not measure it. The legend (first words
+        ``(B/A: B ÷ A`` for a timed metric, ``(<metric> is a count or a size,
+        not a time`` for an exact one) says so.
     """
-    exact, over_step = metric_kind(d.metric)
-    unit = "ms" if d.metric.endswith("_ms") else ("%" if d.metric in _PERCENT else "")
-    scale = 100.0 if d.metric in _PERCENT else 1.0
-    digits = 0 if d.metric in _INTEGER else 3
-    suffix = f" {unit}" if unit else ""
-    label = f"{d.metric}×calls" if over_step else d.metric
-    if d.metric in _PERCENT:
-        label = f"{d.metric} %"
+    exact = metric_kind(d.metric)[0]
     keep = set(paths) if paths is not None else None
     changes = [c for c in d.changes if keep is None or c.path in keep]
     lines = []
@@ -339,64 +474,8 @@ def format_diff(d: Comparison, *, sort: str = "change", paths: Iterable[str] | N
             f"warning: A and B look like different models: {d.mismatch}; the changes below pair unrelated components"
         )
     lines += _quality_lines(d)
-    root = d.root
-    if root is not None and math.isfinite(root.a) and math.isfinite(root.b):
-        if root.unchanged:
-            how = "unchanged"
-        else:
-            pct = (root.b - root.a) / root.a * 100 if root.a else math.nan
-            how = f"{_num(pct, 1, True)} %" + ("" if root.significant else ", within noise")
-        a_text, b_text = _num(root.a * scale, digits) + suffix, _num(root.b * scale, digits) + suffix
-        lines.append(f"whole model: A {a_text} -> B {b_text} ({how})")
-    movers = sorted(
-        (c for c in d.changes if c.path != "" and c.significant and math.isfinite(c.effective)),
-        key=lambda c: -abs(c.effective),
-    )[:3]
-    if movers:
-        lines.append(
-            "biggest movers: "
-            + ", ".join(
-                f"{c.path} {_num(c.effective * scale, digits, True)}{suffix}"
-                + (f" (only in {c.only_in})" if c.only_in else "")
-                for c in movers
-            )
-        )
-    header = ("path", "type", f"A {label}", f"B {label}", "change", "B/A", "sig")
-    table = [header]
-    for c in sorted(changes, key=_sort_key(sort)):
-        if c.only_in:
-            note = f"only in {c.only_in}"
-        elif not math.isfinite(c.change):  # not measured in A or B: nothing to judge
-            note = ""
-        elif c.unchanged:
-            note = "unchanged"
-        else:
-            note = "" if c.significant else "~"
-        ratio = _num(c.ratio) if c.significant or c.unchanged or not math.isfinite(c.change) else "~"
-        table.append(
-            (
-                c.path or "(root)",
-                c.module_type,
-                _num(c.a * scale, digits),
-                _num(c.b * scale, digits),
-                _num(c.effective * scale, digits, True),
-                ratio,
-                note,
-            )
-        )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for i, row in enumerate(table):
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-        cells += [v.rjust(w) for v, w in zip(row[2:6], widths[2:6], strict=True)]
-        cells.append(row[6].ljust(widths[6]))
-        lines.append("  ".join(cells).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    if exact:
-        lines.append(
-            f"({d.metric} is a count or a size, not a time: any difference is a change; "
-            "unchanged: the same value in A and B)"
-        )
-    else:
-        lines.append("(~: the change is within the two runs' noise, 2 x the larger IQR: not significant)")
+    lines += _whole_model_line(d)
+    lines += _movers_line(d)
+    lines += _table_lines(d, changes, sort)
+    lines.append(_legend(d.metric, exact))
     return lines

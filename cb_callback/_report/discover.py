@@ -10,7 +10,15 @@ The rules the ``cb`` commands and the TensorBoard tab share:
   ``capture_every`` each capture is its own ``step_<N>/`` folder) picks among
   those found the one of that step (the newest of them if several have it);
 - ``DIR@N`` is shorthand for "DIR, capture step N" unless a path of that very
-  name exists.
+  name exists; ``DIR@x``, ``DIR@`` or ``DIR@-1`` where ``DIR`` exists (and
+  ``DIR@x`` does not) is refused (:class:`InvalidStepError`, naming the steps
+  under ``DIR``): ``N`` must be a capture step number, 0 or more.
+
+:func:`resolve_report_dir` is the one implementation: ``cb report``, ``cb diff``
+and :meth:`Report.load <cb_callback._report.model.Report.load>` all call it
+(``cb replay`` / ``cb compare`` call :func:`resolve` for snapshots), so the
+three accept the same locations and say the same things. This module imports
+the standard library only: it sits in the model-of-results layer.
 """
 
 from __future__ import annotations
@@ -26,12 +34,14 @@ from typing import Any
 __all__ = [
     "REPORT_FILE",
     "Found",
+    "InvalidStepError",
     "Resolved",
     "StepNotFoundError",
     "capture_step",
     "describe",
     "find_dirs",
     "find_reports",
+    "malformed_step",
     "report_step",
     "resolve",
     "resolve_report_dir",
@@ -47,6 +57,15 @@ _STEP_DIR = re.compile(r"^step_\d+$")
 
 class StepNotFoundError(LookupError):
     """No report (snapshot) of the capture step asked for; the message names the steps there are."""
+
+
+class InvalidStepError(StepNotFoundError, ValueError):
+    """``DIR@N`` whose ``N`` is not a capture step number (``run@x``, ``run@``, ``run@-1``).
+
+    A :class:`StepNotFoundError` (what was asked for is not there: the message
+    names the capture steps under ``DIR``) and a :class:`ValueError` (the
+    argument is malformed), so that a caller catching either sees it.
+    """
 
 
 @dataclass(frozen=True)
@@ -100,12 +119,31 @@ def report_step(directory: Path) -> int | None:
 
 
 def split_location(location: str | Path) -> tuple[Path, int | None]:
-    """``DIR@N`` as ``(DIR, N)``; anything else, or a path of that very name that exists, as ``(path, None)``."""
+    """``DIR@N`` as ``(DIR, N)``; anything else, or a path of that very name that exists, as ``(path, None)``.
+
+    A malformed ``DIR@x`` is returned whole, ``(Path("DIR@x"), None)``: :func:`malformed_step`
+    tells it apart from a path.
+    """
     text = str(location)
     match = _AT_STEP.match(text)
     if match is None or Path(text).exists():
         return Path(text), None
     return Path(match["base"] or "."), int(match["step"])
+
+
+def malformed_step(location: str | Path) -> tuple[Path, str] | None:
+    """``(DIR, tail)`` when ``location`` is ``DIR@tail`` with a ``tail`` that is no capture step number.
+
+    Only when ``DIR`` exists and ``location`` itself does not (a path named with an ``@``
+    is a path), and ``tail`` holds no path separator (``/data/a@b/run`` is a path too);
+    ``None`` otherwise, a well-formed ``DIR@N`` included.
+    """
+    text = str(location)
+    base, sep, tail = text.rpartition("@")
+    if not sep or _AT_STEP.match(text) or "/" in tail or os.sep in tail or Path(text).exists():
+        return None
+    directory = Path(base or ".")
+    return (directory, tail) if directory.exists() else None
 
 
 def _looks_like_report(path: Path) -> bool:
@@ -162,6 +200,24 @@ def _steps_text(found: Sequence[Found]) -> str:
     return text + (f" (and {without} without a capture step)" if without and steps else "")
 
 
+def _refuse_malformed(
+    text: str, filename: str, find: Callable[[Path], list[Path]], step_of: Callable[[Path], int | None]
+) -> None:
+    """Raise :class:`InvalidStepError` when ``text`` is a malformed ``DIR@N`` (:func:`malformed_step`)."""
+    bad = malformed_step(text)
+    if bad is None:
+        return
+    directory, tail = bad
+    dirs = find(directory) if directory.is_dir() else [directory.parent]  # DIR@x's DIR: a directory or the file
+    got = f"not {tail!r}" if tail else "nothing after the '@'"
+    there = (
+        f"capture steps at or under {directory}: {_steps_text([Found(d, 0.0, step_of(d)) for d in dirs])}"
+        if dirs
+        else f"there is no {filename} at or under {directory}"
+    )
+    raise InvalidStepError(f"{text}: in DIR@N, N must be a capture step number (0, 1, 2 ...), {got}; {there}")
+
+
 def resolve(
     location: str | Path,
     step: int | None,
@@ -175,8 +231,10 @@ def resolve(
     """The directory ``location`` names, by the rules of this module's docstring.
 
     Args:
-        location: a directory holding ``filename``, the file, or a directory above such directories.
-        step: the capture step to pick (``None``: the one named, else the newest found).
+        location: a directory holding ``filename``, the file, a directory above such
+            directories, or any of those as ``DIR@N`` (capture step ``N``).
+        step: the capture step to pick (``None``: the one ``DIR@N`` names, else the one
+            named, else the newest found).
         filename: the file that marks a directory (``report.json``, ``snapshot.pt``).
         what: the noun for messages (``"report"``, ``"snapshot"``).
         find: the directories under a directory holding ``filename``.
@@ -187,8 +245,15 @@ def resolve(
     Raises:
         FileNotFoundError: nothing at or under ``location``.
         StepNotFoundError: none of those found has capture step ``step`` (the message lists theirs).
+        InvalidStepError: ``DIR@x``: not a capture step number (the message lists the steps under ``DIR``).
+        ValueError: ``DIR@N`` and ``step`` name different steps.
     """
-    p = Path(location)
+    text = str(location)
+    _refuse_malformed(text, filename, find, step_of)
+    p, at = split_location(text)
+    if at is not None and step is not None and at != step:
+        raise ValueError(f"{text} and step {step} name different steps")
+    step = at if at is not None else step
     named = p.parent if p.is_file() else (p if (p / filename).is_file() else None)
     if named is not None and step is None:
         return Resolved(named)
@@ -213,12 +278,14 @@ def resolve_report_dir(path: str | Path, step: int | None = None) -> Resolved:
 
     ``path`` may be a report directory, its ``report.json``, or any directory
     above reports (``lightning_logs/``, ``lightning_logs/version_0``): then the
-    most recently written report under it is taken, or with ``step`` the one
-    of that capture step.
+    most recently written report under it is taken, or with ``step`` (or
+    ``path@N``) the one of that capture step.
 
     Raises:
         FileNotFoundError: when there is no report at or under ``path``.
         StepNotFoundError: when none there is of capture step ``step``.
+        InvalidStepError: ``path`` is ``DIR@x``, no capture step number.
+        ValueError: ``DIR@N`` and ``step`` name different steps.
     """
     return resolve(path, step, filename=REPORT_FILE, what="report", find=find_reports, step_of=report_step)
 

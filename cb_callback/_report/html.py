@@ -23,7 +23,10 @@ if TYPE_CHECKING:
 
 __all__ = ["HTML_FILE", "plotly_js", "render_html", "viewer_js", "write_diff_html", "write_html"]
 
-_MARKER = re.compile(r"__(?:SCRIPT_ORIGINS|TITLE|CSS|CONFIG|DATA|JS|PLOTLY)__")
+_MARKER = re.compile(r"__(?:SCRIPT_ORIGINS|TITLE|CSS|CONFIG|DATA|JS|PLOTLY|QUALITY)__")
+
+#: The header's quality box, filled by the viewer's script from ``metadata["quality"]``.
+_QUALITY_BOX = '<div id="quality" class="quality"></div>'
 
 #: The file name of the interactive report, beside ``report.json``.
 HTML_FILE = "report.html"
@@ -67,6 +70,7 @@ def render_html(
     viewer_src: str | None = None,
     artifact_base: str = "",
     diff: dict[str, Any] | None = None,
+    quality_html: str | None = None,
 ) -> str:
     """The interactive page of ``report``.
 
@@ -82,6 +86,9 @@ def render_html(
             holds paths relative to the report's directory).
         diff: for a diff page (:func:`write_diff_html`): what was compared; the
             rows carry ``details["diff"]`` and the icicle is coloured by change.
+        quality_html: the header's quality box as HTML (an element with ``id="quality"``),
+            written into the page as is; ``None``: the one the script fills from
+            ``metadata["quality"]``. The diff page's shows both runs'.
 
     Returns:
         The HTML text.
@@ -108,6 +115,7 @@ def render_html(
         "__DATA__": _json_for_script(data),
         "__JS__": viewer_tag,
         "__PLOTLY__": plotly_tag,
+        "__QUALITY__": _QUALITY_BOX if quality_html is None else quality_html,
     }
     # One pass: what is substituted (plotly.js, the report) is never scanned again.
     return _MARKER.sub(lambda m: values[m.group(0)], _asset("viewer.html"))
@@ -158,15 +166,49 @@ def write_html(report: Report, directory: str | Path) -> Path:
     return path
 
 
-def write_diff_html(a: Report, b: Report, comparison: Any, path: str | Path) -> Path:
+def _diff_quality_html(comparison: Any, labels: tuple[str, str]) -> str:
+    """The diff page's quality box: A's and B's verdict and advice, each labelled (hidden when neither has one).
+
+    Its class is the worse verdict's (``contended`` over ``noisy`` over ``clean``), as the
+    single report's box is styled by its verdict.
+    """
+    quality = getattr(comparison, "quality", None) or {}
+    if not any(quality.get(k) for k in ("A", "B")):
+        return '<div id="quality" class="quality" hidden></div>'
+    parts, verdicts = [], []
+    for key, label in zip(("A", "B"), labels, strict=True):
+        q = quality.get(key) or {}
+        verdict = str(q.get("verdict") or "not measured")
+        verdicts.append(verdict)
+        advice = "".join(f"<li>{_text(str(a))}</li>" for a in q.get("advice") or [])
+        parts.append(
+            f'<div class="quality-run" data-run="{key}"><b>{key}</b> ({_text(label)}): quality <b>{_text(verdict)}</b>'
+            + (f"<ul>{advice}</ul>" if advice else "")
+            + "</div>"
+        )
+    worst = next((v for v in ("contended", "noisy") if v in verdicts), "clean")
+    return f'<div id="quality" class="quality {worst}">' + "".join(parts) + "</div>"
+
+
+def write_diff_html(
+    a: Report, b: Report, comparison: Any, path: str | Path, *, labels: tuple[str, str] = ("baseline", "compared")
+) -> Path:
     """A page of B's tree coloured by the change from A (blue faster, red slower, grey within noise).
+
+    Its header shows both runs' quality (``metadata["quality"]``: the verdict and the advice
+    of A and of B, each labelled); each row's ``details["diff"]`` holds A, B, the change, the
+    ratio, the noise bound and ``sig``, the word ``cb diff`` prints
+    (:func:`cb_callback._report.diff.change_word`).
 
     Args:
         a: the baseline report.
         b: the report compared with it.
         comparison: :func:`cb_callback._report.diff.compare_reports` of the two.
         path: the HTML file to write.
+        labels: what A and B are, as the header names them (``cb diff`` passes its two locations).
     """
+    from cb_callback._report.diff import change_word
+
     data = b.to_dict()
     only_a = [r for r in a.to_dict()["rows"] if r["path"] not in {row["path"] for row in data["rows"]}]
     data["rows"] = data["rows"] + only_a
@@ -179,11 +221,20 @@ def write_diff_html(a: Report, b: Report, comparison: Any, path: str | Path) -> 
             k: (v if isinstance(v, float) and v == v and abs(v) != float("inf") else None)
             for k, v in (("a", c.a), ("b", c.b), ("change", c.change), ("ratio", c.ratio), ("noise", c.noise))
         }
-        row.setdefault("details", {})["diff"] = {**finite, "significant": c.significant, "only_in": c.only_in}
+        sig = change_word(c, comparison.metric)
+        row.setdefault("details", {})["diff"] = {
+            **finite,
+            "significant": c.significant,
+            "only_in": c.only_in,
+            "sig": sig,
+        }
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     title = f"cb_callback diff \u2014 {comparison.metric} \u00d7 calls, B vs A"
-    out.write_text(render_html(data, title=title, diff={"metric": comparison.metric}), encoding="utf-8")
+    page = render_html(
+        data, title=title, diff={"metric": comparison.metric}, quality_html=_diff_quality_html(comparison, labels)
+    )
+    out.write_text(page, encoding="utf-8")
     return out
 
 

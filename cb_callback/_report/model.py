@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cb_callback._report.discover import resolve_report_dir  # the standard library only: no heavy import
 from cb_callback._report.schema import STATUSES
 
 __all__ = ["COLUMNS", "RENDERERS", "STATUSES", "ComponentRow", "Renderers", "Report", "error_text"]
@@ -351,21 +352,34 @@ class Report:
             )
 
     @classmethod
-    def load(cls, directory: str | Path) -> Report:
-        """Read a report written by :meth:`save` (a directory or its ``report.json``).
+    def load(cls, location: str | Path, *, step: int | None = None) -> Report:
+        """Read a report written by :meth:`save`, found as ``cb report`` finds it.
 
-        Its :attr:`source_dir` is the directory it was read from.
+        ``location`` is what ``cb report`` accepts (one implementation:
+        :func:`cb_callback._report.discover.resolve_report_dir`):
+
+        - a report's ``report.json``, or the directory holding it;
+        - a directory above reports (a run's ``output_dir`` with ``capture_every``,
+          ``lightning_logs/``): the most recently written report under it;
+        - ``DIR@N`` (or ``step=N``): the report of capture step ``N`` under ``DIR``
+          (the newest of them if several have it). A path named with an ``@`` that
+          exists is that path.
+
+        Its :attr:`source_dir` is the directory it was read from: the one taken.
 
         Raises:
-            FileNotFoundError: no ``report.json`` there.
+            FileNotFoundError: no ``report.json`` at or under ``location``
+                (``no report.json at or under DIR``).
+            StepNotFoundError: (a :class:`LookupError`) none there of capture step ``N``;
+                the message lists the steps there are.
+            InvalidStepError: (a :class:`StepNotFoundError` and a :class:`ValueError`)
+                ``DIR@x``, ``DIR@``, ``DIR@-1``: ``N`` must be a capture step number; the
+                message lists the steps under ``DIR``.
             ValueError: ``cannot read a report at <file>: <why>``: not JSON, not
-                UTF-8, or not a report's schema (see :meth:`from_dict`).
+                UTF-8, or not a report's schema (see :meth:`from_dict`); or ``DIR@N``
+                and ``step`` name different steps.
         """
-        path = Path(directory)
-        if path.is_dir():
-            path = path / cls.REPORT_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"no {cls.REPORT_FILE} at {path}")
+        path = resolve_report_dir(location, step).directory / cls.REPORT_FILE
         try:
             report = cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except UnicodeDecodeError as e:

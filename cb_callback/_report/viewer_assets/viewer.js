@@ -25,10 +25,17 @@
       return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c];
     });
   }
-  function fmt(v, digits, scale) {
+  /* Numbers as cb_callback/_report/numbers.py shows them: n significant figures, trailing zeros kept
+   * ("4.00", "0.0420"), no exponent from 1e-6 up; a value that is not 0 never shows as 0, exactly 0
+   * is "0"; "-" when missing. */
+  function sigFixed(v, n) {
     if (!isNum(v)) return "-";
-    return (v * (scale || 1)).toFixed(digits);
+    if (v === 0) return "0";
+    var e = Number(v.toExponential(n - 1).split("e")[1]);  // the exponent once rounded (9.996 -> 1 at 3)
+    return e < -6 ? v.toExponential(n - 1).replace("e+", "e") : v.toFixed(Math.max(n - 1 - e, 0));
   }
+  /* v × scale to 3 significant figures (a "%" column passes 100). */
+  function num(v, scale) { return isNum(v) ? sigFixed(v * (scale || 1), 3) : "-"; }
 
   var byPath = new Map();
   rows.forEach(function (r) { byPath.set(r.path, r); });
@@ -51,9 +58,9 @@
   }
   function flagsOf(r) { return (r.details && r.details.flags) || []; }
   function asRep(r) { return !!(r && r.details && r.details.as === "representative"); }
-  function totalGflop(r) {
+  function totalFlop(r) {
     var f = [r.fwd_flops, r.bwd_flops].filter(isNum);
-    return f.length ? f.reduce(function (a, b) { return a + b; }, 0) / 1e9 : NaN;
+    return f.length ? f.reduce(function (a, b) { return a + b; }, 0) : NaN;
   }
   /* Several batches (profile_components(batches=...)): the row is their median. */
   var nBatches = isNum(meta.batches) ? meta.batches : 1;
@@ -187,17 +194,17 @@
     var lines = [
       "<b>" + esc(r.path === "" ? ROOT_ID : r.path) + "</b> (" + esc(r.module_type) + ")",
       "status: " + esc(r.status) + (r.error ? " \u2014 " + esc(String(r.error).slice(0, 120)) : ""),
-      "calls: " + esc(r.calls) + "; share: " + fmt(r.share, 1, 100) + " %",
-      "fwd " + fmt(r.fwd_ms, 3) + " + bwd " + fmt(r.bwd_ms, 3) + " = " + fmt(r.total_ms, 3) + " ms per call",
-      "GFLOP " + fmt(totalGflop(r), 3) + "; TFLOP/s " + fmt(r.tflops, 3) + "; MFU " + fmt(r.mfu, 1, 100) + " %",
-      "GB/s " + fmt(r.gbps, 1) + "; BW util " + fmt(r.bw_util, 1, 100) + " %; bound " + esc(r.bound || "-"),
-      "peak " + fmt(r.peak_mem_mb, 1) + " MiB; activations " + fmt(r.activation_mb, 1) + " MiB; params " + fmt(r.params_mb, 1) + " MiB",
-      "noise " + fmt(r.noise, 1, 100) + " %" + (flagsOf(r).length ? "; flags: " + esc(flagsOf(r).join(", ")) : "")
+      "calls: " + esc(r.calls) + "; share: " + num(r.share, 100) + " %",
+      "fwd " + num(r.fwd_ms) + " + bwd " + num(r.bwd_ms) + " = " + num(r.total_ms) + " ms per call",
+      "FLOP " + siText(totalFlop(r), "", 3, true) + "; TFLOP/s " + num(r.tflops) + "; MFU " + num(r.mfu, 100) + " %",
+      "GB/s " + num(r.gbps) + "; BW util " + num(r.bw_util, 100) + " %; bound " + esc(r.bound || "-"),
+      "peak " + num(r.peak_mem_mb) + " MiB; activations " + num(r.activation_mb) + " MiB; params " + num(r.params_mb) + " MiB",
+      "noise " + num(r.noise, 100) + " %" + (flagsOf(r).length ? "; flags: " + esc(flagsOf(r).join(", ")) : "")
     ];
     var b = batchesOf(r);
-    if (isNum(p90Of(r))) lines.push("p90 " + fmt(p90Of(r), 3) + " ms over " + esc(b ? b.length : nBatches) + " batches");
+    if (isNum(p90Of(r))) lines.push("p90 " + num(p90Of(r)) + " ms over " + esc(b ? b.length : nBatches) + " batches");
     var c = compileOf(r);
-    if (isNum(r.compiled_ms)) lines.push("compiled " + fmt(r.compiled_ms, 3) + " ms (\u00d7" + fmt(r.compile_speedup, 2) + ")");
+    if (isNum(r.compiled_ms)) lines.push("compiled " + num(r.compiled_ms) + " ms (\u00d7" + num(r.compile_speedup) + ")");
     else if (c && c.error) lines.push("compile failed: " + esc(String(c.error).slice(0, 80)));
     else if (c && c.skipped) lines.push("compile skipped: " + esc(String(c.skipped).slice(0, 80)));
     return lines.join("<br>");
@@ -260,7 +267,7 @@
     } else {
       var s = scaleFor(state.metric);
       var stops = RAMP.map(function (c, i) { return c + " " + (100 * i / (RAMP.length - 1)).toFixed(0) + "%"; }).join(",");
-      html = esc(m.label) + ": " + fmt(s.lo, 2, m.scale) + ' <span style="display:inline-block;width:160px;height:10px;vertical-align:middle;background:linear-gradient(to right,' + stops + ')"></span> ' + fmt(s.hi, 2, m.scale) + "+ (range of the leaf-most components; parents above it saturate; grey: no value)";
+      html = esc(m.label) + ": " + num(s.lo, m.scale) + ' <span style="display:inline-block;width:160px;height:10px;vertical-align:middle;background:linear-gradient(to right,' + stops + ')"></span> ' + num(s.hi, m.scale) + "+ (range of the leaf-most components; parents above it saturate; grey: no value)";
     }
     el.innerHTML = html + '<br>Width: time over the step. A parent is as wide as its own time plus its children\u2019s: the part its children do not cover is its <b>own time</b> (work between its children). \u2248 estimated from children, \u2717 failed.';
   }
@@ -272,18 +279,19 @@
     { key: "status", label: "status", get: function (r) { return r.status; },
       show: function (v, r) { return esc(v) + (asRep(r) ? ' <span class="as-rep" title="taken from ' + esc(r.details.from || ROOT_ID) + ', a representative of its repeated structure">as rep</span>' : ""); } },
     { key: "calls", label: "calls", num: true, get: function (r) { return r.calls; }, show: function (v) { return esc(v); } },
-    { key: "fwd_ms", label: "fwd ms", num: true, get: function (r) { return r.fwd_ms; }, show: function (v) { return fmt(v, 3); } },
-    { key: "bwd_ms", label: "bwd ms", num: true, get: function (r) { return r.bwd_ms; }, show: function (v) { return fmt(v, 3); } },
-    { key: "total_ms", label: "total ms", num: true, get: function (r) { return r.total_ms; }, show: function (v) { return fmt(v, 3); } },
-    { key: "step", label: "ms \u00d7 calls", num: true, get: stepMs, show: function (v) { return fmt(v, 3); } },
-    { key: "share", label: "share %", num: true, scale: 100, get: function (r) { return r.share; }, show: function (v) { return fmt(v, 1, 100); } },
-    { key: "noise", label: "noise %", num: true, scale: 100, get: function (r) { return r.noise; }, show: function (v) { return fmt(v, 1, 100); } },
-    { key: "gflop", label: "GFLOP", num: true, get: totalGflop, show: function (v) { return fmt(v, 3); } },
-    { key: "tflops", label: "TFLOP/s", num: true, get: function (r) { return r.tflops; }, show: function (v) { return fmt(v, 3); } },
-    { key: "mfu", label: "MFU %", num: true, scale: 100, get: function (r) { return r.mfu; }, show: function (v) { return fmt(v, 1, 100); } },
-    { key: "gbps", label: "GB/s", num: true, get: function (r) { return r.gbps; }, show: function (v) { return fmt(v, 1); } },
-    { key: "bw_util", label: "BW %", num: true, scale: 100, get: function (r) { return r.bw_util; }, show: function (v) { return fmt(v, 1, 100); } },
-    { key: "peak_mem_mb", label: "peak MiB", num: true, get: function (r) { return r.peak_mem_mb; }, show: function (v) { return fmt(v, 1); } },
+    { key: "fwd_ms", label: "fwd ms", num: true, get: function (r) { return r.fwd_ms; }, show: function (v) { return num(v); } },
+    { key: "bwd_ms", label: "bwd ms", num: true, get: function (r) { return r.bwd_ms; }, show: function (v) { return num(v); } },
+    { key: "total_ms", label: "total ms", num: true, get: function (r) { return r.total_ms; }, show: function (v) { return num(v); } },
+    { key: "step", label: "ms \u00d7 calls", num: true, get: stepMs, show: function (v) { return num(v); } },
+    { key: "share", label: "share %", num: true, scale: 100, get: function (r) { return r.share; }, show: function (v) { return num(v, 100); } },
+    { key: "noise", label: "noise %", num: true, scale: 100, get: function (r) { return r.noise; }, show: function (v) { return num(v, 100); } },
+    { key: "flop", label: "FLOP", num: true, title: "forward + backward FLOP per call, with an SI prefix (k, M, G: 10^3, 10^6, 10^9)",
+      get: totalFlop, show: function (v) { return siText(v, "", 3, true); } },
+    { key: "tflops", label: "TFLOP/s", num: true, get: function (r) { return r.tflops; }, show: function (v) { return num(v); } },
+    { key: "mfu", label: "MFU %", num: true, scale: 100, get: function (r) { return r.mfu; }, show: function (v) { return num(v, 100); } },
+    { key: "gbps", label: "GB/s", num: true, get: function (r) { return r.gbps; }, show: function (v) { return num(v); } },
+    { key: "bw_util", label: "BW %", num: true, scale: 100, get: function (r) { return r.bw_util; }, show: function (v) { return num(v, 100); } },
+    { key: "peak_mem_mb", label: "peak MiB", num: true, get: function (r) { return r.peak_mem_mb; }, show: function (v) { return num(v); } },
     { key: "bound", label: "bound", get: function (r) { return r.bound || "-"; } },
     { key: "flags", label: "flags", get: function (r) { return flagsOf(r).join(" "); } }
   ];
@@ -294,44 +302,44 @@
     totalCol.title = "fwd + bwd per call: the median over the " + nBatches + " batches";
     COLS.splice(colIndex("total_ms") + 1, 0, {
       key: "p90_ms", label: "p90 ms", num: true, title: "90th percentile of fwd + bwd per call over the " + nBatches + " batches",
-      get: p90Of, show: function (v) { return fmt(v, 3); }
+      get: p90Of, show: function (v) { return num(v); }
     });
   }
   if (anyCompiled) {
     COLS.splice(colIndex("noise") + 1, 0,
       { key: "compiled_ms", label: "compiled ms", num: true, title: "fwd + bwd per call of the component compiled alone (torch.compile)",
-        get: function (r) { return r.compiled_ms; }, show: function (v) { return fmt(v, 3); } },
+        get: function (r) { return r.compiled_ms; }, show: function (v) { return num(v); } },
       { key: "compile_speedup", label: "compile \u00d7", num: true, title: "speed-up: eager total ms \u00f7 compiled ms (above 1: compiling helps)",
-        get: function (r) { return r.compile_speedup; }, show: function (v) { return fmt(v, 2); } });
+        get: function (r) { return r.compile_speedup; }, show: function (v) { return num(v); } });
   }
   if (rows.some(function (r) { return isNum(r.insitu_ms); })) {
     COLS.splice(colIndex("fwd_ms") + 1, 0,
       { key: "insitu_ms", label: "in-situ fwd ms", num: true,
         title: "forward per call inside the real forward (the in-situ pass), beside the isolated fwd; flag insitu_mismatch when they disagree beyond noise",
-        get: function (r) { return r.insitu_ms; }, show: function (v) { return fmt(v, 3); } });
+        get: function (r) { return r.insitu_ms; }, show: function (v) { return num(v); } });
   }
   if (anyComm) {
     COLS.splice(colIndex("bw_util") + 1, 0,
       { key: "comm_bytes", label: "comm KiB", num: true, scale: 1 / 1024,
         title: "payload of the component's collectives per call, forward and backward (nccl-tests' count)",
-        get: function (r) { return r.comm_bytes; }, show: function (v) { return fmt(v, 2, 1 / 1024); } },
+        get: function (r) { return r.comm_bytes; }, show: function (v) { return num(v, 1 / 1024); } },
       { key: "comm_ms", label: "comm ms", num: true,
         title: "time in those collectives per call, each waited for as it was issued (passes of their own)",
-        get: function (r) { return r.comm_ms; }, show: function (v) { return fmt(v, 3); } });
+        get: function (r) { return r.comm_ms; }, show: function (v) { return num(v); } });
   }
   if (anyRanks) {
     COLS.splice(colIndex("total_ms") + 1, 0, {
       key: "rank_spread", label: "rank spread %", num: true, scale: 100,
       title: "(slowest − fastest rank) ÷ median rank of total ms; amber above " + SPREAD_WARN * 100 +
         " %, red above " + SPREAD_BAD * 100 + " %, unless within twice the row's noise (details: every rank, the straggler)",
-      get: spreadOf, show: function (v) { return fmt(v, 1, 100); }, cls: spreadClass
+      get: spreadOf, show: function (v) { return num(v, 100); }, cls: spreadClass
     });
   }
   if (anyPlanned) {
     COLS.splice(colIndex("total_ms") + 1, 0,
       { key: "planned_ms", label: "planned ms", num: true,
         title: "the planner's estimate of fwd + bwd per call (torchrec: its Perf total plus the input all-to-all)",
-        get: function (r) { return planned(r, "total_ms"); }, show: function (v) { return fmt(v, 4); } },
+        get: function (r) { return planned(r, "total_ms"); }, show: function (v) { return num(v); } },
       { key: "vs_planned", label: "× planned", num: true, title: "measured total ms ÷ planned ms",
         get: function (r) { return vsPlanned(r, "total_ms"); }, show: function (v) { return isNum(v) ? sig(v, 3) : "-"; } });
   }
@@ -344,14 +352,14 @@
       };
     };
     COLS.splice(3, 0, dcol("a", "A ms \u00d7 calls"), dcol("b", "B ms \u00d7 calls"), dcol("change", "change", true),
-      { key: "diff_sig", label: "sig", get: function (r) { var d = diffOf(r); return !d ? "" : d.only_in ? "only in " + d.only_in : d.significant ? "" : "~"; } });
+      { key: "diff_sig", label: "sig", get: function (r) { var d = diffOf(r); return !d ? "" : typeof d.sig === "string" ? d.sig : d.only_in ? "only in " + d.only_in : d.significant ? "" : "~"; } });
   }
   var GROUP_COLS = [
     { key: "group", label: "group", get: function (g) { return g.group; } },
     { key: "count", label: "count", num: true, get: function (g) { return g.count; }, show: esc },
-    { key: "step", label: "ms \u00d7 calls", num: true, get: function (g) { return g.step; }, show: function (v) { return fmt(v, 3); } },
-    { key: "share", label: "share %", num: true, scale: 100, get: function (g) { return g.share; }, show: function (v) { return fmt(v, 1, 100); } },
-    { key: "mfu", label: "mean MFU %", num: true, scale: 100, get: function (g) { return g.mfu; }, show: function (v) { return fmt(v, 1, 100); } }
+    { key: "step", label: "ms \u00d7 calls", num: true, get: function (g) { return g.step; }, show: function (v) { return num(v); } },
+    { key: "share", label: "share %", num: true, scale: 100, get: function (g) { return g.share; }, show: function (v) { return num(v, 100); } },
+    { key: "mfu", label: "mean MFU %", num: true, scale: 100, get: function (g) { return g.mfu; }, show: function (v) { return num(v, 100); } }
   ];
 
   function globToRegExp(glob) {
@@ -472,14 +480,14 @@
       ["batch", function (x) { return esc(x.batch); }, ""],
       ["status", function (x) { return esc(x.status); }, ""],
       ["calls", function (x) { return esc(x.calls); }, "num"],
-      ["fwd ms", function (x) { return fmt(x.fwd_ms, 3); }, "num"],
-      ["bwd ms", function (x) { return fmt(x.bwd_ms, 3); }, "num"],
-      ["total ms", function (x) { return fmt(x.total_ms, 3); }, "num"]
+      ["fwd ms", function (x) { return num(x.fwd_ms); }, "num"],
+      ["bwd ms", function (x) { return num(x.bwd_ms); }, "num"],
+      ["total ms", function (x) { return num(x.total_ms); }, "num"]
     ];
-    if (perCompile.size) cols.push(["compiled ms", function (x) { var p = perCompile.get(x.batch); return p ? fmt(p.compiled_ms, 3) : "-"; }, "num"]);
+    if (perCompile.size) cols.push(["compiled ms", function (x) { var p = perCompile.get(x.batch); return p ? num(p.compiled_ms) : "-"; }, "num"]);
     var summary = [];
-    if (isNum(det.median_ms)) summary.push("median " + fmt(det.median_ms, 3) + " ms");
-    if (isNum(det.p90_ms)) summary.push("p90 " + fmt(det.p90_ms, 3) + " ms");
+    if (isNum(det.median_ms)) summary.push("median " + num(det.median_ms) + " ms");
+    if (isNum(det.p90_ms)) summary.push("p90 " + num(det.p90_ms) + " ms");
     summary.push("over " + esc(b.length) + " of " + esc(nBatches) + " batches");
     var shapes = Array.isArray(det.shapes) && det.shapes.length
       ? '<p class="muted">shapes: ' + det.shapes.map(function (s) { return "<code>" + esc(s) + "</code>"; }).join(", ") + "</p>" : "";
@@ -508,13 +516,13 @@
     if (c.skipped) out.push('<p class="muted">not compiled: ' + esc(c.skipped) + "</p>");
     if (c.error) out.push('<p class="compile-error">compile failed: ' + esc(c.error) + "</p>");
     if (isNum(r.compiled_ms)) {
-      out.push('<p class="compile-headline">eager ' + fmt(r.total_ms, 3) + " ms \u2192 compiled <b>" + fmt(r.compiled_ms, 3) + " ms</b> (\u00d7" + fmt(r.compile_speedup, 2) + ")</p>");
+      out.push('<p class="compile-headline">eager ' + num(r.total_ms) + " ms \u2192 compiled <b>" + num(r.compiled_ms) + " ms</b> (\u00d7" + num(r.compile_speedup) + ")</p>");
     }
     var dl = [];
-    if (isNum(c.fwd_ms) || isNum(c.bwd_ms)) dl.push(kv("compiled fwd + bwd", fmt(c.fwd_ms, 3) + " + " + fmt(c.bwd_ms, 3) + " ms"));
-    if (isNum(c.eager_ms_same_rounds)) dl.push(kv("eager, same rounds", fmt(c.eager_ms_same_rounds, 3) + " ms"));
-    if (isNum(c.noise)) dl.push(kv("noise", fmt(c.noise, 1, 100) + " %" + (isNum(c.repeats) ? " (" + esc(c.repeats) + " repeats)" : "")));
-    if (isNum(c.compile_s)) dl.push(kv("compile time", fmt(c.compile_s, 2) + " s"));
+    if (isNum(c.fwd_ms) || isNum(c.bwd_ms)) dl.push(kv("compiled fwd + bwd", num(c.fwd_ms) + " + " + num(c.bwd_ms) + " ms"));
+    if (isNum(c.eager_ms_same_rounds)) dl.push(kv("eager, same rounds", num(c.eager_ms_same_rounds) + " ms"));
+    if (isNum(c.noise)) dl.push(kv("noise", num(c.noise, 100) + " %" + (isNum(c.repeats) ? " (" + esc(c.repeats) + " repeats)" : "")));
+    if (isNum(c.compile_s)) dl.push(kv("compile time", num(c.compile_s) + " s"));
     if (c.graphs !== undefined) dl.push(kv("graphs", esc(c.graphs)));
     if (c.graph_breaks !== undefined) dl.push(kv("graph breaks", esc(c.graph_breaks)));
     if (c.recompiles !== undefined) dl.push(kv("recompiles", esc(c.recompiles)));
@@ -537,8 +545,8 @@
       }).join("") + "</ul>");
     }
     if (isNum(c.children_separately_ms)) {
-      out.push('<p class="children-separately">its children compiled separately: ' + fmt(r.total_ms, 3) + " \u2192 " +
-        fmt(c.children_separately_ms, 3) + " ms" + (c.children_compiled ? " (" + esc(c.children_compiled) + " children compiled)" : "") + "</p>");
+      out.push('<p class="children-separately">its children compiled separately: ' + num(r.total_ms) + " \u2192 " +
+        num(c.children_separately_ms) + " ms" + (c.children_compiled ? " (" + esc(c.children_compiled) + " children compiled)" : "") + "</p>");
     }
     return '<section class="compile-whatif"><h3>compile what-if</h3>' + out.join("") + "</section>";
   }
@@ -560,25 +568,25 @@
     else if (det.as === "measured") out += "<p>measured (a member of a repeated structure)</p>";
     if (g && Array.isArray(g.members)) {
       out += "<p>group of " + g.members.length + ": representatives " + esc((g.representatives || []).join(", ")) +
-        (isNum(g.insitu_share) ? "; in-situ share of the group " + fmt(g.insitu_share, 1, 100) + " %" : "") +
-        (g.agree !== undefined ? "; representatives " + (g.agree ? "agree" : "disagree") + " (spread " + fmt(g.spread, 1, 100) + " %)" : "") + "</p>";
+        (isNum(g.insitu_share) ? "; in-situ share of the group " + num(g.insitu_share, 100) + " %" : "") +
+        (g.agree !== undefined ? "; representatives " + (g.agree ? "agree" : "disagree") + " (spread " + num(g.spread, 100) + " %)" : "") + "</p>";
     }
     if (ins && isNum(ins.fwd_ms)) {
-      out += "<p>in situ: fwd " + fmt(ins.fwd_ms, 3) + " ms per call (spread " + fmt(ins.spread, 1, 100) + " % over " + esc(ins.passes) +
-        " passes) vs isolated " + fmt(r.fwd_ms, 3) + " ms" + (isNum(ins.capture_ms) ? "; in the captured step " + fmt(ins.capture_ms, 3) + " ms" : "") + "</p>";
+      out += "<p>in situ: fwd " + num(ins.fwd_ms) + " ms per call (spread " + num(ins.spread, 100) + " % over " + esc(ins.passes) +
+        " passes) vs isolated " + num(r.fwd_ms) + " ms" + (isNum(ins.capture_ms) ? "; in the captured step " + num(ins.capture_ms) + " ms" : "") + "</p>";
     }
     return out ? "<h3>repeated structure, in situ</h3>" + out : "";
   }
   function commSection(r) {
     var c = r.details && r.details.comm, stages = r.details && r.details.torchrec && r.details.torchrec.stages;
     if (!Array.isArray(c) || !c.length) return "";
-    var out = "<p>" + kib(r.comm_bytes) + " KiB per call in " + fmt(r.comm_ms, 3) + " ms (each collective waited for as it was issued)</p>" +
+    var out = "<p>" + kib(r.comm_bytes) + " KiB per call in " + num(r.comm_ms) + " ms (each collective waited for as it was issued)</p>" +
       miniTable("comm-table", [
         ["op", function (x) { return "<code>" + esc(x.op) + "</code>"; }, ""],
         ["phase", function (x) { return esc(x.phase); }, ""],
         ["count", function (x) { return esc(x.count); }, "num"],
         ["KiB", function (x) { return kib(x.bytes); }, "num"],
-        ["ms", function (x) { return fmt(x.ms, 3); }, "num"]
+        ["ms", function (x) { return num(x.ms); }, "num"]
       ], c);
     if (Array.isArray(stages) && stages.length) {
       out += '<p class="muted">forward collectives by stage:</p>' + miniTable("stage-table", [
@@ -597,12 +605,12 @@
     for (var i = 0; i < n; i++) items.push(i);
     var comm = k.comm_ms && Array.isArray(k.comm_ms.per_rank) ? k.comm_ms.per_rank : [];
     var spread = spreadOf(r);
-    return '<section class="ranks"><h3>ranks</h3><p class="' + spreadClass(spread, r) + '">spread ' + fmt(spread, 1, 100) +
-      " % of the median (" + fmt(k.total_ms.min, 3) + " – " + fmt(k.total_ms.max, 3) + " ms); straggler: rank " + esc(k.straggler) + "</p>" +
+    return '<section class="ranks"><h3>ranks</h3><p class="' + spreadClass(spread, r) + '">spread ' + num(spread, 100) +
+      " % of the median (" + num(k.total_ms.min) + " – " + num(k.total_ms.max) + " ms); straggler: rank " + esc(k.straggler) + "</p>" +
       miniTable("rank-table", [
         ["rank", function (i) { return esc(i); }, ""],
-        ["total ms", function (i) { return fmt(k.total_ms.per_rank[i], 3); }, "num"],
-        ["comm ms", function (i) { return fmt(comm[i], 3); }, "num"]
+        ["total ms", function (i) { return num(k.total_ms.per_rank[i]); }, "num"],
+        ["comm ms", function (i) { return num(comm[i]); }, "num"]
       ], items, function (i) { return i === k.straggler ? "straggler" : ""; }) + "</section>";
   }
   /* Pieces measured on their own that are no modules of the tree (torchrec: the local lookups). */
@@ -616,7 +624,7 @@
       }, ""],
       ["ids", function (x) { return esc(x.ids === undefined || x.ids === null ? "-" : x.ids); }, "num"],
       ["KiB", function (x) { return kib(x.bytes); }, "num"],
-      ["fwd ms", function (x) { return fmt(x.fwd_ms, 4); }, "num"],
+      ["fwd ms", function (x) { return num(x.fwd_ms); }, "num"],
       ["GB/s", function (x) { return isNum(x.gbps) ? sig(x.gbps, 3) : "-"; }, "num"],
       ["BW %", function (x) { return isNum(x.bw_util) ? sig(x.bw_util * 100, 3) : "-"; }, "num"]
     ], parts) + (parts.some(function (x) { return x.not_timed; }) ? '<p class="muted">' +
@@ -652,18 +660,17 @@
   };
   var PERCENTS = { share: 1, noise: 1, mfu: 1, bw_util: 1 };
   var SI = { fwd_flops: "FLOP", bwd_flops: "FLOP", bytes: "B", comm_bytes: "B" };
-  function sig(v, n) {
+  /* n significant figures without trailing zeros (sigFixed's rules otherwise): "12.5", "0.0001235". */
+  function sig(v, n) { return isNum(v) ? String(Number(sigFixed(v, n))) : "-"; }
+  /* A count with an SI prefix a factor 1000 apart, rounding carried across one (999.96 -> "1.00 k"):
+   * n significant figures, trailing zeros kept when fixed (the table's "6.00 G"), else dropped. */
+  function siText(v, unit, n, fixed) {
     if (!isNum(v)) return "-";
-    var a = Math.abs(v);
-    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(n - 1).replace("e+", "e");
-    return String(Number(v.toPrecision(n)));
-  }
-  function siText(v, unit) {
-    if (!isNum(v)) return "-";
-    var prefixes = ["", "k", "M", "G", "T", "P", "E"], i = 0, a = Math.abs(v);
-    while (i < prefixes.length - 1 && a >= 1000) { a /= 1000; v /= 1000; i++; }
-    if (Number(a.toPrecision(4)) >= 1000 && i < prefixes.length - 1) { v /= 1000; i++; }
-    return sig(v, 4) + " " + prefixes[i] + unit;
+    var prefixes = ["", "k", "M", "G", "T", "P", "E"], i = 0;
+    n = n || 4;
+    while (v !== 0 && i < prefixes.length - 1 && Number(v.toExponential(n - 1).split("e")[1]) >= 3) { v /= 1000; i++; }
+    var text = fixed ? sigFixed(v, n) : sig(v, n), suffix = prefixes[i] + unit;
+    return suffix ? text + " " + suffix : text;
   }
   function detailText(k, v) {
     if (v === null || v === undefined) return "-";
@@ -726,12 +733,13 @@
     var parts = [];
     if (meta.device_name) parts.push("device: " + esc(meta.device_name));
     if (meta.dtype) parts.push("dtype: " + esc(meta.dtype));
-    if (isNum(peaks.flops)) parts.push("peak " + fmt(peaks.flops, 1, 1e-12) + " TFLOP/s (" + esc(peaks.flops_source || "?") + ")");
-    if (isNum(peaks.bandwidth)) parts.push(fmt(peaks.bandwidth, 1, 1e-9) + " GB/s (" + esc(peaks.bandwidth_source || "?") + ")");
+    if (isNum(peaks.flops)) parts.push("peak " + num(peaks.flops, 1e-12) + " TFLOP/s (" + esc(peaks.flops_source || "?") + ")");
+    if (isNum(peaks.bandwidth)) parts.push(num(peaks.bandwidth, 1e-9) + " GB/s (" + esc(peaks.bandwidth_source || "?") + ")");
     if (meta.created_at) parts.push(esc(meta.created_at));
     var step = isNum(meta.capture_step) ? meta.capture_step : meta.step;
     if (isNum(step)) parts.push("step " + step);
     document.getElementById("meta").innerHTML = parts.map(function (p) { return "<span>" + p + "</span>"; }).join("");
+    if (config.diff) return;  // the diff page's box, both runs' quality, is written by write_diff_html
     var q = meta.quality, qel = document.getElementById("quality");
     if (q && q.verdict && q.verdict !== "clean") {
       qel.className = "quality " + esc(q.verdict);
