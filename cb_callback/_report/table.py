@@ -216,7 +216,8 @@ def format_summary(report: Report, top: int = 10) -> str:
     if isinstance(triage, dict):
         lines.append(
             f"triage (in situ): {triage.get('replayed')} replayed, {triage.get('copied')} taken from a "
-            f"representative ({triage.get('groups')} groups of repeated structure), "
+            f"representative ({triage.get('groups')} {'group' if triage.get('groups') == 1 else 'groups'} of "
+            "repeated structure), "
             f"{triage.get('not_descended')} not descended into"
         )
     multi = _multi(report)
