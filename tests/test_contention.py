@@ -256,3 +256,22 @@ def test_without_proc_the_switch_rate_counts_only_with_no_other_thread_of_ours_a
         assert a.quality["verdict"] == verdict and a.flags.get("", []) == (["contention"] if threads_alive == 0 else [])
     assert a.quality["busy_by"] == ["switches"]
     assert "150 involuntary context switches/s per thread" in a.quality["advice"][0]
+
+
+def test_busy_workers_of_our_own_get_advice_not_the_contended_verdict() -> None:
+    # 2 own workers (3 pids) used 0.18 of 2 CPUs over 400 ticks: 0.36 CPU less 1 % slack, minus the 0 CPUs
+    # 2 threads leave free on 2 CPUs = 0.34 > CHILDREN_THRESHOLD 0.1 x 2 CPUs needed = 0.2
+    load = LoadProbe(
+        before=0.2, after=0.3, cpus=2, others=0.0, children=0.18, own_pids=[1, 2, 3], span=400, other_threads=1
+    )
+    a = assess([_row()], {"": _steady()}, load=load, threads=2)
+    assert a.quality["verdict"] == "clean" and a.quality["thresholds"]["children"] == quality.CHILDREN_THRESHOLD
+    assert a.quality["advice"] == [
+        "this process's own child processes (2 processes: dataloader workers and the like) used 18.0 % of the "
+        "2 CPUs while profiling: not counted as contention, but they take CPU time from the replays (read times "
+        "as upper bounds); profile with idle workers (a smaller prefetch_factor=<batches>, or num_workers=0 for "
+        "the profiled step)"
+    ]
+    # idle workers (0.02 of 2 CPUs: 0.04 - 0.02 slack <= 0.2): nothing to say
+    idle = dataclasses.replace(load, children=0.02)
+    assert assess([_row()], {"": _steady()}, load=idle, threads=2).quality["advice"] == []

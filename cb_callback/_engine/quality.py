@@ -79,6 +79,7 @@ from typing import Any
 
 from cb_callback._engine.advice import (
     count,
+    figure,
     insitu_advice,
     method_advice,
     noisy_advice,
@@ -531,6 +532,7 @@ def assess(
     counts = {f: sum(f in v for v in flags.values()) for f in FLAGS}
     contended = counts["contention"] > 0 or machine.busy
     advice = _advice(counts, contended, load, machine, threads, calibration_spread, slowdown)
+    advice += _children_advice(load, threads)
     advice += noisy_advice({p: s for p, s in timed.items() if "noisy" in flags.get(p, ())}, NOISY_THRESHOLD, config)
     advice += parent_advice(slow, by_path, config)
     advice += peak_advice(over_flops, over_bandwidth, peaks or {})
@@ -581,6 +583,7 @@ def _thresholds() -> dict[str, float]:
         "slowdown": SLOWDOWN_THRESHOLD,
         "insitu_margin": INSITU_MARGIN,
         "insitu_slack_ms": INSITU_SLACK_MS,
+        "children": CHILDREN_THRESHOLD,
         "above_parent": PARENT_MARGIN,
     }
 
@@ -694,6 +697,30 @@ def _verdict(counts: Mapping[str, int], contended: bool) -> str:
     if contended:
         verdict = "contended"
     return verdict
+
+
+#: The trainer's own child processes (dataloader workers) using more than this fraction of the CPUs the torch
+#: threads need, beyond the CPUs those threads leave free, get an advice line (never the ``contended`` verdict).
+CHILDREN_THRESHOLD = 0.1
+
+
+def _children_advice(load: LoadProbe, threads: int) -> list[str]:
+    """A line when this process's own descendants (dataloader workers prefetching, a logger's process) used CPU
+    the replays needed while profiling: not contention (they are the trainer's, and run in the real step too),
+    but the isolated times then share the CPUs with them and the in-situ times may not."""
+    if load.children is None or load.span <= 0:
+        return []
+    needed = min(max(threads, 1), load.cpus)
+    slack = _TICK_SLACK * load.cpus / load.span
+    if (load.children - slack) * load.cpus - (load.cpus - needed) <= CHILDREN_THRESHOLD * needed:
+        return []
+    pids = len(load.own_pids) - 1
+    return [
+        f"this process's own child processes ({count(pids, 'process', 'processes')}: dataloader workers and the "
+        f"like) used {figure(100 * load.children)} % of the {count(load.cpus, 'CPU')} while profiling: not counted as "
+        "contention, but they take CPU time from the replays (read times as upper bounds); profile with idle "
+        "workers (a smaller prefetch_factor=<batches>, or num_workers=0 for the profiled step)"
+    ]
 
 
 def _advice(

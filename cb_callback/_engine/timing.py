@@ -227,8 +227,12 @@ class SampleSet:
 _CANARY_BEST: dict[int, float] = {}
 
 
-def cpu_canary(size: int = 256, repeats: int = 3) -> Callable[[], float]:
+def cpu_canary(size: int = 256, repeats: int = 7) -> Callable[[], float]:
     """A reference CPU workload: the best of ``repeats`` ``size``² fp32 GEMMs, in seconds.
+
+    Seven (about 3.5 ms on 2 vCPUs): with three, one render of a progress bar's refresh
+    thread (a few ms preempting one of the GEMM's threads) could slow every repeat of a
+    call, and a quiet machine read 1.4-2.3× "slower" in 2 of 17 Lightning runs.
 
     The fastest time ever seen in this process (per thread count) is kept in
     :func:`canary_best`, so a run can tell that the machine is slower now than

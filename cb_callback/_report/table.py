@@ -365,7 +365,9 @@ def quality_lines(report: Report) -> list[str]:
     if before is not None or after is not None:
         machine.append(f"load average {_num(before)} -> {_num(after)} on {quality.get('cpus')} CPUs")
     if isinstance(quality.get("others"), (int, float)):  # other processes' CPU share (/proc), ours not counted
-        machine.append(f"other processes {float(quality['others']):.0%} of the CPU time")
+        machine.append(f"other processes {_num(float(quality['others']), 100.0)} % of the CPU time")
+    if isinstance(quality.get("children"), (int, float)) and quality["children"] > 0:  # ours: dataloader workers
+        machine.append(f"own child processes {_num(float(quality['children']), 100.0)} %")
     rate = quality.get("switches_per_s")
     if rate is not None and math.isfinite(float(rate)):
         machine.append(f"{float(rate):.0f} involuntary context switches/s per thread")
