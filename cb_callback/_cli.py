@@ -240,8 +240,8 @@ def _location(text: str, step: int | None) -> tuple[Path, int | None] | None:
 
 def _resolved(
     text: str, step: int | None, find: Callable[[str, int | None], Resolved], what: str, filename: str
-) -> Path | None:
-    """The directory a location names (saying on stderr which one, when searched); ``None``: there is none."""
+) -> Resolved | None:
+    """What a location names (saying on stderr which one, when searched); ``None``: there is none."""
     where = _location(text, step)
     if where is None:
         return None
@@ -256,14 +256,15 @@ def _resolved(
     line = describe(resolved, what, filename)
     if line is not None:
         print(line, file=sys.stderr)
-    return resolved.directory
+    return resolved
 
 
 def _snapshot_dir(args: argparse.Namespace) -> Path | None:
     """The snapshot ``replay`` / ``compare`` take: ``SNAPSHOT_DIR`` itself or the newest (of ``--step``) under it."""
     from cb_callback._whatif.snapshot import SNAPSHOT_FILE, resolve_snapshot_dir
 
-    return _resolved(args.snapshot, args.step, resolve_snapshot_dir, "snapshot", SNAPSHOT_FILE)
+    resolved = _resolved(args.snapshot, args.step, resolve_snapshot_dir, "snapshot", SNAPSHOT_FILE)
+    return None if resolved is None else resolved.directory
 
 
 def _device(args: argparse.Namespace, snapshot: Path) -> str | None:
@@ -345,14 +346,15 @@ def _unreadable(where: Path, e: BaseException) -> str:
 
 
 def _load(location: str, step: int | None = None) -> tuple[Report, Path] | None:
-    """The report ``location`` names and its directory; ``None`` after one line on stderr saying why not."""
-    directory = _resolved(location, step, resolve_report_dir, "report", REPORT_FILE)
-    if directory is None:
+    """The report ``location`` names and the file it was read from; ``None`` after one line on stderr saying why not."""
+    resolved = _resolved(location, step, resolve_report_dir, "report", REPORT_FILE)
+    if resolved is None:
         return None
+    file = resolved.path(REPORT_FILE)  # a file named is that file (cb report notes.json reads notes.json)
     try:
-        return Report.load(directory), directory
+        return Report.load(file), file
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        print(f"cb: error: {_unreadable(directory / REPORT_FILE, e)}", file=sys.stderr)
+        print(f"cb: error: {_unreadable(file, e)}", file=sys.stderr)
         return None
 
 
@@ -360,7 +362,8 @@ def _report(args: argparse.Namespace) -> int:
     loaded = _load(args.report, args.step)
     if loaded is None:
         return 2
-    report, directory = loaded
+    report, file = loaded
+    directory = file.parent
     selecting = bool(args.sort or args.filter or args.depth is not None)
     try:
         # With a selection its listing replaces the hotspots: one component listing, the one asked for.
@@ -371,7 +374,7 @@ def _report(args: argparse.Namespace) -> int:
             else []
         )
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # values of the wrong type in a row
-        print(f"cb: error: {_unreadable(directory / REPORT_FILE, e)}", file=sys.stderr)
+        print(f"cb: error: {_unreadable(file, e)}", file=sys.stderr)
         return 2
     print(summary)
     if listing:

@@ -3,7 +3,9 @@
 Real Trainers with ``RichProgressBar`` and ``TQDMProgressBar`` (issue 23, item 2). The model is
 ``MLPModule`` without validation: 7 components (``MLP_PATHS``), profiled at step 1 with
 ``descend="all"`` (one level) and the default 5 timing rounds: the engine's progress total is
-7 + 5 = 12 steps, of which the bars count the 7 components.
+7 + 5 = 12 steps. The bars count the 7 components while they are started, then, from the last
+one's start (the timing rounds follow it), the level's 5 rounds: ``completed`` is the rounds done,
+so that the bar's rate and ETA are the rounds' pace.
 """
 
 from __future__ import annotations
@@ -11,24 +13,29 @@ from __future__ import annotations
 import io
 import re
 import sys
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import pytest
 from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from rich.console import Console
+from torch import nn
 
 from cb_callback import ComponentBenchmark
 from cb_callback._engine.progress import ScheduleCount
 from cb_callback._lightning.progress import ProgressBar, TrainerBar
-from tests._callback_models import run_fit
+from tests._callback_models import MLPModule, run_fit
 from tests.conftest import FAST
 
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10, "descend": "all"}
 MLP_PATHS = ["", "encoder", "head", "encoder.0", "encoder.1", "encoder.2", "encoder.3"]
-ROUNDS = [f"timing round {r}/5" for r in range(1, 6)]
-#: What the bar's text shows at each progress call: the component's path ("root" for ""), then the rounds.
-TEXTS = [p or "root" for p in MLP_PATHS] + ROUNDS
+#: The bar's text and count after each of the 7 + 5 progress calls of one level: the first 6 components
+#: (text: the path, "root" for ""; count: started of 7); the 7th's start begins the rounds phase (the
+#: round running: 1 of 5, none done); after round r, r of 5 done and round r + 1 running (5/5 at the end).
+COMPONENTS = [(p or "root", 7, i + 1) for i, p in enumerate(MLP_PATHS[:6])]
+ROUNDS = [(f"timing round {min(r + 1, 5)}/5", 5, r) for r in range(0, 6)]
 REPORT_LINE = "cb_callback: component report of step 1"
 _CSI = re.compile(r"(\x1b\[[0-9;?]*[A-Za-z])+$")  # terminal control sequences ending a text
 
@@ -63,14 +70,27 @@ def _fit(tmp_path: Path, bar: Any, **trainer: Any) -> ComponentBenchmark:
 class _HardRich(RichProgressBar):
     """Lightning's Rich bar, drawing at each ``refresh`` (no refresh thread to wait for); records its tasks then."""
 
-    def __init__(self, file: io.StringIO) -> None:
-        super().__init__(console_kwargs={"file": file, "force_terminal": True, "width": 120})
-        self.seen: list[list[tuple[int, str, float | None, float]]] = []
+    def __init__(self, file: io.StringIO, width: int = 120) -> None:
+        super().__init__(console_kwargs={"file": file, "force_terminal": True, "width": width})
+        self.width = width
+        #: per refresh, per task: id, description, total, completed, and the samples its speed (and ETA) come from
+        self.seen: list[list[tuple[int, str, float | None, float, int]]] = []
+        self.drawn: list[list[str]] = []  # per refresh, the rows as drawn (plain text)
 
     def refresh(self, hard: bool = False) -> None:
         if self.progress is not None:
-            self.seen.append([(t.id, t.description, t.total, t.completed) for t in self.progress.tasks])
+            tasks = self.progress.tasks
+            self.seen.append([(t.id, t.description, t.total, t.completed, len(t._progress)) for t in tasks])
+            plain = Console(file=io.StringIO(), width=self.width, color_system=None, legacy_windows=False)
+            with plain.capture() as captured:
+                plain.print(self.progress.make_tasks_table(tasks))
+            self.drawn.append(captured.get().splitlines())
         super().refresh(hard=True)
+
+    def ours(self) -> list[tuple[str, float | None, float, int]]:
+        """The profile's task at each refresh of the pause: description, total, completed, speed samples."""
+        mine = [next((t for t in tasks if t[0] != self.train_progress_bar_id), None) for tasks in self.seen]
+        return [t[1:] for t in mine if t is not None]
 
 
 def test_rich_bar_draws_the_profile_as_a_task_of_its_own_counting_components(
@@ -82,18 +102,16 @@ def test_rich_bar_draws_the_profile_as_a_task_of_its_own_counting_components(
     _fit(tmp_path, bar)
     lightning_ids = {bar.train_progress_bar_id}
     during = [tasks for tasks in bar.seen if {t[0] for t in tasks} - lightning_ids]  # the pause's refreshes
-    ours = [next(t for t in tasks if t[0] not in lightning_ids) for tasks in during]
-    # one refresh per progress call: 7 components, then 5 rounds; the total is the 7 components, not 7 + 5
-    assert [(desc, total, done) for _, desc, total, done in ours] == (
-        [(f"Profiling step 1 {t}", 7, i + 1) for i, t in enumerate(TEXTS[:7])]
-        + [(f"Profiling step 1 {t}", 7, 7) for t in ROUNDS]
-    )
+    # one refresh per progress call: 6 components counted of the 7 (not of 7 + 5), then the rounds of 5.
+    # Speed samples: one per advance; the rounds phase starts its own clock (reset: none), so the ETA
+    # is the rounds' pace and not the components' (which were started within a second).
+    assert bar.ours() == [(f"Profiling step 1: {t}", total, done, done) for t, total, done in COMPONENTS + ROUNDS]
     # Lightning's own tasks are untouched during the pause, and the profile's task is gone after it
     assert all([t for t in tasks if t[0] in lightning_ids] == [t for t in during[0] if t[0] in lightning_ids]
                for tasks in during)  # fmt: skip
     assert bar.progress is not None and bar.progress.task_ids == [bar.train_progress_bar_id]
     shown = console.getvalue()
-    assert "Profiling step 1 encoder.0" in shown and " 4/7 " in shown and "/12" not in shown
+    assert "Profiling step 1: encoder.0" in shown and " 4/7 " in shown and " 3/5 " in shown and "/12" not in shown
     assert _starts_a_line(shown, REPORT_LINE)  # printed above the bars, on a line of its own
 
 
@@ -107,12 +125,13 @@ def test_tqdm_bar_draws_one_bar_below_the_train_bar_in_place(tmp_path: Path, mon
     _fit(tmp_path, TQDMProgressBar())
     shown = terminal.getvalue()
     drawn = [(int(n), int(total), eta, text) for n, total, eta, text in _TQDM.findall(shown)]
-    # drawn when created (0 of 7, no ETA yet), then at each of the 12 progress calls: n counts the 7
-    # components (the total: components only), the text is the path, then the timing round
-    assert [(n, total, text) for n, total, _, text in drawn] == (
-        [(0, 7, "")] + [(i + 1, 7, t) for i, t in enumerate(TEXTS[:7])] + [(7, 7, t) for t in ROUNDS]
-    )
-    assert drawn[0][2] == "?" and all(re.fullmatch(r"\d\d:\d\d", eta) for _, _, eta, _ in drawn[1:])  # an ETA
+    # drawn when created (0 of 7, no ETA yet), then at each of the 12 progress calls: n counts the first 6
+    # components of 7 (text: the path), then the level's rounds done of 5 (text: the round running)
+    assert [(text, total, n) for n, total, _, text in drawn] == [("", 7, 0), *COMPONENTS, *ROUNDS]
+    # no ETA without a rate: when created, and when the rounds phase restarts the clock (0 rounds done);
+    # else one from this phase's pace
+    etas = [eta for _, _, eta, _ in drawn]
+    assert etas[0] == etas[7] == "?" and all(re.fullmatch(r"\d\d:\d\d", e) for e in etas[1:7] + etas[8:])
     # one bar at position 1, below the train bar: each draw moves down one line, writes, moves back up
     assert shown.count("\n\rProfiling step 1:") == len(drawn) and shown.count("\x1b[A") >= len(drawn)
     assert _starts_a_line(shown, REPORT_LINE)
@@ -127,7 +146,9 @@ def test_without_a_terminal_a_few_plain_lines(tmp_path: Path, monkeypatch: pytes
     bar = RichProgressBar(console_kwargs={"file": console, "width": 120}) if kind == "rich" else TQDMProgressBar()
     _fit(tmp_path, bar)
     shown = out.getvalue()
-    # tqdm.write clears Lightning's own train bar (its \r) around each line; the lines themselves are plain
+    # Lightning's train bar still draws with \r (tqdm's way in a file); our lines are plain, each at the
+    # start of a line: after a newline, not after tqdm.write's \r<spaces>\r on the bar's line
+    assert [shown[i - 1] for i in (m.start() for m in re.finditer("cb_callback:", shown))] == ["\n"] * 4
     mine = [ln for ln in re.split(r"[\r\n]", shown) if ln.startswith("cb_callback:")]
     assert mine[:2] == [
         "cb_callback: profiling step 1: 7 components, 5 timing rounds per level",  # the start
@@ -205,3 +226,75 @@ def test_the_count_grows_by_a_level_the_failures_call_for() -> None:
 def test_no_trainer_bar_gives_no_progress_callable() -> None:
     with ProgressBar(1, TrainerBar(None, RichProgressBar, TQDMProgressBar), ScheduleCount(3, 1, 1)) as progress:
         assert progress is None
+
+
+def test_rich_bar_counts_rounds_per_level_and_back_to_components_with_hotspots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdout", _Stream(tty=True))
+    bar = _HardRich(io.StringIO())
+    cb = ComponentBenchmark(capture_step=1, **{**OPTS, "descend": "hotspots", "insitu_passes": 0})
+    run_fit(tmp_path, [cb, bar], max_steps=2, logger=False, model_kwargs={"validate": False}, enable_progress_bar=True)
+
+    # insitu_passes=0: one level per depth, [root], [encoder, head], [encoder.0..3]: 7 components + 3 x 5 rounds.
+    # Each level's last component begins its rounds phase (0 of 5, clock reset: no speed samples); the next
+    # level's first component goes back to the components, started of 7 (a reset too: no samples yet).
+    def rounds(level: int) -> list[tuple[str, float, int, int]]:
+        return [(f"Profiling step 1: {t} (level {level} of 3)", 5, r, r) for t, _, r in ROUNDS]
+
+    level2 = [("Profiling step 1: encoder", 7, 2, 0)]
+    level3 = [(f"Profiling step 1: encoder.{i}", 7, 4 + i, i) for i in range(3)]
+    assert bar.ours() == [*rounds(1), *level2, *rounds(2), *level3, *rounds(3)]
+
+
+class _LongPathModule(MLPModule):
+    """``MLPModule`` whose encoder sits two containers deeper: ``encoder.transformer_layers.self_attention.0`` (43
+    characters) to ``.3``; 9 components."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        inner = nn.Sequential(OrderedDict(self_attention=self.encoder))
+        self.encoder = nn.Sequential(OrderedDict(transformer_layers=inner))
+
+
+#: The first 8 paths of _LongPathModule as shown at 60 columns: max(12, 60 * 3 // 8 - 18) = 12 characters at most
+#: by tqdm (after "Profiling step 1: "); Rich's row: max(12, 60 * 3 // 8 - len("Profiling: ")).
+NARROW = ["root", "encoder", "head", "…rmer_layers", "…f_attention"] + [f"…attention.{i}" for i in range(3)]
+NARROW_RICH = NARROW  # max(12, 11) as well
+
+
+def test_narrow_rich_console_keeps_the_counts_visible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdout", _Stream(tty=True))
+    bar = _HardRich(io.StringIO(), width=60)
+    cb = ComponentBenchmark(capture_step=1, **OPTS)
+    run_fit(tmp_path, [cb, bar], _LongPathModule, max_steps=2, logger=False, model_kwargs={"validate": False},
+            enable_progress_bar=True)  # fmt: skip
+    # under 80 columns the label is "Profiling: " (11); it and the path within 60 * 3 // 8 = 22: the path's
+    # last 11 - 1 characters after "…" (whole components, "…0", would fill less than half of them)
+    texts = [desc.removeprefix("Profiling: ") for desc, _, _, _ in bar.ours()]
+    assert texts[:8] == NARROW_RICH
+    # each refresh of the pause draws our count (started of 9, then rounds of 5), times and speed whole (no "…"
+    # after the path), and the Epoch row's 1/2 whole
+    during = [(rows, tasks) for rows, tasks in zip(bar.drawn, bar.seen, strict=True) if len(tasks) > 1]
+    assert len(during) == 9 + 5
+    for (rows, tasks), text in zip(during, texts, strict=True):
+        _, _, total, completed, _ = next(t for t in tasks if t[0] != bar.train_progress_bar_id)
+        ours = next(i for i, row in enumerate(rows) if row.startswith(f"Profiling: {text} "))
+        rest = rows[ours].removeprefix(f"Profiling: {text} ")
+        assert re.search(rf" {int(completed)}/{int(total)} \d:\d\d:\d\d •? +\d+\.\d\dit/s", rest), rows
+        assert re.fullmatch(r"Epoch 0/-2 .* 1/2 \d:\d\d:\d\d •? +\d+\.\d\dit/s *", rows[0]), rows
+        assert "…" not in rest + "".join(rows[:ours] + rows[ours + 1 :]), rows
+
+
+def test_narrow_tqdm_terminal_shortens_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    terminal = _Stream(tty=True)
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setenv("COLUMNS", "60")  # the terminal's width (shutil.get_terminal_size): a StringIO has none
+    cb = ComponentBenchmark(capture_step=1, **OPTS)
+    run_fit(tmp_path, [cb, TQDMProgressBar()], _LongPathModule, max_steps=2, logger=False,
+            model_kwargs={"validate": False}, enable_progress_bar=True)  # fmt: skip
+    texts = [text for *_, text in _TQDM.findall(terminal.getvalue())]
+    # drawn when created (no text), then the 8 components before the rounds, cut as in Rich's row (desc
+    # "Profiling step 1" and tqdm's ": ", 18 characters)
+    assert texts[1:9] == NARROW

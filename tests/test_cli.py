@@ -91,17 +91,18 @@ def test_diff_prints_per_path_ratios(tmp_path: Path, capsys: pytest.CaptureFixtu
     # Issue 9 changed cb diff's output: sorted by absolute change over the step (a component in
     # one report only counts as its whole time: b -6, c +1), a summary line, changes within
     # noise marked "noise" (no row here has a noise: 5 % of the larger value bounds it); issue 23: a, 4 -> 4,
-    # is "unchanged", the ratio and sig columns print different things (0.500× faster), a legend under them.
+    # is "unchanged" (change 0), the ratio and sig columns print different things (0.500× faster), a legend
+    # under them; numbers to 3 significant figures (numbers.sig).
     assert format_diff(compare_reports(a, b)) == [
-        "whole model: A 10.000 ms -> B 5.000 ms (-50.0 %)",
-        "biggest movers: b -6.000 ms (only in A), c +1.000 ms (only in B)",
+        "whole model: A 10.0 ms -> B 5.00 ms (-50.0 %)",
+        "biggest movers: b -6.00 ms (only in A), c +1.00 ms (only in B)",
         "path    type    A total_ms×calls  B total_ms×calls  change     B/A  sig",
         "------  ------  ----------------  ----------------  ------  ------  ---------",
-        "b       Linear             6.000                 -  -6.000       -  only in A",
-        "(root)  Net               10.000             5.000  -5.000  0.500×  faster",
-        "c       Linear                 -             1.000  +1.000       -  only in B",
-        "a       Linear             4.000             4.000  +0.000   1.00×  unchanged",
-        "(B/A: B ÷ A, ≈1× when within noise; sig: slower / faster beyond the two runs' noise (2 × the larger IQR), "
+        "b       Linear              6.00                 -   -6.00       -  only in A",
+        "(root)  Net                 10.0              5.00   -5.00  0.500×  faster",
+        "c       Linear                 -              1.00   +1.00       -  only in B",
+        "a       Linear              4.00              4.00       0   1.00×  unchanged",
+        "(B/A: B ÷ A as measured; sig: slower / faster beyond the two runs' noise (2 × the larger IQR), "
         "noise within it: not significant, unchanged: the same value in A and B)",
     ]
     a.save(tmp_path / "a")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -45,13 +46,13 @@ def test_changes_are_over_the_step_sorted_by_size_and_noise_aware() -> None:
     assert by["b"].change == -3.0 and by["b"].significant
     assert math.isclose(by["c"].change, 0.4) and not by["c"].significant
     lines = format_diff(d)
-    assert lines[0] == "whole model: A 10.000 ms -> B 8.000 ms (-20.0 %)"
-    assert lines[1] == "biggest movers: b -3.000 ms, a +1.000 ms"
+    assert lines[0] == "whole model: A 10.0 ms -> B 8.00 ms (-20.0 %)"  # 3 significant figures (numbers.sig)
+    assert lines[1] == "biggest movers: b -3.00 ms, a +1.00 ms"
     assert [ln.split()[0] for ln in lines[4:-1]] == ["b", "(root)", "a", "c"]  # by absolute change
-    assert lines[-2].split()[-2:] == ["≈1×", "noise"]  # c: ratio not printed, marked not significant
+    assert lines[-2].split()[-2:] == ["1.40×", "noise"]  # c: the measured ratio 1.4 / 1, marked not significant
     assert _line(lines, "a")[-2:] == ["1.50×", "slower"]  # 3 / 2 beyond the noise
     assert _line(lines, "b")[-2:] == ["0.500×", "faster"]  # 3 / 6
-    assert lines[-1].startswith("(B/A: B ÷ A, ≈1× when within noise; sig: slower / faster beyond the two runs'")
+    assert lines[-1].startswith("(B/A: B ÷ A as measured; sig: slower / faster beyond the two runs'")
 
 
 def test_two_runs_of_the_same_model_are_not_78x_apart(tmp_path: Path) -> None:
@@ -59,8 +60,10 @@ def test_two_runs_of_the_same_model_are_not_78x_apart(tmp_path: Path) -> None:
     a = _report({"": (5.0, 0.05), "r": (0.01, 1.2)})
     b = _report({"": (5.1, 0.05), "r": (0.78, 1.2)})
     line = next(ln for ln in format_diff(compare_reports(a, b)) if ln.startswith("r "))
-    assert line.split()[-2:] == ["≈1×", "noise"]
-    assert "78" not in line.split()[-2]
+    # the measured ratio shows (0.78 / 0.01 = 78.0; it was hidden as "≈1×"), but the sig column says noise:
+    # it is never presented as "78× slower"
+    assert line.split()[-2:] == ["78.0×", "noise"]
+    assert "slower" not in line
 
 
 def test_cb_diff_filters_depth_and_writes_a_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,7 +77,7 @@ def test_cb_diff_filters_depth_and_writes_a_page(tmp_path: Path, capsys: pytest.
     table = [ln.split()[0] for ln in out[out.index(next(x for x in out if x.startswith("path"))) + 2 : -2]]
     assert table == ["a", "(root)"]  # a +3 ms before the root +2 ms; a.x is deeper than 1
     page = (tmp_path / "diff.html").read_text()
-    assert '"diff":{"metric":"total_ms"}' in page and '"change":3.0' in page
+    assert '"diff":{"metric":"total_ms","label":' in page and '"change":3.0' in page
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--filter", "a.*", "--sort", "path"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [ln.split()[0] for ln in out if ln.startswith("a.")] == ["a.x"]
@@ -102,11 +105,10 @@ def test_rates_are_compared_per_call_and_fractions_in_percent() -> None:
     a.row("a").mfu, b.row("a").mfu = 0.1, 0.1
     lines = format_diff(compare_reports(a, b, "mfu"))
     # MFU 25 % -> 50 % for the root; a's MFU is per call: 10 %, not 4 x 0.1
-    assert lines[0] == "whole model: A 25.000 % -> B 50.000 % (+100.0 %)"
+    assert lines[0] == "whole model: A 25.0 % -> B 50.0 % (+100 %)"  # numbers.percent
     header = next(ln for ln in lines if ln.startswith("path"))
-    assert header.split()[2:5] == ["A", "mfu", "%"]
-    row_a = next(ln for ln in lines if ln.startswith("a "))
-    assert row_a.split()[2:4] == ["10.000", "10.000"]
+    assert header.split()[2:6] == ["A", "mfu", "B", "mfu"]  # the unit is in the cells
+    assert _line(lines, "a")[2:5] == ["10.0 %", "10.0 %", "0"]
 
 
 def _tree(root: str, children: dict[str, str], **values: dict[str, float]) -> Report:
@@ -127,7 +129,8 @@ def _tree(root: str, children: dict[str, str], **values: dict[str, float]) -> Re
 
 
 def _line(lines: list[str], path: str) -> list[str]:
-    return next(ln for ln in lines if ln.split()[0] == (path or "(root)")).split()
+    """A table line's cells: columns are 2 spaces apart, a cell (``25.0 %``, ``1.10 TB``) holds at most 1."""
+    return re.split(r" {2,}", next(ln for ln in lines if ln.split()[0] == (path or "(root)")).strip())
 
 
 def test_flops_and_bytes_are_exact_counts_not_judged_by_the_timing_noise() -> None:
@@ -146,21 +149,21 @@ def test_flops_and_bytes_are_exact_counts_not_judged_by_the_timing_noise() -> No
     lines = format_diff(compare_reports(a, b, "fwd_flops"))
     # 1e9 -> 1.2e9 FLOPs: +2e8, B/A = 1.2 exactly a change (the timing bound 2 x 0.1 x 1.2e9 = 2.4e8 would
     # have called it noise; a FLOP count has none); 0 -> 0 for the ReLU: unchanged (B/A undefined: "-").
-    assert lines[0] == "whole model: A 1000000000 -> B 1200000000 (+20.0 %)"
-    assert lines[1] == "biggest movers: fc +200000000"
-    assert _line(lines, "fc")[2:] == ["1000000000", "1200000000", "+200000000", "1.20×", "higher"]
-    assert _line(lines, "relu")[2:] == ["0", "0", "+0", "-", "unchanged"]
+    assert lines[0] == "whole model: A 1.00 GFLOP -> B 1.20 GFLOP (+20.0 %)"  # numbers.si
+    assert lines[1] == "biggest movers: fc +200 MFLOP"
+    assert _line(lines, "fc")[2:] == ["1.00 GFLOP", "1.20 GFLOP", "+200 MFLOP", "1.20×", "higher"]
+    assert _line(lines, "relu")[2:] == ["0 FLOP", "0 FLOP", "0", "-", "unchanged"]
     assert lines[-1].startswith("(fwd_flops is a count or a size, not a time: any difference is a change")
-    # bytes 2**40 -> 2**40 + 1: differ by one, counts compare exactly -> a change of +1 (every digit printed),
-    # +100 / 2**40 = +9.09e-11 % (a change never reads "+0.0 %"); the ReLU's 2**40 = 1099511627776 in both:
-    # unchanged, B/A = 1.00×.
+    # bytes 2**40 -> 2**40 + 1: differ by one, counts compare exactly -> a change of +1 B (shown whole),
+    # +100 / 2**40 = +9.09e-11 % (a change never reads "+0.0 %"); 2**40 B = 1.0995e12: 1.10 TB; the ReLU's
+    # 2**40 in both: unchanged, change 0, B/A = 1.00×.
     lines = format_diff(compare_reports(a, b, "bytes"))
-    assert lines[0] == "whole model: A 1099511627776 -> B 1099511627777 (+9.09e-11 %)"
-    assert _line(lines, "")[4:] == ["+1", "1.00×", "higher"]
-    assert _line(lines, "relu")[4:] == ["+0", "1.00×", "unchanged"]
+    assert lines[0] == "whole model: A 1.10 TB -> B 1.10 TB (+9.09e-11 %)"
+    assert _line(lines, "")[4:] == ["+1 B", "1.00×", "higher"]
+    assert _line(lines, "relu")[4:] == ["0", "1.00×", "unchanged"]
     # 0 -> 0 over the whole model reads "unchanged", never "within noise".
     zero = _tree("Net", {}, bwd_flops={"": 0.0})
-    assert format_diff(compare_reports(zero, zero, "bwd_flops"))[0] == "whole model: A 0 -> B 0 (unchanged)"
+    assert format_diff(compare_reports(zero, zero, "bwd_flops"))[0] == "whole model: A 0 FLOP -> B 0 FLOP (unchanged)"
 
 
 def test_sizes_and_peaks_are_per_call_what_adds_up_over_the_step_is_times_calls() -> None:
@@ -182,18 +185,18 @@ def test_sizes_and_peaks_are_per_call_what_adds_up_over_the_step_is_times_calls(
     )
     params = format_diff(compare_reports(a, b, "params_mb"))
     # fc's 2 MiB of parameters are the same 2 MiB however often it is called (3 then 4 times):
-    # 2.000 -> 2.000, B/A 1.000, unchanged (was 6 -> 8, 1.33 x); the header says no "×calls".
-    assert _line(params, "fc")[2:] == ["2.000", "2.000", "+0.000", "1.00×", "unchanged"]
+    # 2.00 -> 2.00, B/A 1.00, unchanged (was 6 -> 8, 1.33 x); the header says no "×calls".
+    assert _line(params, "fc")[2:] == ["2.00", "2.00", "0", "1.00×", "unchanged"]
     assert next(ln for ln in params if ln.startswith("path")).split()[2:4] == ["A", "params_mb"]
     peaks = format_diff(compare_reports(a, b, "peak_mem_mb"))
     # the root's peak of one call: 5 -> 5 unchanged (not 5 x calls); fc's peak unknown in B: nothing
     # to judge, so no "noise" (which would claim "within noise") and no ratio.
-    assert _line(peaks, "")[2:] == ["5.000", "5.000", "+0.000", "1.00×", "unchanged"]
-    assert _line(peaks, "fc")[2:] == ["5.000", "-", "-", "-"]
+    assert _line(peaks, "")[2:] == ["5.00", "5.00", "0", "1.00×", "unchanged"]
+    assert _line(peaks, "fc")[2:] == ["5.00", "-", "-", "-"]
     # activations are saved by every call until the backward: 1.5 MiB x 3 = 4.5 -> 1.5 x 4 = 6.0, +1.5,
     # B/A 6 / 4.5 = 1.333: a change (an exact size, no noise).
     acts = format_diff(compare_reports(a, b, "activation_mb"))
-    assert _line(acts, "fc")[2:] == ["4.500", "6.000", "+1.500", "1.33×", "higher"]
+    assert _line(acts, "fc")[2:] == ["4.50", "6.00", "+1.50", "1.33×", "higher"]
 
 
 def test_unrelated_models_are_diffed_under_a_warning() -> None:
@@ -239,7 +242,7 @@ def test_cb_diff_prints_both_quality_verdicts_and_the_warning(
         "quality: A clean, B contended (a timed change may be the machine's, not the model's)",
         "  B: re-run on a quiet machine",
         "  B: pin the threads",
-        "whole model: A 1.000 ms -> B 1.000 ms (unchanged)",  # equal: not "within noise"
+        "whole model: A 1.00 ms -> B 1.00 ms (unchanged)",  # equal: not "within noise"
     ]
     # a report written before quality was measured says so; a FLOP diff needs no timing caveat.
     Report(b.rows, {"device_name": "cpu", "dtype": "fp32"}).save(tmp_path / "old")

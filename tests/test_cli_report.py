@@ -212,7 +212,7 @@ def test_diff_compares_two_captures_of_one_run(tmp_path: Path, capsys: pytest.Ca
     assert out[:3] == [
         f"A: {tmp_path}@10  (cpu, fp32)",
         f"B: {tmp_path}@500  (cpu, fp32)",
-        "whole model: A 1.000 ms -> B 50.000 ms (+4900.0 %)",
+        "whole model: A 1.00 ms -> B 50.0 ms (+4900 %)",  # 3 significant figures (numbers.sig)
     ]
 
 

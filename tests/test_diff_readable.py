@@ -1,13 +1,15 @@
 """Issue 23 §6: ``cb diff`` a person reads at a glance.
 
-The ``B/A`` (ratio) and ``sig`` columns print different things (``1.50×`` / ``slower``, ``≈1×`` /
-``noise``), a legend under the table says what they mean, equal values read ``unchanged`` (MFU 0 -> 0
+The ``B/A`` (ratio) and ``sig`` columns print different things (``1.50×`` / ``slower``, ``1.10×`` /
+``noise``: the measured ratio always, the word alone saying it is not significant), a legend under
+the table says what they mean, equal values read ``unchanged`` (MFU 0 -> 0
 too, not "within noise"), no non-zero value prints as 0, and ``diff.html``'s header shows both runs'
 quality, each labelled.
 """
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,8 @@ def _net(total: dict[str, float], mfu: dict[str, float] | None = None, quality: 
 
 
 def _cells(lines: list[str], path: str) -> list[str]:
-    return next(ln for ln in lines if ln.split()[0] == (path or "(root)")).split()
+    """A table line's cells: columns are 2 spaces apart, a cell (``25.0 %``, ``54.2 MB``) holds at most 1."""
+    return re.split(r" {2,}", next(ln for ln in lines if ln.split()[0] == (path or "(root)")).strip())
 
 
 def test_mfu_zero_in_both_reads_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,12 +57,13 @@ def test_mfu_zero_in_both_reads_unchanged(tmp_path: Path, capsys: pytest.Capture
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--metric", "mfu"]) == 0
     out = capsys.readouterr().out.splitlines()
     # was "(- %, within noise)" and a "~" in the row: 0 -> 0 is no change at all
-    assert out[2] == "whole model: A 0.000 % -> B 0.000 % (unchanged)"
-    assert _cells(out, "fc")[2:] == ["0.000", "0.000", "+0.000", "-", "unchanged"]  # B/A of 0 / 0 undefined: -
+    assert out[2] == "whole model: A 0 % -> B 0 % (unchanged)"  # numbers.percent(0)
+    # an equal value's change is 0 (was "+0.000"); B/A of 0 / 0 undefined: -
+    assert _cells(out, "fc")[2:] == ["0 %", "0 %", "0", "-", "unchanged"]
     # a timed metric exactly equal (3.0 -> 3.0 ms) is unchanged too, its ratio 1.00×
     lines = format_diff(compare_reports(_net({"": 3.0}), _net({"": 3.0})))
-    assert lines[0] == "whole model: A 3.000 ms -> B 3.000 ms (unchanged)"
-    assert _cells(lines, "")[-2:] == ["1.00×", "unchanged"]
+    assert lines[0] == "whole model: A 3.00 ms -> B 3.00 ms (unchanged)"
+    assert _cells(lines, "")[2:] == ["3.00", "3.00", "0", "1.00×", "unchanged"]
 
 
 def test_ratio_and_sig_columns_print_different_things() -> None:
@@ -71,11 +75,13 @@ def test_ratio_and_sig_columns_print_different_things() -> None:
     assert header.split()[-2:] == ["B/A", "sig"]
     assert _cells(lines, "fast")[-2:] == ["0.500×", "faster"]  # 2 / 4
     assert _cells(lines, "slow")[-2:] == ["1.50×", "slower"]  # 3 / 2
-    assert _cells(lines, "same")[-2:] == ["≈1×", "noise"]  # was "~" and "~": the two columns alike
-    assert _cells(lines, "")[-2:] == ["≈1×", "noise"]  # 10 -> 10.5 within 2 x 0.1 x 10.5 = 2.1
-    assert lines[0] == "whole model: A 10.000 ms -> B 10.500 ms (+5.0 %, within noise)"
+    # within noise: the measured ratio still shows (it was "≈1×", hiding it); sig alone says "noise"
+    assert _cells(lines, "same")[-2:] == ["1.10×", "noise"]  # 1.1 / 1; was "~" and "~": the two columns alike
+    assert _cells(lines, "")[-2:] == ["1.05×", "noise"]  # 10 -> 10.5 within 2 x 0.1 x 10.5 = 2.1
+    assert "slower" not in _cells(lines, "same") and "faster" not in _cells(lines, "")  # never a speed-up
+    assert lines[0] == "whole model: A 10.0 ms -> B 10.5 ms (+5.00 %, within noise)"
     assert lines[-1] == (
-        "(B/A: B ÷ A, ≈1× when within noise; sig: slower / faster beyond the two runs' noise "
+        "(B/A: B ÷ A as measured; sig: slower / faster beyond the two runs' noise "
         "(2 × the larger IQR), noise within it: not significant, unchanged: the same value in A and B)"
     )
     # a throughput up is faster; a rate that is not one (share) and a count are higher / lower
@@ -94,8 +100,39 @@ def test_no_non_zero_value_prints_as_zero() -> None:
     a = _net({"": 1.0, "tiny": 0.0004})
     b = _net({"": 1.0, "tiny": 0.0002})
     lines = format_diff(compare_reports(a, b))
-    assert _cells(lines, "tiny")[2:5] == ["0.0004", "0.0002", "-0.0002"]
-    assert _cells(lines, "")[2:5] == ["1.000", "1.000", "+0.000"]  # exactly 0 stays 0
+    assert _cells(lines, "tiny")[2:5] == ["0.000400", "0.000200", "-0.000200"]  # numbers.sig, 3 figures
+    assert _cells(lines, "")[2:5] == ["1.00", "1.00", "0"]  # an equal value's change: 0 (was "+0.000")
+
+
+def test_a_big_change_within_a_big_noise_shows_its_ratio() -> None:
+    # the reviewer's row: features.4 5.554 -> 16.011 ms, noise 1.0 (100 %): bound 2 x 1.0 x 16.011 = 32.0 > 10.457
+    a, b = _net({"": 20.0, "f": 5.554}), _net({"": 30.0, "f": 16.011})
+    a.row("f").noise = b.row("f").noise = 1.0
+    # B/A 16.011 / 5.554 = 2.8828 (was "≈1×"); change +10.457 to 3 figures; sig alone says noise
+    assert _cells(format_diff(compare_reports(a, b)), "f")[2:] == ["5.55", "16.0", "+10.5", "2.88×", "noise"]
+
+
+def test_numbers_use_significant_figures_and_si_prefixes() -> None:
+    a, b = _net({"": 1.0, "fc": 1.0}), _net({"": 1.0, "fc": 1.0})
+    a.row("fc").tflops, b.row("fc").tflops = 0.000728, 3.14e-6
+    # was "0.001" beside "3.14e-06"; now both 3 significant figures (numbers.sig), never an exponent from 1e-6 up
+    # change 3.14e-6 - 0.000728 = -0.00072486
+    assert _cells(format_diff(compare_reports(a, b, "tflops")), "fc")[2:5] == ["0.000728", "0.00000314", "-0.000725"]
+    a.row("fc").bytes, b.row("fc").bytes = 54242288.0, 54242289.0
+    # was "54242288": bytes with an SI prefix; the change by one byte still shows (+1 B)
+    assert _cells(format_diff(compare_reports(a, b, "bytes")), "fc")[2:5] == ["54.2 MB", "54.2 MB", "+1 B"]
+    a.row("fc").fwd_flops, b.row("fc").fwd_flops = 6e9, 6e9
+    assert _cells(format_diff(compare_reports(a, b, "fwd_flops")), "fc")[2:] == [
+        "6.00 GFLOP",
+        "6.00 GFLOP",
+        "0",  # equal: 0 (was "+0")
+        "1.00×",
+        "unchanged",
+    ]
+    a.row("fc").mfu, b.row("fc").mfu = 0.0219, 0.25
+    # fractions in percent (numbers.percent): 2.19 % -> 25.0 %, change +22.81 percentage points
+    mfu = format_diff(compare_reports(a, b, "mfu"))
+    assert _cells(mfu, "fc")[2:5] == ["2.19 %", "25.0 %", "+22.8 %"]
 
 
 def _page_text(path: Path) -> str:

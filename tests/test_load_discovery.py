@@ -139,3 +139,43 @@ def test_snapshots_follow_the_same_rules(tmp_path: Path) -> None:
         f"{tmp_path}@x: in DIR@N, N must be a capture step number (0, 1, 2 ...), not 'x'; "
         f"there is no snapshot.pt at or under {tmp_path}"
     )
+
+
+def test_a_file_names_that_file_never_another_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file is read as a report whatever its name; one that is not a report is refused, naming it."""
+    _run(tmp_path)  # reports below tmp_path: notes.json's directory holds some (was: the newest taken, exit 0)
+    monkeypatch.chdir(tmp_path)
+    Path("notes.json").write_text('{"a": 1}')  # JSON, not a report
+    (tmp_path / "sub").mkdir()
+    Path("sub/bad.json").write_text("hello")  # not JSON
+    expected = {
+        # from_dict's reason; was: FileNotFoundError: [Errno 2] No such file or directory: 'report.json'
+        "notes.json": "cannot read a report at notes.json: 'rows' missing",
+        # was: "cannot read a report at sub/report.json: no report.json at or under sub"
+        "sub/bad.json": "cannot read a report at sub/bad.json: not JSON (Expecting value: line 1 column 1 (char 0))",
+    }
+    for location, message in expected.items():
+        with pytest.raises(ValueError) as info:
+            Report.load(location)
+        assert str(info.value) == message
+        assert main(["report", location]) == 2
+        assert capsys.readouterr() == ("", f"cb: error: {message}\n")  # one line, nothing on stdout
+
+
+def test_a_report_under_another_name_is_read_and_its_step_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run(tmp_path)
+    (run / "step_500" / "report.json").rename(tmp_path / "kept.json")  # a report of step 500, renamed
+    assert Report.load(tmp_path / "kept.json").row("").total_ms == 500.0  # that file: not step_10's, the newest
+    assert Report.load(f"{tmp_path / 'kept.json'}@500").row("").total_ms == 500.0
+    assert Report.load(tmp_path / "kept.json", step=500).source_dir == tmp_path.absolute()
+    with pytest.raises(StepNotFoundError) as info:
+        Report.load(tmp_path / "kept.json", step=10)
+    assert str(info.value) == f"no report of capture step 10 at {tmp_path / 'kept.json'}: it records capture step 500"
+    assert main(["report", str(tmp_path / "kept.json")]) == 0
+    out = capsys.readouterr()
+    assert out.err == ""  # named directly: no "cb: using" line
+    assert " 500 " in out.out  # root total_ms 500 (sig: "500"), not step 10's "10.0"

@@ -441,3 +441,45 @@ def test_a_report_saved_elsewhere_links_its_own_copy_of_the_artifacts(
         assert Path(href.removeprefix("file://")).read_text() == "name,calls\naten::addmm,1\n"
         assert "aten::addmm" in page.locator("#details .op-table").inner_text()  # its top operators, from the copy
         assert log.errors == []
+
+
+def test_a_row_without_a_time_shows_dash_in_every_time_cell(browser: object, tmp_path: Path) -> None:
+    """Issue 23 §6: a skipped row showed ``ms × calls 0`` beside ``total ms -``; every time-derived cell is ``-``."""
+    rows = [
+        ComponentRow("", "Net", 0, None, "ok", calls=1, fwd_ms=3.0, bwd_ms=1.0, total_ms=4.0, share=1.0, noise=0.1),
+        ComponentRow("skip", "Identity", 1, "", "skipped", calls=2),  # no time measured: NaN times
+    ]
+    out = Report(rows, {"device_name": "cpu"}).save(tmp_path)
+    with new_page(browser) as (page, log):
+        _open(page, out)
+        cells = {h: _cell(page, "skip", h) for h in ("fwd ms", "bwd ms", "total ms", "ms \u00d7 calls", "share %")}
+        assert cells == dict.fromkeys(cells, "-")  # ms × calls was "0"
+        assert _cell(page, "", "ms \u00d7 calls") == "4.00"  # 4.0 ms x 1 call
+        assert log.errors == []
+
+
+def test_the_diff_page_shows_the_cells_cb_diff_prints(browser: object, tmp_path: Path) -> None:
+    """Issue 23 §6: the page's A, B, change, B/A cells are cb diff's (no "0.000", no hidden ratio, "-" untimed)."""
+    from cb_callback._report.diff import compare_reports
+    from cb_callback._report.html import write_diff_html
+
+    def net(fc_ms: float) -> Report:
+        return Report(
+            [
+                ComponentRow("", "Net", 0, None, "ok", calls=1, total_ms=20.0, noise=0.1),
+                ComponentRow("fc", "Linear", 1, "", "ok", calls=1, total_ms=fc_ms, noise=1.0),
+                ComponentRow("skip", "Identity", 1, "", "skipped", calls=2),
+            ],
+            {"device_name": "cpu"},
+        )
+
+    # fc 5.554 -> 16.011 within its noise (2 x 1.0 x 16.011 = 32.0): ratio 2.88 shown, sig "noise"
+    a, b = net(5.554), net(16.011)
+    page_file = write_diff_html(a, b, compare_reports(a, b), tmp_path / "diff.html")
+    with new_page(browser) as (page, log):
+        _open_file(page, page_file)
+        heads = ("A total_ms \u00d7 calls", "B total_ms \u00d7 calls", "change", "B/A", "sig")
+        assert [_cell(page, "fc", h) for h in heads] == ["5.55", "16.0", "+10.5", "2.88\u00d7", "noise"]
+        assert [_cell(page, "", h) for h in heads] == ["20.0", "20.0", "0", "1.00\u00d7", "unchanged"]
+        assert [_cell(page, "skip", h) for h in (*heads, "ms \u00d7 calls")] == ["-", "-", "-", "-", "", "-"]
+        assert log.errors == []

@@ -57,6 +57,8 @@ class ScheduleCount:
         components: how many components the run has (``None``: count without a total).
         rounds: timing rounds per level (``BenchmarkConfig.rounds``).
         levels: how many levels the components are timed in.
+        sizes: the components of each level (``[components]`` by default with one level).
+        other_sizes: those of the ``other_levels``.
         other_levels: the number of levels the engine may take instead (one per
             depth, when ``descend="hotspots"`` finds no in-situ times), told by its
             first call's ``total``.
@@ -65,6 +67,15 @@ class ScheduleCount:
         started: components started so far (at most ``components`` when the total is right).
         rounds_done: timing rounds done so far, over all levels.
         level: the level being timed (1-based; 0 before the first round).
+        sizes: the components of each level, in order (``None``: not known; then
+            the rounds phase begins at the first round's call, not before it).
+        phase: what the run is doing now: ``"components"`` (starting them),
+            ``"rounds"`` (timing a level: from its last component's start to its
+            last round) or ``"compile"`` (the compile what-ifs).
+        phase_done, phase_total: in the rounds phase, the level's timing rounds
+            done and its ``rounds``; in the compile phase, what-ifs done and their
+            number (0 and 0 in the component phase).
+        levels_done: levels whose last timing round is done.
 
     Notes:
         When the engine's first ``total`` is ``components + rounds × other_levels``
@@ -76,9 +87,25 @@ class ScheduleCount:
         failure calls for, ``Schedule.run_levels``).
     """
 
-    def __init__(self, components: int | None, rounds: int, levels: int, other_levels: int | None = None) -> None:
+    def __init__(
+        self,
+        components: int | None,
+        rounds: int,
+        levels: int,
+        other_levels: int | None = None,
+        *,
+        sizes: Sequence[int] | None = None,
+        other_sizes: Sequence[int] | None = None,
+    ) -> None:
         self.components, self.rounds, self.levels, self.other_levels = components, rounds, levels, other_levels
         self.started = self.rounds_done = self.level = 0
+        self.phase: Literal["components", "rounds", "compile"] = "components"
+        self.phase_done, self.phase_total = 0, 0
+        if sizes is None and levels == 1 and components is not None:
+            sizes = [components]
+        self.sizes: list[int] | None = list(sizes) if sizes is not None else None
+        self._other_sizes = list(other_sizes) if other_sizes is not None else None
+        self.levels_done = 0  # levels whose last timing round is done
         self._total: int | None = None  # the engine's total last seen (None: not checked yet)
 
     @classmethod
@@ -93,12 +120,12 @@ class ScheduleCount:
         nodes, _ = build_tree(model, merged_calls(batches), config.max_depth)
         # One level when everything is timed at once (descend="all", or the triage's plan from in-situ
         # times); the engine's first call corrects it (one level per depth without in-situ times).
-        depths = len(levels(nodes))
+        depths = [len(level) for level in levels(nodes)]
         if config.descend == "all":
             return cls(len(nodes), config.rounds, 1)
         if config.insitu_passes > 0:
-            return cls(len(nodes), config.rounds, 1, other_levels=depths)
-        return cls(len(nodes), config.rounds, depths)
+            return cls(len(nodes), config.rounds, 1, other_levels=len(depths), other_sizes=depths)
+        return cls(len(nodes), config.rounds, len(depths), sizes=depths)
 
     @property
     def total_rounds(self) -> int:
@@ -108,16 +135,28 @@ class ScheduleCount:
     def read(self, done: int, total: int, label: str) -> ProgressEvent:
         """Count one progress call of the engine (see the module docstring) and say what it was."""
         if label.startswith(_COMPILE):
+            self.phase, self.phase_done, self.phase_total = "compile", done, total
             return ProgressEvent("compile", f"compile what-if {done}/{total} ({label[len(_COMPILE) :]})", done == total)
         self._check(total)
         match = _ROUND.match(label)
         if match is None:
             self.started += 1
+            self.phase, self.phase_done, self.phase_total = "components", 0, 0
+            if self.started == self._level_end():  # the level's last component: its timing rounds come next
+                self.phase, self.phase_total = "rounds", self.rounds
             return ProgressEvent("component", label or "root", False)
         r, of = int(match[1]), int(match[2])
         self.level += r == 1
         self.rounds_done += 1
+        self.phase, self.phase_done, self.phase_total = "rounds", r, of
+        self.levels_done += r == of
         return ProgressEvent("round", label, r == of)
+
+    def _level_end(self) -> int | None:
+        """The components started when the current level's are (``None``: not known)."""
+        if self.components is None or self.sizes is None or self.levels_done >= len(self.sizes):
+            return None
+        return sum(self.sizes[: self.levels_done + 1])
 
     def _check(self, total: int) -> None:
         if self._total is None and self.components is not None:
@@ -125,11 +164,15 @@ class ScheduleCount:
                 other = self.other_levels
                 if other is not None and total == self.components + self.rounds * other:
                     self.levels = other  # the engine timed level by level after all (no in-situ times)
+                    self.sizes = self._other_sizes
                 else:
-                    self.components = None
+                    self.components = self.sizes = None
         elif self._total is not None and total > self._total and self.components is not None:
-            self.components += total - self._total - self.rounds  # one more level (Schedule.run_levels)
+            more = total - self._total - self.rounds  # one more level (Schedule.run_levels)
+            self.components += more
             self.levels += 1
+            if self.sizes is not None:
+                self.sizes.append(more)
         self._total = total
 
     def counts(self, *, rounds: bool) -> str:

@@ -11,29 +11,94 @@
   through the bar's ``print``: the start, one per level whose timing rounds are
   done, the end; no ``\\r``.
 
-Each counts the components only (:class:`cb_callback._engine.progress.ScheduleCount`),
-so that the bar's ETA is the components'; its text is the current component's
-path, ``timing round r/R`` or ``compile what-if d/n (PATH)``. :meth:`TrainerBar.print`
-puts a line on its own line above the bars (``ProgressBar.print``).
+Each counts what the pause is doing now (:class:`cb_callback._engine.progress.ScheduleCount`'s
+``phase``), so that the bar's ETA is that phase's pace:
+
+- starting components: ``completed`` the components started, ``total`` the
+  run's components; the text is the current component's path, shortened to its
+  end (``…attn.out_proj``) so that the label and it take at most 3/8 of the
+  terminal's width (:func:`_short`; under 80 columns Rich's label is ``Profiling:``);
+- timing a level (from its last component's start, most of the pause):
+  ``completed`` its timing rounds done, ``total`` its ``rounds``; the text is
+  ``timing round r/R`` (the round running; ``(level l of L)`` with several levels);
+- the compile what-ifs: ``completed`` those done of their number.
+
+At each change of phase the bar's clock restarts (Rich's ``reset``, tqdm's
+``start_t``/``initial``), so its rate and ETA are the new phase's; a next level
+goes back to counting components. :meth:`TrainerBar.print` puts a line on its
+own line above the bars (``ProgressBar.print``); with TQDM and no terminal it
+writes it after a newline instead (when the train bar drew since), not after
+``tqdm.write``'s ``\\r<spaces>\\r`` on the bar's line.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from cb_callback._engine.progress import ProgressEvent, ScheduleCount
 
 __all__ = ["ProgressBar", "TrainerBar"]
 
-#: The longest component path shown in a bar (longer ones keep their end: the component itself).
-_TEXT_WIDTH = 48
+#: The shortest width a bar's text is cut to.
+_MIN_TEXT_WIDTH = 12
+
+#: What each open TQDM train bar showed when a line was last written after it without a terminal (TrainerBar.print).
+_WRITTEN_AFTER: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= _TEXT_WIDTH else "…" + text[-(_TEXT_WIDTH - 1) :]
+def _short(text: str, columns: int, label: str) -> str:
+    """``text`` cut so that ``label`` and it take at most 3/8 of the terminal's ``columns`` (the text at least
+    ``_MIN_TEXT_WIDTH``): the rest of the row (the bar, the count, the times, the speed) and Lightning's own
+    rows, which share the columns, keep their width.
+
+    A longer path keeps its end after ``…``: its last whole components (``…attn.out_proj``) when they fill at
+    least half the width, else its last characters (``…attention.0``).
+    """
+    width = max(_MIN_TEXT_WIDTH, columns * 3 // 8 - len(label))
+    if len(text) <= width:
+        return text
+    tail = text[-(width - 1) :]
+    whole = tail.split(".", 1)[1] if "." in tail[1:] and text[-width] != "." else tail
+    return "…" + (whole if 2 * len(whole) >= width else tail)
+
+
+@dataclass(frozen=True)
+class _Shown:
+    """What a bar shows for a progress call.
+
+    Attributes:
+        phase: which phase it is in (a change restarts the bar's clock): the phase's
+            name and what tells its instances apart (the level).
+        text: the bar's text (not yet shortened).
+        path: whether it is a component's path (shortened to fit: :func:`_short`); a round's text is not.
+        completed: done in this phase (components started over the run, a level's rounds, what-ifs).
+        total: of how many (``None``: not known).
+    """
+
+    phase: tuple[str, int]
+    text: str
+    path: bool
+    completed: int
+    total: int | None
+
+
+def _shown(count: ScheduleCount, event: ProgressEvent) -> _Shown:
+    """What the bar shows after ``event`` (see the module docstring)."""
+    if count.phase == "rounds":
+        done, of = count.phase_done, count.phase_total
+        text = f"timing round {min(done + 1, of)}/{of}"  # the round running (the last one once done)
+        if count.levels > 1:
+            text += f" (level {count.levels_done + (done < of)} of {count.levels})"
+        return _Shown(("rounds", count.started), text, False, done, of)  # a level's rounds: its components started
+    if count.phase == "compile":
+        return _Shown(("compile", 0), event.text, True, count.phase_done, count.phase_total)
+    return _Shown(("components", count.levels_done), event.text, True, count.started, count.components)
 
 
 def _plural(n: int, noun: str) -> str:
@@ -91,9 +156,12 @@ class TrainerBar:
             whose train bar is closed: then the caller logs it
             (``rank_zero_info``) as without a bar.
         """
-        if self.bar is None or (self.kind == "tqdm" and self._tqdm_train() is None):
+        if self.bar is None or (self.kind == "tqdm" and (train := self._tqdm_train()) is None):
             return False
-        self.bar.print(message)
+        if self.kind == "tqdm" and not _isatty(sys.stdout):
+            _write_after(train, message)
+        else:
+            self.bar.print(message)
         return True
 
     def row(self, step: int, count: ScheduleCount) -> _Row:
@@ -115,6 +183,21 @@ def _isatty(stream: Any) -> bool:
     return bool(isatty()) if callable(isatty) else False
 
 
+def _write_after(train: Any, message: str) -> None:
+    """``message`` on a line of its own in stdout, which is no terminal, below TQDM's open ``train`` bar.
+
+    ``tqdm.write`` would clear the bar's line (``\\r<spaces>\\r``) and write
+    there, leaving the line after the bar's text in a log file; this starts a new
+    line instead when the bar drew since a line was last written after it (its
+    count, text or postfix changed: Lightning draws it at each change).
+    """
+    drawn = (train.n, train.total, train.desc, train.postfix)
+    prefix = "" if _WRITTEN_AFTER.get(train) == drawn else "\n"
+    sys.stdout.write(f"{prefix}{message}\n")
+    sys.stdout.flush()
+    _WRITTEN_AFTER[train] = drawn
+
+
 class _RichRow:
     """One task of the Rich bar's ``progress``: ``completed`` components of ``total``, the text in its description."""
 
@@ -123,14 +206,30 @@ class _RichRow:
 
         self._bar, self._progress, self._escape = bar, progress, escape
         style = getattr(getattr(bar, "theme", None), "description", "")
-        self._label = f"[{style}]Profiling step {step}[/]" if style else f"Profiling step {step}"
+        self._plain = f"Profiling step {step}: "  # the label as shown
+        self._label = f"[{style}]{self._plain[:-1]}[/]" if style else self._plain[:-1]
+        self._narrow = f"[{style}]Profiling:[/]" if style else "Profiling:"
         # an infinite total is Lightning's task without one (CustomProgress.add_task)
         self._task = progress.add_task(self._label, total=float("inf") if total is None else total)
+        self._phase = ("components", 0)
 
     def show(self, count: ScheduleCount, event: ProgressEvent) -> None:
-        description = f"{self._label} {self._escape(_short(event.text))}"
-        total = float("inf") if count.components is None else count.components
-        self._progress.update(self._task, completed=count.started, total=total, description=description)
+        shown = _shown(count, event)
+        columns = self._progress.console.width
+        # on a narrow terminal (under 80 columns) the label drops the step: the path keeps its room
+        label = self._label if len(self._plain) + _MIN_TEXT_WIDTH <= columns * 3 // 8 else self._narrow
+        narrow = label is self._narrow
+        if shown.path:
+            text = _short(shown.text, columns, "Profiling: " if narrow else self._plain)
+        else:  # a round: "round 2/5" when narrow
+            text = shown.text.removeprefix("timing ") if narrow else shown.text
+        description = f"{label} {self._escape(text)}"
+        total = float("inf") if shown.total is None else shown.total
+        if shown.phase != self._phase:  # a new phase: its own clock, so that the speed and ETA are its pace
+            self._phase = shown.phase
+            self._progress.reset(self._task, total=total, completed=shown.completed, description=description)
+        else:
+            self._progress.update(self._task, completed=shown.completed, total=total, description=description)
         self._bar.refresh()
 
     def close(self) -> None:
@@ -146,11 +245,18 @@ class _TqdmRow:
             desc=f"Profiling step {step}", total=total, position=2 * getattr(bar, "process_position", 0) + 1,
             leave=False, dynamic_ncols=True, file=sys.stdout, bar_format=getattr(bar, "BAR_FORMAT", None),
         )  # fmt: skip
+        self._phase = ("components", 0)
 
     def show(self, count: ScheduleCount, event: ProgressEvent) -> None:
-        self._bar.set_postfix_str(_short(event.text), refresh=False)
-        self._bar.total = count.components  # grows by a level the failures call for
-        self._bar.n = count.started  # drawn at each call, as Lightning draws its own (its _update_n)
+        shown = _shown(count, event)
+        if shown.phase != self._phase:  # a new phase: its rate (hence ETA) from now and this count on
+            self._phase = shown.phase
+            self._bar.start_t, self._bar.initial = self._bar._time(), shown.completed
+        columns = self._bar.ncols or shutil.get_terminal_size().columns
+        text = _short(shown.text, columns, self._bar.desc + ": ") if shown.path else shown.text
+        self._bar.set_postfix_str(text, refresh=False)
+        self._bar.total = shown.total  # the phase's (the components grow by a level the failures call for)
+        self._bar.n = shown.completed  # drawn at each call, as Lightning draws its own (its _update_n)
         self._bar.refresh()
 
     def close(self) -> None:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cb_callback._report.model import ComponentRow, Report
+from cb_callback._report.numbers import percent, si, sig
 
 __all__ = [
     "EXACT_METRICS",
@@ -49,9 +50,11 @@ __all__ = [
     "UNKNOWN_NOISE",
     "Change",
     "Comparison",
+    "cell_texts",
     "change_word",
     "compare_reports",
     "format_diff",
+    "format_value",
     "metric_kind",
     "model_mismatch",
     "ratio_text",
@@ -79,8 +82,8 @@ OVER_STEP_METRICS = frozenset({"fwd_flops", "bwd_flops", "bytes", "activation_mb
 #: Fractions, shown in percent.
 _PERCENT = frozenset({"mfu", "bw_util", "share"})
 
-#: Whole numbers, shown without decimals (every digit, so a change by one shows).
-_INTEGER = frozenset({"fwd_flops", "bwd_flops", "bytes", "calls"})
+#: Counts, shown with an SI prefix (:func:`cb_callback._report.numbers.si`) and this unit.
+_COUNT_UNITS = {"fwd_flops": "FLOP", "bwd_flops": "FLOP", "bytes": "B", "comm_bytes": "B", "calls": ""}
 
 #: A report pair whose matching components are fewer than this fraction of the smaller
 #: report's looks like two different models.
@@ -276,18 +279,43 @@ def compare_reports(a: Report, b: Report, metric: str = "total_ms") -> Compariso
     return Comparison(metric, out, model_mismatch(a, b), {"A": _quality(a), "B": _quality(b)})
 
 
-def _num(v: float, digits: int = 3, sign: bool = False) -> str:
-    """``v`` with ``digits`` decimals, or 3 significant figures where those decimals would read 0.
+def format_value(v: float, metric: str, *, sign: bool = False) -> str:
+    """``v`` of ``metric`` as a person reads it (:mod:`cb_callback._report.numbers`); ``-`` when missing.
 
-    ``0.0004`` is ``0.0004`` (not ``0.000``); exactly 0 is ``0.000`` (``+0.000`` with ``sign``);
-    NaN or inf is ``-``.
+    A count with an SI prefix and its unit (``54242288`` bytes is ``54.2 MB``, ``6e9`` FLOP
+    ``6.00 GFLOP``; a whole count under 1000 as it is: ``3`` calls, ``+1 B``), a fraction as a
+    percent (``mfu`` ``0.25`` is ``25.0 %``), anything else
+    (times in ms, rates, sizes in MB) to 3 significant figures (``0.000728``, ``12.3``).
+    ``sign``: a ``+`` before a positive value (a change); exactly 0 is ``0`` (``0 B``, ``0 %``).
     """
     if not math.isfinite(v):
         return "-"
-    plus = "+" if sign else ""
-    if v != 0 and round(abs(v), digits) == 0:  # a non-zero value never shows as 0
-        return f"{v:{plus}.3g}"
-    return f"{v:{plus}.{digits}f}"
+    unit = _COUNT_UNITS.get(metric)
+    if unit is not None and abs(v) < 1000 and v == int(v):  # a whole count under 1 k: every digit (3 calls, 1 B)
+        text = f"{int(v)} {unit}".rstrip()
+    elif unit is not None:
+        text = si(v, unit)
+    elif metric in _PERCENT:
+        text = percent(v)
+    else:
+        text = sig(v)
+    return ("+" if sign and v > 0 else "") + text
+
+
+def cell_texts(c: Change, metric: str) -> dict[str, str]:
+    """The ``A``, ``B``, ``change``, ``B/A`` and ``sig`` cells of a change, as ``cb diff`` and diff.html show them.
+
+    ``change`` is ``0`` for an equal value (``sig`` then says ``unchanged``); a component in one
+    report only counts as its whole value (:attr:`Change.effective`).
+    """
+    change = "0" if c.unchanged else format_value(c.effective, metric, sign=True)
+    return {
+        "a": format_value(c.a, metric),
+        "b": format_value(c.b, metric),
+        "change": change,
+        "ratio": ratio_text(c),
+        "sig": change_word(c, metric),
+    }
 
 
 #: Rates of work done per time: higher is faster (for the same work).
@@ -324,16 +352,13 @@ def change_word(c: Change, metric: str) -> str:
 
 
 def ratio_text(c: Change) -> str:
-    """The ``B/A`` cell: ``1.20×`` (3 significant figures, ``4837×`` from 100 up); ``≈1×`` within noise.
-
-    A change within noise is not shown as a ratio (a tiny module's 0.01 -> 0.78 ms within its
-    noise is not "78× slower"); ``-`` where the ratio is undefined (A is 0, or either missing).
+    """The ``B/A`` cell: the measured ratio B ÷ A to 3 significant figures (``2.88×``, ``0.500×``,
+    ``4837×``), within noise or not: the ``sig`` cell alone says whether it is significant
+    (:func:`change_word`: ``noise``); ``-`` where the ratio is undefined (A is 0, or either missing).
     """
     if not math.isfinite(c.ratio):
         return "-"
-    if math.isfinite(c.change) and not c.significant and not c.unchanged:
-        return "\u22481\u00d7"
-    return (f"{c.ratio:.0f}" if c.ratio >= 100 else f"{c.ratio:#.3g}") + "\u00d7"
+    return sig(c.ratio) + "\u00d7"
 
 
 def _legend(metric: str, exact: bool) -> str:
@@ -345,7 +370,7 @@ def _legend(metric: str, exact: bool) -> str:
             f"sig: {up} / {down} in B, unchanged: the same value in A and B)"
         )
     return (
-        f"(B/A: B \u00f7 A, \u22481\u00d7 when within noise; sig: {up} / {down} beyond the two runs' noise "
+        f"(B/A: B \u00f7 A as measured; sig: {up} / {down} beyond the two runs' noise "
         "(2 \u00d7 the larger IQR), noise within it: not significant, unchanged: the same value in A and B)"
     )
 
@@ -376,10 +401,9 @@ def _quality_lines(d: Comparison) -> list[str]:
     return lines
 
 
-def _units(metric: str) -> tuple[float, int, str]:
-    """``(scale, decimals, suffix)`` a metric is shown with: percent ×100, whole counts, ``ms``."""
-    unit = "ms" if metric.endswith("_ms") else ("%" if metric in _PERCENT else "")
-    return (100.0 if metric in _PERCENT else 1.0), (0 if metric in _INTEGER else 3), (f" {unit}" if unit else "")
+def _suffix(metric: str) -> str:
+    """What follows a value in a line of text: `` ms`` for a time (a count's and a percent's unit is in the value)."""
+    return " ms" if metric.endswith("_ms") else ""
 
 
 def _whole_model_line(d: Comparison) -> list[str]:
@@ -387,19 +411,20 @@ def _whole_model_line(d: Comparison) -> list[str]:
     root = d.root
     if root is None or not (math.isfinite(root.a) and math.isfinite(root.b)):
         return []
-    scale, digits, suffix = _units(d.metric)
+    suffix = _suffix(d.metric)
     if root.unchanged:
         how = "unchanged"
     else:
-        pct = f"{_num((root.b - root.a) / root.a * 100, 1, True)} %" if root.a else "from 0"
+        rel = (root.b - root.a) / root.a * 100 if root.a else math.nan
+        pct = ("+" if rel > 0 else "") + f"{sig(rel)} %" if root.a else "from 0"
         how = pct + ("" if root.significant else ", within noise")
-    a_text, b_text = _num(root.a * scale, digits) + suffix, _num(root.b * scale, digits) + suffix
+    a_text, b_text = format_value(root.a, d.metric) + suffix, format_value(root.b, d.metric) + suffix
     return [f"whole model: A {a_text} -> B {b_text} ({how})"]
 
 
 def _movers_line(d: Comparison) -> list[str]:
     """``biggest movers: b -3.000 ms, a +1.000 ms``: the three largest significant changes below the root."""
-    scale, digits, suffix = _units(d.metric)
+    suffix = _suffix(d.metric)
     movers = sorted(
         (c for c in d.changes if c.path != "" and c.significant and math.isfinite(c.effective)),
         key=lambda c: -abs(c.effective),
@@ -409,7 +434,7 @@ def _movers_line(d: Comparison) -> list[str]:
     return [
         "biggest movers: "
         + ", ".join(
-            f"{c.path} {_num(c.effective * scale, digits, True)}{suffix}"
+            f"{c.path} {format_value(c.effective, d.metric, sign=True)}{suffix}"
             + (f" (only in {c.only_in})" if c.only_in else "")
             for c in movers
         )
@@ -418,13 +443,12 @@ def _movers_line(d: Comparison) -> list[str]:
 
 def _table_lines(d: Comparison, changes: list[Change], sort: str) -> list[str]:
     """The header, a rule, then one aligned line per component (names left, numbers right, ``sig`` left)."""
-    scale, digits, _ = _units(d.metric)
-    label = f"{d.metric} %" if d.metric in _PERCENT else (f"{d.metric}×calls" if metric_kind(d.metric)[1] else d.metric)
+    label = f"{d.metric}×calls" if metric_kind(d.metric)[1] else d.metric
     header = ("path", "type", f"A {label}", f"B {label}", "change", "B/A", "sig")
     table = [header]
     for c in sorted(changes, key=_sort_key(sort)):
-        a, b, change = (_num(v * scale, digits, sign) for v, sign in ((c.a, False), (c.b, False), (c.effective, True)))
-        table.append((c.path or "(root)", c.module_type, a, b, change, ratio_text(c), change_word(c, d.metric)))
+        t = cell_texts(c, d.metric)
+        table.append((c.path or "(root)", c.module_type, t["a"], t["b"], t["change"], t["ratio"], t["sig"]))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = []
     for i, row in enumerate(table):
@@ -450,13 +474,14 @@ def format_diff(d: Comparison, *, sort: str = "change", paths: Iterable[str] | N
         Lines: ``warning: A and B look like different models: ...`` when they
         do (:func:`model_mismatch`); ``quality: A <verdict>, B <verdict>`` and
         each report's advice when either has a quality; ``whole model: A … -> B …
-        (±x %)`` (``unchanged`` when equal, ``, within noise`` when not
+        (±x %)`` (3 significant figures; ``unchanged`` when equal, ``, within noise`` when not
         significant); ``biggest movers: …``; a header (``path type A … B … change
         B/A sig``), then the components, then one legend line.
 
-        ``B/A`` is the ratio (:func:`ratio_text`: ``1.20×``; ``≈1×`` for a
-        change within noise, which is never printed as a speed-up or slow-down;
-        ``-`` when undefined). ``sig`` says what the change is
+        The ``A``, ``B`` and ``change`` cells are :func:`format_value`'s (``0``
+        for an equal value). ``B/A`` is the measured ratio (:func:`ratio_text`:
+        ``1.20×``, within noise too: ``sig`` says ``noise`` then, never a
+        speed-up or slow-down; ``-`` when undefined). ``sig`` says what the change is
         (:func:`change_word`): ``slower`` / ``faster`` (a time or a throughput),
         ``higher`` / ``lower`` (a count, a size, another rate), ``noise`` (within
         the two runs' noise, timed metrics only), ``unchanged`` (the same value

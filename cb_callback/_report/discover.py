@@ -3,7 +3,10 @@
 The rules the ``cb`` commands and the TensorBoard tab share:
 
 - a directory that holds the file (``report.json``, a snapshot's ``snapshot.pt``)
-  is that one; the file itself names its directory;
+  is that one;
+- a file names that very file: a report is read from it whatever its name
+  (``notes.json`` that is not a report is refused, naming ``notes.json``:
+  another report is never substituted); a snapshot's file names its directory;
 - any other directory is searched (itself and below, at most 20,000 directories)
   and the *newest* one found is taken: the most recently written file;
 - a capture step (``metadata["capture_step"]``, which the callback records; with
@@ -94,6 +97,8 @@ class Resolved:
             empty when the location named one directly (a directory holding the file, the file).
         searched: the directory searched (``None`` when the location named one directly).
         asked: whether a capture step was asked for.
+        file: the file the location named, when it named one and files name themselves
+            (reports: ``cb report notes.json`` reads ``notes.json``); ``None`` otherwise.
     """
 
     directory: Path
@@ -101,6 +106,11 @@ class Resolved:
     found: list[Found] = field(default_factory=list)
     searched: Path | None = None
     asked: bool = False
+    file: Path | None = None
+
+    def path(self, filename: str) -> Path:
+        """The file to read: the file named (:attr:`file`), else ``directory / filename``."""
+        return self.file if self.file is not None else self.directory / filename
 
 
 def capture_step(metadata: Any) -> int | None:
@@ -110,9 +120,11 @@ def capture_step(metadata: Any) -> int | None:
 
 
 def report_step(directory: Path) -> int | None:
-    """The capture step ``directory/report.json`` records; ``None`` when none or unreadable."""
+    """The capture step ``directory/report.json`` records (``directory`` may be the report file itself);
+    ``None`` when none or unreadable."""
+    file = directory if directory.is_file() else directory / REPORT_FILE
     try:
-        data = json.loads((directory / REPORT_FILE).read_text(), parse_constant=lambda _: None)
+        data = json.loads(file.read_text(), parse_constant=lambda _: None)
     except (OSError, ValueError):
         return None
     return capture_step(data.get("metadata")) if isinstance(data, dict) else None
@@ -218,6 +230,17 @@ def _refuse_malformed(
     raise InvalidStepError(f"{text}: in DIR@N, N must be a capture step number (0, 1, 2 ...), {got}; {there}")
 
 
+def _the_file(file: Path, step: int | None, what: str, step_of: Callable[[Path], int | None]) -> Resolved:
+    """A file named: that file, checked against the capture step asked for (never another one)."""
+    if step is None:
+        return Resolved(file.parent, file=file)
+    recorded = step_of(file)
+    if recorded != step:
+        has = f"capture step {recorded}" if recorded is not None else "no capture step"
+        raise StepNotFoundError(f"no {what} of capture step {step} at {file}: it records {has}")
+    return Resolved(file.parent, step, file=file, asked=True)
+
+
 def resolve(
     location: str | Path,
     step: int | None,
@@ -227,6 +250,7 @@ def resolve(
     find: Callable[[Path], list[Path]],
     step_of: Callable[[Path], int | None],
     missing: str | None = None,
+    files_name_themselves: bool = False,
 ) -> Resolved:
     """The directory ``location`` names, by the rules of this module's docstring.
 
@@ -241,6 +265,9 @@ def resolve(
         step_of: a directory's capture step.
         missing: the message when nothing is found (``{path}`` is replaced);
             default ``no <filename> at or under <path>``.
+        files_name_themselves: a file named is that file, whatever its name
+            (:attr:`Resolved.file`; ``step_of`` is then asked about the file itself);
+            else (snapshots) a file names its directory.
 
     Raises:
         FileNotFoundError: nothing at or under ``location``.
@@ -254,6 +281,8 @@ def resolve(
     if at is not None and step is not None and at != step:
         raise ValueError(f"{text} and step {step} name different steps")
     step = at if at is not None else step
+    if files_name_themselves and p.is_file():
+        return _the_file(p, step, what, step_of)
     named = p.parent if p.is_file() else (p if (p / filename).is_file() else None)
     if named is not None and step is None:
         return Resolved(named)
@@ -276,7 +305,8 @@ def resolve(
 def resolve_report_dir(path: str | Path, step: int | None = None) -> Resolved:
     """The report a user means by ``path`` (and ``step``): see this module's docstring.
 
-    ``path`` may be a report directory, its ``report.json``, or any directory
+    ``path`` may be a report directory, a report file (any name: that file is read,
+    :attr:`Resolved.file`), or any directory
     above reports (``lightning_logs/``, ``lightning_logs/version_0``): then the
     most recently written report under it is taken, or with ``step`` (or
     ``path@N``) the one of that capture step.
@@ -287,7 +317,15 @@ def resolve_report_dir(path: str | Path, step: int | None = None) -> Resolved:
         InvalidStepError: ``path`` is ``DIR@x``, no capture step number.
         ValueError: ``DIR@N`` and ``step`` name different steps.
     """
-    return resolve(path, step, filename=REPORT_FILE, what="report", find=find_reports, step_of=report_step)
+    return resolve(
+        path,
+        step,
+        filename=REPORT_FILE,
+        what="report",
+        find=find_reports,
+        step_of=report_step,
+        files_name_themselves=True,
+    )
 
 
 def describe(resolved: Resolved, what: str, filename: str) -> str | None:

@@ -197,8 +197,8 @@ def write_diff_html(
 
     Its header shows both runs' quality (``metadata["quality"]``: the verdict and the advice
     of A and of B, each labelled); each row's ``details["diff"]`` holds A, B, the change, the
-    ratio, the noise bound and ``sig``, the word ``cb diff`` prints
-    (:func:`cb_callback._report.diff.change_word`).
+    ratio, the noise bound, ``sig`` (the word ``cb diff`` prints) and ``text``, the cells
+    ``cb diff`` prints (:func:`cb_callback._report.diff.cell_texts`), which the page shows.
 
     Args:
         a: the baseline report.
@@ -207,7 +207,7 @@ def write_diff_html(
         path: the HTML file to write.
         labels: what A and B are, as the header names them (``cb diff`` passes its two locations).
     """
-    from cb_callback._report.diff import change_word
+    from cb_callback._report.diff import cell_texts, metric_kind
 
     data = b.to_dict()
     only_a = [r for r in a.to_dict()["rows"] if r["path"] not in {row["path"] for row in data["rows"]}]
@@ -221,18 +221,23 @@ def write_diff_html(
             k: (v if isinstance(v, float) and v == v and abs(v) != float("inf") else None)
             for k, v in (("a", c.a), ("b", c.b), ("change", c.change), ("ratio", c.ratio), ("noise", c.noise))
         }
-        sig = change_word(c, comparison.metric)
+        text = cell_texts(c, comparison.metric)  # the cells cb diff prints: the page shows the same
         row.setdefault("details", {})["diff"] = {
             **finite,
             "significant": c.significant,
             "only_in": c.only_in,
-            "sig": sig,
+            "sig": text["sig"],
+            "text": text,
         }
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    title = f"cb_callback diff \u2014 {comparison.metric} \u00d7 calls, B vs A"
+    label = f"{comparison.metric} \u00d7 calls" if metric_kind(comparison.metric)[1] else comparison.metric
+    title = f"cb_callback diff \u2014 {label}, B vs A"
     page = render_html(
-        data, title=title, diff={"metric": comparison.metric}, quality_html=_diff_quality_html(comparison, labels)
+        data,
+        title=title,
+        diff={"metric": comparison.metric, "label": label},
+        quality_html=_diff_quality_html(comparison, labels),
     )
     out.write_text(page, encoding="utf-8")
     return out

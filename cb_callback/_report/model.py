@@ -358,7 +358,8 @@ class Report:
         ``location`` is what ``cb report`` accepts (one implementation:
         :func:`cb_callback._report.discover.resolve_report_dir`):
 
-        - a report's ``report.json``, or the directory holding it;
+        - a report file (``report.json`` or any other name: that file is read, never
+          another report in its directory), or the directory holding ``report.json``;
         - a directory above reports (a run's ``output_dir`` with ``capture_every``,
           ``lightning_logs/``): the most recently written report under it;
         - ``DIR@N`` (or ``step=N``): the report of capture step ``N`` under ``DIR``
@@ -379,7 +380,7 @@ class Report:
                 UTF-8, or not a report's schema (see :meth:`from_dict`); or ``DIR@N``
                 and ``step`` name different steps.
         """
-        path = resolve_report_dir(location, step).directory / cls.REPORT_FILE
+        path = resolve_report_dir(location, step).path(cls.REPORT_FILE)  # a file named is that file
         try:
             report = cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except UnicodeDecodeError as e:

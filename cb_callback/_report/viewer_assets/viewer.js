@@ -50,6 +50,8 @@
 
   /* Time over the step: per-call total times the calls (at least 1). */
   function stepMs(r) { return isNum(r.total_ms) ? r.total_ms * Math.max(r.calls || 0, 1) : 0; }
+  /* The same as a cell shows it: NaN ("-") for a row without a time (skipped, failed), never "0". */
+  function timedStepMs(r) { return isNum(r.total_ms) ? stepMs(r) : NaN; }
   /* A parent's own time: what its children do not cover (never below 0). */
   function ownMs(r) {
     var kids = children.get(r.path) || [];
@@ -95,7 +97,7 @@
 
   /* --- metrics a node can be coloured by --------------------------------------- */
   var METRICS = {
-    time: { label: "time over the step (ms)", value: stepMs, scale: 1, unit: "ms" },
+    time: { label: "time over the step (ms)", value: timedStepMs, scale: 1, unit: "ms" },
     mfu: { label: "MFU (%)", value: function (r) { return r.mfu; }, scale: 100, unit: "%" },
     tflops: { label: "TFLOP/s", value: function (r) { return r.tflops; }, scale: 1, unit: "" },
     bw_util: { label: "bandwidth utilisation (%)", value: function (r) { return r.bw_util; }, scale: 100, unit: "%" },
@@ -122,7 +124,7 @@
   function diffOf(r) { return (r.details && r.details.diff) || null; }
   if (config.diff) {
     METRICS.change = {
-      label: "change B \u2212 A (" + config.diff.metric + " \u00d7 calls)",
+      label: "change B \u2212 A (" + (config.diff.label || config.diff.metric + " \u00d7 calls") + ")",
       diverging: true,
       value: function (r) {
         var d = diffOf(r);
@@ -282,7 +284,7 @@
     { key: "fwd_ms", label: "fwd ms", num: true, get: function (r) { return r.fwd_ms; }, show: function (v) { return num(v); } },
     { key: "bwd_ms", label: "bwd ms", num: true, get: function (r) { return r.bwd_ms; }, show: function (v) { return num(v); } },
     { key: "total_ms", label: "total ms", num: true, get: function (r) { return r.total_ms; }, show: function (v) { return num(v); } },
-    { key: "step", label: "ms \u00d7 calls", num: true, get: stepMs, show: function (v) { return num(v); } },
+    { key: "step", label: "ms \u00d7 calls", num: true, get: timedStepMs, show: function (v) { return num(v); } },
     { key: "share", label: "share %", num: true, scale: 100, get: function (r) { return r.share; }, show: function (v) { return num(v, 100); } },
     { key: "noise", label: "noise %", num: true, scale: 100, get: function (r) { return r.noise; }, show: function (v) { return num(v, 100); } },
     { key: "flop", label: "FLOP", num: true, title: "forward + backward FLOP per call, with an SI prefix (k, M, G: 10^3, 10^6, 10^9)",
@@ -344,15 +346,17 @@
         get: function (r) { return vsPlanned(r, "total_ms"); }, show: function (v) { return isNum(v) ? sig(v, 3) : "-"; } });
   }
   if (config.diff) {
-    var dcol = function (key, label, sign) {
+    /* The cells cb diff prints (details.diff.text: cb_callback._report.diff.cell_texts), sorted by the number. */
+    var dcol = function (key, label) {
       return {
         key: "diff_" + key, label: label, num: true,
         get: function (r) { var d = diffOf(r); return d && d[key] !== null && d[key] !== undefined ? d[key] : NaN; },
-        show: function (v) { return isNum(v) ? (sign && v > 0 ? "+" : "") + v.toFixed(3) : "-"; }
+        show: function (v, r) { var d = diffOf(r); return esc(d && d.text && d.text[key] !== undefined ? d.text[key] : num(v)); }
       };
     };
-    COLS.splice(3, 0, dcol("a", "A ms \u00d7 calls"), dcol("b", "B ms \u00d7 calls"), dcol("change", "change", true),
-      { key: "diff_sig", label: "sig", get: function (r) { var d = diffOf(r); return !d ? "" : typeof d.sig === "string" ? d.sig : d.only_in ? "only in " + d.only_in : d.significant ? "" : "~"; } });
+    var dlabel = config.diff.label || (config.diff.metric + " \u00d7 calls");
+    COLS.splice(3, 0, dcol("a", "A " + dlabel), dcol("b", "B " + dlabel), dcol("change", "change"), dcol("ratio", "B/A"),
+      { key: "diff_sig", label: "sig", get: function (r) { var d = diffOf(r); return !d ? "" : typeof d.sig === "string" ? d.sig : d.only_in ? "only in " + d.only_in : ""; } });
   }
   var GROUP_COLS = [
     { key: "group", label: "group", get: function (g) { return g.group; } },
