@@ -170,6 +170,37 @@ def mapped_top(full: Report, hot: Report, k: int) -> list[tuple[str, float]]:
     return sorted(sums.items(), key=lambda kv: -kv[1])[:k]
 
 
+def _loss(out: Any) -> torch.Tensor:
+    """The sum of every floating tensor the model returned (a stand-in loss for a plain step)."""
+    if isinstance(out, torch.Tensor):
+        return out.float().sum() if out.is_floating_point() else torch.zeros(())
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return sum((_loss(o) for o in out), torch.zeros(()))
+    return torch.zeros(())
+
+
+def plain_step_s(model: nn.Module, args: tuple[Any, ...], steps: int = 3) -> float:
+    """Median seconds of a plain training step of a copy of ``model`` on ``args``: forward, the sum of its
+    outputs as the loss, backward, an SGD step (after one warm-up step). What the profile's wall is counted in."""
+    import copy
+    import statistics
+
+    twin = copy.deepcopy(model)
+    opt = torch.optim.SGD(twin.parameters(), lr=1e-3)
+    times = []
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        _loss(twin(*args)).backward()
+        opt.step()
+        if i:
+            times.append(time.perf_counter() - t0)
+    del twin, opt
+    return statistics.median(times)
+
+
 def measure(model: nn.Module, args: tuple[Any, ...], descend: str, options: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     report = profile_components(model, args, descend=descend, **options)
@@ -186,6 +217,9 @@ def measure(model: nn.Module, args: tuple[Any, ...], descend: str, options: dict
         "statuses": statuses,
         "replayed": len(replayed),
         "copied": len(copied),
+        # rows whose timing stopped before min_repeats because a long run agreed with itself (timing.SETTLE_NOISE)
+        "settled": sum(1 for r in report.rows if (r.details.get("timing") or {}).get("settled")),
+        "root_repeats": next((r.details.get("fwd_repeats") for r in report.rows if r.path == ""), None),
         "cost": report.metadata.get("cost"),
         "triage": report.metadata.get("triage"),
         "insitu_ratio": report.metadata.get("quality", {}).get("insitu_ratio"),
@@ -217,15 +251,19 @@ def main(argv: list[str] | None = None) -> None:
     for name in a.models:
         build, options, modes = MODELS[name]
         model, args = build()
+        step_s = plain_step_s(model, args)
         result: dict[str, Any] = {mode: measure(model, args, mode, options) for mode in modes}
+        result["plain_step_s"] = step_s
         out[name] = result
+        print(f"{name:7} plain training step {step_s:.3f} s (median of 3, after a warm-up)")
         for mode in modes:
             r = result[mode]
             c = r["cost"] or {}
             print(
                 f"{name:7} {mode:8} wall {r['wall_s']:6.1f} s  rows {r['components']}  replayed {r['replayed']}  "
                 f"copied {r['copied']}  statuses {r['statuses']}  efficiency {c.get('efficiency', float('nan')):.2f}  "
-                f"every block timed {r['every_block_timed']}"
+                f"every block timed {r['every_block_timed']}  = {r['wall_s'] / step_s:.1f} plain steps  "
+                f"settled {r['settled']} (root {r['root_repeats']} runs)"
             )
             print(f"{name:7} {mode:8} cost {json.dumps({k: round(v, 2) for k, v in c.items() if v is not None})}")
             print(f"{name:7} {mode:8} top-5 {[p for p, _ in r['top5']]}")

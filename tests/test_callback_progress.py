@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rich.progress
 from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from rich.console import Console
@@ -260,17 +261,23 @@ class _LongPathModule(MLPModule):
 #: The first 8 paths of _LongPathModule as shown at 60 columns: max(12, 60 * 3 // 8 - 18) = 12 characters at most
 #: by tqdm (after "Profiling step 1: "); Rich's row: max(12, 60 * 3 // 8 - len("Profiling: ")).
 NARROW = ["root", "encoder", "head", "…rmer_layers", "…f_attention"] + [f"…attention.{i}" for i in range(3)]
-NARROW_RICH = NARROW  # max(12, 11) as well
+#: Rich's row at 60 columns: the rest of the row (bar, count of 9, times, "999.99it/s") takes 40 columns, so
+#: label and path get min(60 * 3 // 8, 60 - 40) = 20: the path max(8, 20 - len("Profiling: ")) = 9.
+NARROW_RICH = ["root", "encoder", "head", "…r_layers", "…ttention"] + [f"…ention.{i}" for i in range(3)]
 
 
 def test_narrow_rich_console_keeps_the_counts_visible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stdout", _Stream(tty=True))
+    # the speed as wide as Rich shows below 1,000 it/s ("999.99it/s"): tiny components run at hundreds a
+    # second, and a row that fits only "99.99it/s" lost its "/s" on a fast machine
+    speed = rich.progress.Task.speed
+    monkeypatch.setattr(rich.progress.Task, "speed", property(lambda t: None if speed.fget(t) is None else 999.99))
     bar = _HardRich(io.StringIO(), width=60)
     cb = ComponentBenchmark(capture_step=1, **OPTS)
     run_fit(tmp_path, [cb, bar], _LongPathModule, max_steps=2, logger=False, model_kwargs={"validate": False},
             enable_progress_bar=True)  # fmt: skip
-    # under 80 columns the label is "Profiling: " (11); it and the path within 60 * 3 // 8 = 22: the path's
-    # last 11 - 1 characters after "…" (whole components, "…0", would fill less than half of them)
+    # under 80 columns the label is "Profiling: " (11); it and the path within 20 (NARROW_RICH): the path's
+    # last 9 - 1 characters after "…" (whole components, "…0", would fill less than half of them)
     texts = [desc.removeprefix("Profiling: ") for desc, _, _, _ in bar.ours()]
     assert texts[:8] == NARROW_RICH
     # each refresh of the pause draws our count (started of 9, then rounds of 5), times and speed whole (no "…"

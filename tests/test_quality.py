@@ -69,10 +69,53 @@ def test_rounds_alternate_order_and_spread_the_samples() -> None:
         switches=lambda: 0,
     )
     assert [len(s.samples) for s in sets] == [10, 3]
+    # b's run is half its budget, not long (SETTLE_NOISE): its equal runs still take min_repeats.
+    assert [s.settled for s in sets] == [False, False]
     # round 1: a, b once each; round 2 (reversed): b takes ceil(2/2) = 1, a ceil(9/2) = 5 after one
     # untimed run; round 3 (forward): a its last 4 after an untimed run, b its last 1.
     assert log == ["a", "b"] + ["b"] + ["a"] * 6 + ["a"] * 5 + ["b"]
     assert [s.rounds for s in sets] == [3, 3]
+
+
+def varying(fwd_ms: list[float], bwd_ms: list[float] | None = None) -> Callable[[], Sample]:
+    """One run per call, the ``i``-th with the ``i``-th forward (and backward) time."""
+    it = iter(zip(fwd_ms, bwd_ms or [0.0] * len(fwd_ms), strict=True))
+
+    def run() -> Sample:
+        f, b = next(it)
+        return Sample(f, b, f, b)
+
+    return run
+
+
+def test_a_long_component_stops_once_two_runs_agree_and_not_before() -> None:
+    def take(fwd: list[float], bwd: list[float] | None = None, budget: float = 0.01) -> tuple[int, bool]:
+        (s,) = interleave(
+            [varying(fwd, bwd)], budgets_s=[budget], rounds=5, min_repeats=5, max_repeats=100,
+            clock=Clock(), switches=lambda: 0,
+        )  # fmt: skip
+        return len(s.samples), s.settled
+
+    # 7 s and 50 ms runs against a 10 ms budget: long (one run takes the whole budget). Two runs 10 % apart
+    # (50, 55): quartiles 51.25 and 53.75, IQR 2.5 over a median of 52.5 = 0.0476 <= SETTLE_NOISE (0.05):
+    # the second run settles it.
+    assert take([7000.0, 7000.0, 7000.0, 7000.0, 7000.0]) == (2, True)
+    assert take([50.0, 55.0, 50.0, 50.0, 50.0]) == (2, True)
+    # 50 and 56: IQR 3 over 53 = 0.0566 > 0.05; a third run at 50: quartiles 50 and 53, IQR 3 over
+    # a median of 50 = 0.06, still apart; a fourth at 50: quartiles 50 and 51.5, 1.5 / 50 = 0.03.
+    assert take([50.0, 56.0, 50.0, 50.0, 50.0]) == (4, True)
+    # runs that never agree take min_repeats, which is then the most a long component takes
+    assert take([50.0, 80.0, 50.0, 80.0, 50.0]) == (5, False)
+    # forwards equal, backwards apart (totals 60 and 80: IQR 10 over 70 = 0.14): not settled
+    assert take([50.0] * 5, [10.0, 30.0, 10.0, 30.0, 10.0]) == (5, False)
+    # not long: a 1 ms run against a 0.1 s budget wants 100 runs, and equal runs take all 100; a
+    # 50 ms run against it wants 2, raised to min_repeats; a budget of 0 asks exactly min_repeats
+    for ms, budget, n in ((1.0, 0.1, 100), (50.0, 0.1, 5), (7000.0, 0.0, 5)):
+        (s,) = interleave(
+            [fixed(ms)], budgets_s=[budget], rounds=5, min_repeats=5, max_repeats=1000,
+            clock=Clock(), switches=lambda: 0,
+        )  # fmt: skip
+        assert (len(s.samples), s.settled) == (n, False)
 
 
 def test_max_repeats_caps_and_a_raising_sampler_stops() -> None:

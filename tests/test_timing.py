@@ -69,3 +69,33 @@ def test_median_and_iqr_of_known_samples() -> None:
     t = Timing(device_ms=[1.0, 2.0, 3.0, 4.0, 100.0], host_ms=[1.0] * 5)
     assert t.median == 3.0
     assert t.iqr == 4.0 - 2.0  # quartiles by linear interpolation: 2.0 and 4.0
+
+
+class _Sleeps(torch.nn.Module):
+    """A forward that sleeps ``ms`` after a Linear: its runs agree within sleep's overshoot."""
+
+    def __init__(self, ms: float) -> None:
+        super().__init__()
+        self.ms = ms
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(self.ms / 1e3)
+        return self.lin(x)
+
+
+def test_a_component_longer_than_its_budget_stops_at_two_agreeing_runs_not_min_repeats() -> None:
+    from cb_callback import profile_components
+
+    opts = dict(max_depth=0, insitu_passes=0, min_run_time_s=0.1, min_repeats=5, rounds=5, warmup=1)
+    # 250 ms a forward against a budget of 2 × 0.1 s (forward and backward): one run takes the whole
+    # budget. Two sleeps of 250 ms are a few ms apart at most (well under SETTLE_NOISE's 10 % for two
+    # runs), so the second run settles it: 2 timed runs, not min_repeats=5.
+    (root,) = profile_components(_Sleeps(250.0), torch.randn(2, 4), **opts).rows
+    assert root.status == "ok" and root.details["fwd_repeats"] == 2 and root.details["timing"]["settled"] is True
+    assert root.fwd_ms >= 250.0
+    # 1 ms a forward: the budget asks about 0.2 / 0.001 runs, far above min_repeats, and none settles early.
+    (short,) = profile_components(_Sleeps(1.0), torch.randn(2, 4), **opts).rows
+    assert short.details["fwd_repeats"] >= 5 and short.details["timing"]["settled"] is False

@@ -49,7 +49,12 @@ class BenchmarkConfig:
         warmup: untimed runs before timing, per pass; the engine's instrumented
             pass (FLOPs, bytes, memory) counts as the first.
         min_run_time_s: timing budget per component and pass (repeats adapt to it).
-        min_repeats: timed runs per pass, at least (also past ``min_run_time_s``).
+        min_repeats: timed runs per pass, at least (also past ``min_run_time_s``),
+            for a component whose run is shorter than its budget. A longer one
+            (a step that takes seconds) stops once two runs or more agree (IQR
+            within 5 % of the median, ``details["timing"]["settled"]``):
+            ``min_repeats`` is then the most it takes. ``min_run_time_s=0``
+            asks every component for exactly ``min_repeats``.
         max_repeats: timed runs per pass, at most.
         rounds: the timed runs of all components are taken in this many
             interleaved rounds (each component gets its share of runs in every

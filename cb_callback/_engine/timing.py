@@ -189,6 +189,8 @@ class SampleSet:
             slices (``getrusage``), the scheduler taking the CPU away.
         remeasured: whether extra rounds were given because the first looked
             inconsistent (noisy, or slower than its parent).
+        settled: whether sampling stopped before ``min_repeats`` because the
+            component is long and its runs already agreed (:data:`SETTLE_NOISE`).
         error: what the sampler raised; it is not sampled again.
     """
 
@@ -197,6 +199,7 @@ class SampleSet:
     timed_s: float = 0.0
     switches: int = 0
     remeasured: bool = False
+    settled: bool = False
     error: BaseException | None = None
 
     def _col(self, name: str) -> list[float]:
@@ -222,6 +225,30 @@ class SampleSet:
     def switches_per_s(self) -> float:
         """Involuntary context switches per second of sampling (NaN if nothing was timed)."""
         return self.switches / self.timed_s if self.timed_s > 0 else float("nan")
+
+
+#: A long component (one run takes its whole budget, a budget above 0) stops sampling once
+#: it has two runs or more whose relative spread, IQR ÷ median of the forward and of the whole
+#: run, is at most this: a quarter of the noisy threshold (``quality.NOISY_THRESHOLD``, 0.20).
+#: Two runs 10 % apart have an IQR of 5 % of their median (the quartiles of two values sit a
+#: quarter of the way in from each end), so their median is within 5 % of either run. Like
+#: ``torch.utils.benchmark``'s ``adaptive_autorange``: a 7 s step that agrees with itself twice
+#: does not need five more.
+SETTLE_NOISE = 0.05
+
+
+def _settled(samples: list[Sample]) -> bool:
+    """Whether ``samples`` (two or more) agree within :data:`SETTLE_NOISE` in forward and in total."""
+    if len(samples) < 2:
+        return False
+    for name in ("fwd_ms", "total_ms"):
+        values = sorted(getattr(s, name) for s in samples)
+        med = _quantile(values, 0.5)
+        if not (med > 0 and math.isfinite(med)):
+            return False
+        if (_quantile(values, 0.75) - _quantile(values, 0.25)) / med > SETTLE_NOISE:
+            return False
+    return True
 
 
 _CANARY_BEST: dict[int, float] = {}
@@ -289,7 +316,12 @@ def interleave(
     Round 1 takes one sample of every component, in order; it estimates each
     one's run time. From it each component gets a number of samples
     ``clamp(ceil(budget / estimate), min_repeats, max_repeats)``, spread evenly
-    over ``rounds`` rounds (round 1 included). Rounds alternate the order
+    over ``rounds`` rounds (round 1 included). A long component, one whose
+    first run took its whole budget (a budget above 0; ``0`` asks for exactly
+    ``min_repeats``), stops as soon as its runs of this call agree
+    (:data:`SETTLE_NOISE`; ``SampleSet.settled``): ``min_repeats`` is the most
+    such a component takes, not the least, so the root of a model whose step
+    takes seconds costs two steps when two agree, not five. Rounds alternate the order
     (forward, then reversed), so that neither the first nor the last component
     always runs right after a slow phase. A slice of two or more runs starts
     with one untimed run, so every timed run finds the caches as the
@@ -330,6 +362,7 @@ def interleave(
     out = sets if sets is not None else [SampleSet() for _ in samplers]
     rounds = max(rounds, 1)
     target: list[int] = [0] * len(samplers)
+    long = [False] * len(samplers)  # one run takes the whole budget
     start = [len(s.samples) for s in out]
 
     def take(i: int, n: int) -> None:
@@ -366,8 +399,12 @@ def interleave(
                 est = out[i].samples[-1].total_ms / 1e3
                 need = math.ceil(budgets_s[i] / est) if est > 0 else max_repeats
                 target[i] = min(max(need, min_repeats, 1), max_repeats)
+                long[i] = budgets_s[i] > 0 and need <= 1
                 continue
             done = len(out[i].samples) - start[i]
+            if long[i] and done < target[i] and _settled(out[i].samples[start[i] :]):
+                target[i] = done
+                out[i].settled = True
             # Spread the remaining samples evenly over the remaining rounds.
             want = math.ceil((target[i] - done) / (rounds - r)) if target[i] > done else 0
             if want > 0:

@@ -33,6 +33,7 @@ writes it after a newline instead (when the train bar drew since), not after
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import time
@@ -47,20 +48,36 @@ __all__ = ["ProgressBar", "TrainerBar"]
 
 #: The shortest width a bar's text is cut to.
 _MIN_TEXT_WIDTH = 12
+#: The shortest on a Rich row, whose other columns do not shrink (``…ntion.0``).
+_MIN_RICH_WIDTH = 8
 
 #: What each open TQDM train bar showed when a line was last written after it without a terminal (TrainerBar.print).
 _WRITTEN_AFTER: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
 
 
-def _short(text: str, columns: int, label: str) -> str:
+#: What the rest of a Rich row takes besides its description (the bar, Lightning's count, times and speed
+#: columns) with a total of one digit, measured on Lightning's columns at 60 columns with the speed at its
+#: widest below 1,000 it/s ("999.99it/s"); each further digit of the total takes two more (``done/total``).
+_RICH_REST = 40
+
+
+def _rich_budget(columns: int, total: float | None) -> int:
+    """The columns a Rich row's description (label and text) may take: 3/8 of the terminal's, or what the rest
+    of the row leaves (:data:`_RICH_REST`) where that is less (a narrow terminal)."""
+    digits = len(str(int(total))) if total is not None and math.isfinite(total) else 1
+    return min(columns * 3 // 8, columns - _RICH_REST - 2 * (digits - 1))
+
+
+def _short(text: str, columns: int, label: str, budget: int | None = None, least: int = _MIN_TEXT_WIDTH) -> str:
     """``text`` cut so that ``label`` and it take at most 3/8 of the terminal's ``columns`` (the text at least
     ``_MIN_TEXT_WIDTH``): the rest of the row (the bar, the count, the times, the speed) and Lightning's own
     rows, which share the columns, keep their width.
 
     A longer path keeps its end after ``…``: its last whole components (``…attn.out_proj``) when they fill at
-    least half the width, else its last characters (``…attention.0``).
+    least half the width, else its last characters (``…attention.0``). ``budget`` replaces the 3/8 and
+    ``least`` the shortest width.
     """
-    width = max(_MIN_TEXT_WIDTH, columns * 3 // 8 - len(label))
+    width = max(least, (columns * 3 // 8 if budget is None else budget) - len(label))
     if len(text) <= width:
         return text
     tail = text[-(width - 1) :]
@@ -216,11 +233,12 @@ class _RichRow:
     def show(self, count: ScheduleCount, event: ProgressEvent) -> None:
         shown = _shown(count, event)
         columns = self._progress.console.width
+        budget = _rich_budget(columns, shown.total)
         # on a narrow terminal (under 80 columns) the label drops the step: the path keeps its room
-        label = self._label if len(self._plain) + _MIN_TEXT_WIDTH <= columns * 3 // 8 else self._narrow
+        label = self._label if len(self._plain) + _MIN_TEXT_WIDTH <= budget else self._narrow
         narrow = label is self._narrow
         if shown.path:
-            text = _short(shown.text, columns, "Profiling: " if narrow else self._plain)
+            text = _short(shown.text, columns, "Profiling: " if narrow else self._plain, budget, _MIN_RICH_WIDTH)
         else:  # a round: "round 2/5" when narrow
             text = shown.text.removeprefix("timing ") if narrow else shown.text
         description = f"{label} {self._escape(text)}"

@@ -87,7 +87,8 @@ class LatencyMetric:
     (IQR ÷ median of ``fwd_ms + bwd_ms`` over the runs), plus details
     ``fwd_iqr_ms``, ``bwd_iqr_ms``, ``fwd_repeats``, ``bwd_repeats`` and
     ``timing`` (rounds, involuntary context switches per second of sampling,
-    whether the component was re-measured).
+    whether the component was re-measured, whether a component longer than its
+    budget stopped before ``min_repeats`` because its runs agreed: ``settled``).
 
     Notes:
         A run is one forward on fresh inputs (made outside the timed region, or
@@ -131,6 +132,7 @@ class LatencyMetric:
                 "rounds": samples.rounds,
                 "switches_per_s": samples.switches_per_s,
                 "remeasured": samples.remeasured,
+                "settled": samples.settled,
             },
         }
         if backward:
