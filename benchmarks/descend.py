@@ -265,7 +265,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"every block timed {r['every_block_timed']}  = {r['wall_s'] / step_s:.1f} plain steps  "
                 f"settled {r['settled']} (root {r['root_repeats']} runs)"
             )
-            print(f"{name:7} {mode:8} cost {json.dumps({k: round(v, 2) for k, v in c.items() if v is not None})}")
+            print(
+                f"{name:7} {mode:8} cost {json.dumps({k: round(v, 2) for k, v in c.items() if isinstance(v, float)})}"
+            )
             print(f"{name:7} {mode:8} top-5 {[p for p, _ in r['top5']]}")
         if "all" in result and "hotspots" in result:
             full, hot = result["all"], result["hotspots"]

@@ -68,6 +68,18 @@ class BenchmarkConfig:
             is always measured (it is first); ``0`` measures nothing (every row
             ``skipped``). A component that runs past the budget is not
             interrupted. ``None``: no limit.
+        budget_s: seconds for the whole profile after the peak calibration: the
+            in-situ pass and the triage first, then the isolated replays in
+            order of their in-situ share of the step, largest first (the root's
+            is 1; without in-situ times, breadth-first), each started while the
+            seconds spent and those committed to the replays already started
+            (their timing budget each, at least) stay under it. A component not
+            started is ``skipped`` with ``details["unreplayed"] = "budget_s"``;
+            its in-situ time (``insitu_ms``) stands, and
+            ``metadata["cost"]["budget"]`` and the summary say how many were
+            left. Unlike ``max_total_time_s`` the root is not exempt: a budget
+            too small for it leaves every row to its in-situ time. ``None``: no
+            budget. Not under several ranks yet (their plans would differ).
         descend: ``"hotspots"`` (the default) spends the isolated replays where
             the time is. With the in-situ times (``insitu_passes``) it decides
             before any replay (:func:`cb_callback._engine.triage.triage`): a
@@ -178,6 +190,7 @@ class BenchmarkConfig:
     max_repeats: int = 1000
     rounds: int = 5
     max_total_time_s: float | None = None
+    budget_s: float | None = None
     descend: Literal["all", "hotspots"] = "hotspots"
     descend_share: float = 0.05
     representatives: int = 1
@@ -238,6 +251,7 @@ class BenchmarkConfig:
             raise bad("max_repeats", f"must be >= max(min_repeats, 1) = {max(self.min_repeats, 1)}")
         positive_number("min_run_time_s", allow_zero=True)
         positive_number("max_total_time_s", allow_none=True, allow_zero=True)
+        positive_number("budget_s", allow_none=True, allow_zero=True)
         positive_number("peak_flops", allow_none=True)
         if self.descend not in ("all", "hotspots"):
             raise bad("descend", "expected 'all' or 'hotspots'")

@@ -135,6 +135,11 @@ def _profile(
     if (problem := fsdp1_problem(model)) is not None:
         raise ValueError(f"cb_callback: {problem}")
     coord = Coordinator.create(cfg.lockstep_timeout_s)  # several ranks: what communicates runs in lockstep
+    if coord is not None and cfg.budget_s is not None:
+        raise ValueError(
+            f"cb_callback: budget_s={cfg.budget_s:g} is not supported under several ranks yet (each rank's clock "
+            "would start other replays, and lockstep needs the same on every rank); use max_total_time_s"
+        )
     run = ComponentRun(
         model, calls, cfg, device, prepared.context, [*builtin_preprocessors(cfg), *prepared.preprocessors],
         prepared.metrics, forward_context, sizes, lockstep=coord is not None,
@@ -198,6 +203,8 @@ def _profile(
         instrumented_s=run.instrumented_s, floor_s=run.floor_s,
         compile_s=compile_s, artifacts_s=artifacts_s, census_s=plan.census_s if plan is not None else 0.0,
     )  # fmt: skip
+    if (budget := schedule.budget_info()) is not None:
+        meta["cost"]["budget"] = budget
     report = Report([rows[n.path] for n in nodes], meta)
     ctx = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
     _write(report, prepared.reporters, ctx)

@@ -4,6 +4,7 @@ then the compile what-ifs and the artifact passes, and what ``max_total_time_s``
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -115,17 +116,51 @@ class Schedule:
             self._run_level(more)
 
     def _run_level(self, level: Sequence[Node]) -> None:
-        """Start the level's components, then time them in one interleaving and fill their rows."""
+        """Start the level's components, then time them in one interleaving and fill their rows.
+
+        With ``budget_s`` and the triage's shares, the largest in-situ share starts first
+        (:meth:`_budget_order`); the rows stay in tree order."""
         started: list[Pending] = []
-        for node in level:
+        for node in self._budget_order(level):
             self._done += 1
             self._start(node, started)
             if self.cfg.progress is not None:
                 self.cfg.progress(self._done, self._steps, node.path)
+        order = {n.path: i for i, n in enumerate(self.nodes)}
+        self.rows = dict(sorted(self.rows.items(), key=lambda kv: order.get(kv[0], len(order))))
         timed = time_interleaved(started, self.rows, self.cfg, self._done, self._steps, self.device, self.canary_s)
         self._done += self.cfg.rounds
         self._finish(level, started, timed)
         self.pending += started
+
+    def _budget_order(self, level: Sequence[Node]) -> list[Node]:
+        """``level`` in the order its replays start: with ``budget_s`` and the triage's in-situ shares, the
+        share each replay stands for (its group's, times the members it stands for) largest first, ties in
+        tree order; else as given (breadth-first)."""
+        plan = self.plan
+        if self.cfg.budget_s is None or plan is None:
+            return list(level)
+
+        def share(node: Node) -> float:
+            s = plan.effective.get(node.path)
+            s = plan.shares.get(node.path) if s is None else s
+            return s if s is not None and math.isfinite(s) else 0.0
+
+        return sorted(level, key=lambda n: -share(n))  # stable: ties keep tree order
+
+    def budget_info(self) -> dict[str, Any] | None:
+        """``metadata["cost"]["budget"]``: ``budget_s``, the rows it left unreplayed and the largest in-situ
+        share among them (``None`` without ``budget_s``)."""
+        if self.cfg.budget_s is None:
+            return None
+        left = [r for r in self.rows.values() if r.details.get("unreplayed") == "budget_s"]
+        shares = [s for r in left if (s := (r.details.get("insitu") or {}).get("share")) is not None]
+        return {
+            "budget_s": self.cfg.budget_s,
+            "unreplayed": len(left),
+            "largest_unreplayed_share": max(shares) if shares else None,
+            "root_unreplayed": any(r.path == "" for r in left),
+        }
 
     def _after_failures(self) -> list[Node]:
         """What the triage's failures call for, in tree order (empty: nothing more).
@@ -243,6 +278,12 @@ class Schedule:
         over = cfg.max_total_time_s is not None and spent + committed >= cfg.max_total_time_s
         if reason is not None:
             row.status, row.note = "skipped", reason
+        elif cfg.budget_s is not None and spent + committed >= cfg.budget_s and path in self.calls:
+            row.status = "skipped"
+            row.note = budget_note(cfg.budget_s, spent, committed, len(started), name="budget_s") + (
+                ": not replayed (its in-situ share ranks below those started); its in-situ time stands"
+            )
+            row.details["unreplayed"] = "budget_s"
         elif over and (path != "" or cfg.max_total_time_s == 0):
             row.status, row.note = "skipped", budget_note(cfg.max_total_time_s or 0.0, spent, committed, len(started))
         elif path in self.calls and self._lockstep_only(node, row):
@@ -539,12 +580,13 @@ def _across_ranks(row: ComponentRow) -> bool:
     return "lockstep" in row.details or "fsdp" in row.details
 
 
-def budget_note(limit: float, spent: float, committed: float, started: int) -> str:
-    """Why a component was not started within ``max_total_time_s``: what was spent, what was still owed."""
+def budget_note(limit: float, spent: float, committed: float, started: int, name: str = "max_total_time_s") -> str:
+    """Why a component was not started within ``max_total_time_s`` (or ``name``): what was spent, what was
+    still owed."""
     owed = (
         f" and {committed:.2f} s more committed to the timed runs of the {started} component"
         f"{'s' if started != 1 else ''} started before it (at least their timing budget each)"
         if started
         else ""
     )
-    return f"max_total_time_s={limit:g} reached: {spent:.2f} s spent profiling so far{owed}"
+    return f"{name}={limit:g} reached: {spent:.2f} s spent profiling so far{owed}"

@@ -112,6 +112,7 @@ class ComponentBenchmark(Callback):
         warmup: int = _DEFAULTS.warmup, min_run_time_s: float = _DEFAULTS.min_run_time_s,
         min_repeats: int = _DEFAULTS.min_repeats, max_repeats: int = _DEFAULTS.max_repeats,
         rounds: int = _DEFAULTS.rounds, max_total_time_s: float | None = _DEFAULTS.max_total_time_s,
+        budget_s: float | None = _DEFAULTS.budget_s,
         log_scalars: int | Literal["all"] | None = None, device: str | None = None, dtype: str | None = None,
         peak_flops: float | None = _DEFAULTS.peak_flops, peak_bandwidth: float | None = _DEFAULTS.peak_bandwidth,
         batch_size: int | None = _DEFAULTS.batch_size, preprocessors: Sequence[Any] = (), metrics: Sequence[Any] = (),

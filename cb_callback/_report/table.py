@@ -141,6 +141,20 @@ def _aligned(header: Sequence[str], lines: Sequence[Sequence[str]]) -> list[str]
     return [one(header), rule, *(one(cells) for cells in lines)]
 
 
+def _budget_lines(metadata: dict[str, Any]) -> list[str]:
+    """What ``budget_s`` left unreplayed (``metadata["cost"]["budget"]``), one line; none without it."""
+    budget = (metadata.get("cost") or {}).get("budget")
+    if not isinstance(budget, dict) or not budget.get("unreplayed"):
+        return []
+    n, share = budget["unreplayed"], budget.get("largest_unreplayed_share")
+    largest = f" (the largest in-situ share among them {sig(100 * share)} %)" if isinstance(share, float) else ""
+    root = "; the root too: every row has its in-situ time only" if budget.get("root_unreplayed") else ""
+    return [
+        f"budget_s={budget['budget_s']:g} s spent: {n} component{'s' if n != 1 else ''} not replayed{largest}, "
+        f"their in-situ times stand (skipped, details['unreplayed']){root}"
+    ]
+
+
 def _metadata_lines(metadata: dict[str, Any]) -> list[str]:
     lines = []
     device = metadata.get("device_name")
@@ -220,6 +234,7 @@ def format_summary(report: Report, top: int = 10) -> str:
             "repeated structure), "
             f"{triage.get('not_descended')} not descended into"
         )
+    lines += _budget_lines(report.metadata)
     multi = _multi(report)
     if multi:
         lines.append(

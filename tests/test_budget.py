@@ -1,0 +1,98 @@
+"""``budget_s``: the whole profile's seconds, spent on the largest in-situ shares first; the rest keep their
+in-situ time (issue 24)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from cb_callback import BenchmarkConfig, profile_components
+from cb_callback._report.table import format_summary
+
+
+class _Slow(nn.Module):
+    """30 ms a forward (a sleep), then an op with a backward: the step's largest in-situ share."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.03)
+        return x * 2.0
+
+
+class _Model(nn.Module):
+    """``small`` (a ReLU) comes first in the tree, ``big`` (30 ms) second: breadth-first would start ``small``
+    before ``big``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.small = nn.ReLU()
+        self.big = _Slow()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.big(self.small(x))
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(4, 8, requires_grad=True)
+
+
+def test_the_largest_in_situ_share_is_replayed_first_and_the_rest_keep_their_in_situ_time() -> None:
+    # Each replay commits its timing budget, 2 × min_run_time_s = 1.5 s (forward and backward; a run of about
+    # 30 ms makes min_repeats × the pass far less). budget_s=2.25: the root starts (spent well under 2.25),
+    # then the largest share, big (spent + 1.5 < 2.25 while the in-situ pass, the census and the root's
+    # instrumented pass took under 0.75 s), then small finds spent + 3.0 >= 2.25: not started. Breadth-first
+    # order would have started small, not big.
+    # The first instrumented pass in a process pays the counters' one-off set-up (about 0.9 s here), and a
+    # replay commits min_repeats × its pass when that is more: one cheap profile first.
+    profile_components(_Model(), _x(), min_run_time_s=0.0, min_repeats=1, rounds=1, insitu_passes=0)
+    report = profile_components(_Model(), _x(), budget_s=2.25, min_run_time_s=0.75, rounds=2)
+    rows = {r.path: r for r in report.rows}
+    assert [r.path for r in report.rows] == ["", "small", "big"]  # rows in tree order, whatever the start order
+    assert rows[""].status == "ok" and rows["big"].status == "ok" and "unreplayed" not in rows["big"].details
+    small = rows["small"]
+    assert small.status == "skipped" and small.details["unreplayed"] == "budget_s"
+    assert small.note is not None and small.note.startswith("budget_s=2.25 reached: ")
+    assert "its in-situ time stands" in small.note
+    assert math.isfinite(small.insitu_ms) and small.insitu_ms > 0
+    assert math.isnan(small.fwd_ms)
+    budget = report.metadata["cost"]["budget"]
+    assert budget["budget_s"] == 2.25 and budget["unreplayed"] == 1 and budget["root_unreplayed"] is False
+    assert budget["largest_unreplayed_share"] == small.details["insitu"]["share"]
+    line = next(x for x in format_summary(report).splitlines() if x.startswith("budget_s="))
+    assert line.startswith("budget_s=2.25 s spent: 1 component not replayed (the largest in-situ share among them ")
+    assert "the root too" not in line
+
+
+def test_a_budget_too_small_for_the_root_still_returns_every_in_situ_time_and_says_so() -> None:
+    report = profile_components(_Model(), _x(), budget_s=0.0)
+    assert [r.status for r in report.rows] == ["skipped"] * 3
+    assert all(r.details["unreplayed"] == "budget_s" for r in report.rows)
+    # the in-situ pass ran whole: every module has its forward inside the step
+    assert all(math.isfinite(r.insitu_ms) and r.insitu_ms > 0 for r in report.rows)
+    assert report.rows[1].insitu_ms < report.rows[2].insitu_ms  # the ReLU under the 30 ms sleep
+    budget = report.metadata["cost"]["budget"]
+    assert budget["unreplayed"] == 3 and budget["root_unreplayed"] is True
+    summary = format_summary(report)
+    assert "budget_s=0 s spent: 3 components not replayed" in summary
+    assert "the root too: every row has its in-situ time only" in summary
+
+
+def test_without_in_situ_times_the_budget_goes_breadth_first_and_the_root_is_not_exempt() -> None:
+    report = profile_components(_Model(), _x(), budget_s=0.0, insitu_passes=0)
+    assert [r.status for r in report.rows] == ["skipped"] * 3
+    assert all(math.isnan(r.insitu_ms) for r in report.rows)
+    assert report.metadata["cost"]["budget"]["largest_unreplayed_share"] is None
+    # max_total_time_s, by contrast, always measures the root when above 0
+    assert profile_components(_Model(), _x(), budget_s=None, max_total_time_s=1e-9).rows[0].status == "ok"
+
+
+def test_no_budget_changes_nothing_and_a_bad_budget_is_refused() -> None:
+    report = profile_components(_Model(), _x())
+    assert "budget" not in report.metadata["cost"]
+    assert all("unreplayed" not in r.details for r in report.rows)
+    assert not any(x.startswith("budget_s=") for x in format_summary(report).splitlines())
+    with pytest.raises(ValueError, match=r"BenchmarkConfig.budget_s=-1 is invalid"):
+        BenchmarkConfig(budget_s=-1)
