@@ -79,6 +79,8 @@ def rows(report: Any) -> dict[str, dict[str, Any]]:
             "status": r.status, "error": r.error, "note": r.note, "fwd_flops": num(r.fwd_flops),
             "bwd_flops": num(r.bwd_flops), "comm_bytes": num(r.comm_bytes), "comm_ms": num(r.comm_ms),
             "params_mb": num(r.params_mb), "ranks": r.details.get("ranks"), "comm": r.details.get("comm"),
+            "repeats": r.details.get("fwd_repeats"), "settled": (r.details.get("timing") or {}).get("settled"),
+            "lockstep": r.details.get("lockstep"),
         }
         for r in report.rows
     }  # fmt: skip
@@ -178,6 +180,28 @@ def raises(rank: int, out: Path) -> dict[str, Any]:
     return {"rows": rows(report), "seconds": seconds, "center_calls": model[1].count, "untouched": _same(model, before)}
 
 
+class SlowCenter(nn.Module):
+    """150 ms (a sleep), then x minus the mean over every rank's batch (an all-reduce): a long component
+    replayed in lockstep."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.15)
+        total = x.detach().sum(0, keepdim=True)
+        dist.all_reduce(total)
+        return x - total / (BATCH * dist.get_world_size())
+
+
+def settle(rank: int, out: Path) -> dict[str, Any]:
+    """A long component in lockstep: its runs agree on both ranks after two, so both stop there."""
+    from cb_callback import profile_components
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(FEATURES, FEATURES), SlowCenter(), nn.Linear(FEATURES, CLASSES))
+    opts = {**OPTS, "min_run_time_s": 0.05, "min_repeats": 5, "max_repeats": 50, "rounds": 5}
+    report = profile_components(model, batch(rank), **opts)
+    return {"rows": rows(report)}
+
+
 def unsharded_flops(out: Path) -> None:
     """The same model, not sharded, on one process: the FLOPs the sharded profile must equal."""
     from cb_callback import profile_components
@@ -196,6 +220,8 @@ def _worker(rank: int, scenario: str, out: Path) -> None:
             result = fsdp(rank, out, "zero" if scenario == "fsdp_zero" else "all")
         elif scenario == "mismatch":
             result = mismatch(rank, out)
+        elif scenario == "settle":
+            result = settle(rank, out)
         else:
             result = raises(rank, out)
     except Exception:

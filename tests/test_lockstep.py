@@ -130,3 +130,20 @@ def test_a_rank_that_raises_mid_replay_fails_that_component_on_every_rank_and_th
         assert result["seconds"] < 120
         # the failed and drained runs left nothing behind: weights as before, no gradient
         assert result["untouched"] is True
+
+
+@pytest.mark.slow
+def test_a_long_component_in_lockstep_stops_on_every_rank_once_every_rank_agrees(tmp_path: Path) -> None:
+    ranks = _run("settle", tmp_path, timeout=180)
+    for rank, result in enumerate(ranks):
+        rows = result["rows"]
+        # The root and SlowCenter (path 1) communicate: lockstep. Each run sleeps 150 ms, more than its
+        # budget (2 x min_run_time_s = 0.1 s): long. Two sleeps agree within SETTLE_NOISE on both ranks,
+        # so both stop at the second agreement point: 2 runs where the agreed count was min_repeats = 5.
+        for path in ("", "1"):
+            assert rows[path]["status"] == "ok", (rank, path, rows[path])
+            assert rows[path]["lockstep"]["repeats"] == 5 and rows[path]["repeats"] == 2, (rank, path)
+            assert rows[path]["settled"] is True, (rank, path)
+        # the Linears are rank-local and short (budget 0.1 s over a run of microseconds): max_repeats = 50
+        for path in ("0", "2"):
+            assert rows[path]["repeats"] == 50 and rows[path]["settled"] is False, (rank, path)

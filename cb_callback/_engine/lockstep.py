@@ -28,8 +28,9 @@ default process group's timeout, 15 min):
    pass with collectives running (FLOPs, bytes, memory, and each collective's
    payload), then an *agreement point* where every rank says whether it got
    there. Rank 0 decides the number of timed runs (from the slowest rank's pass)
-   and broadcasts it; every rank runs exactly that many, in ``rounds`` slices
-   with an agreement point after each. A rank whose run raises issues the rest
+   and broadcasts it; every rank runs that many, in ``rounds`` slices
+   with an agreement point after each (a long component stops at the first
+   where every rank's runs agree, :func:`_timed_runs`). A rank whose run raises issues the rest
    of that run's collectives on zero tensors (:func:`cb_callback._engine.comm.drain`)
    so the others finish it, then every rank fails the component at the next
    agreement point and goes on. Last, three passes time each collective
@@ -66,7 +67,7 @@ from cb_callback._engine.component import ComponentRun, Pending
 from cb_callback._engine.fsdp import is_unit, save_fsdp_state, unsharded
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.isolate import PassContext, Phase, Replay, instrumented_pass
-from cb_callback._engine.timing import Sample, SampleSet
+from cb_callback._engine.timing import Sample, SampleSet, runs_settled
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.model import error_text as _error_text
 
@@ -207,7 +208,11 @@ def run_plan(
 
 def _agree(coord: Coordinator, error: str | None) -> str | None:
     """Every rank's error at an agreement point: the first one, named by its rank, else ``None``."""
-    errors = coord.gather(error)
+    return _first_error(coord, coord.gather(error))
+
+
+def _first_error(coord: Coordinator, errors: Sequence[str | None]) -> str | None:
+    """The first of every rank's errors (gathered), named by its rank when it is another's, else ``None``."""
     first = next(((r, e) for r, e in enumerate(errors) if e is not None), None)
     if first is None:
         return None
@@ -308,7 +313,11 @@ def _repeats(budget_s: float, pass_s: float, low: int, high: int) -> int:
 def _timed_runs(
     coord: Coordinator, pending: Pending, repeats: int, rounds: int, kept: Sequence[tuple[Any, Any, Any]]
 ) -> tuple[SampleSet, str | None]:
-    """``repeats`` timed runs in ``rounds`` slices, an agreement point after each; a run that raises is drained."""
+    """``repeats`` timed runs in ``rounds`` slices, an agreement point after each; a run that raises is drained.
+
+    A long component (its first timed run took its whole timing budget on every rank) stops at the
+    agreement point where every rank's runs agree (:func:`cb_callback._engine.timing.runs_settled`), as
+    on one process: ``repeats`` is then the most it takes (``samples.settled``)."""
     samples = SampleSet()
     for r in range(rounds):
         n = math.ceil((repeats - len(samples.samples)) / (rounds - r)) if repeats > len(samples.samples) else 0
@@ -325,9 +334,15 @@ def _timed_runs(
             if i > 0 or n < 2:
                 samples.samples.append(sample)
         samples.rounds += 1 if n else 0
-        error = _agree(coord, error)
+        runs = samples.samples
+        long = pending.budget_s > 0 and bool(runs) and runs[0].total_ms / 1e3 >= pending.budget_s
+        states = coord.gather((error, long and runs_settled(runs)))
+        error = _first_error(coord, [e for e, _ in states])
         if error is not None:
             return samples, error
+        if len(runs) < repeats and all(done for _, done in states):
+            samples.settled = True
+            return samples, None
     return samples, None
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "cpu_canary",
     "interleave",
     "record_timed",
+    "runs_settled",
     "time_fn",
     "timed_seconds",
 ]
@@ -237,7 +238,7 @@ class SampleSet:
 SETTLE_NOISE = 0.05
 
 
-def _settled(samples: list[Sample]) -> bool:
+def runs_settled(samples: list[Sample]) -> bool:
     """Whether ``samples`` (two or more) agree within :data:`SETTLE_NOISE` in forward and in total."""
     if len(samples) < 2:
         return False
@@ -402,7 +403,7 @@ def interleave(
                 long[i] = budgets_s[i] > 0 and need <= 1
                 continue
             done = len(out[i].samples) - start[i]
-            if long[i] and done < target[i] and _settled(out[i].samples[start[i] :]):
+            if long[i] and done < target[i] and runs_settled(out[i].samples[start[i] :]):
                 target[i] = done
                 out[i].settled = True
             # Spread the remaining samples evenly over the remaining rounds.
