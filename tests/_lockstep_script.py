@@ -202,6 +202,60 @@ def settle(rank: int, out: Path) -> dict[str, Any]:
     return {"rows": rows(report)}
 
 
+class _Root:
+    calls = 0
+    raised = False
+
+
+class RaiseInRoot(nn.Module):
+    """Identity; on rank 1 it raises once, in the root's fourth forward (the capture's, the lockstep pass's,
+    the first timed run's, then the second timed run's): an out-of-memory in a timed run looks like this."""
+
+    def __init__(self, root: _Root) -> None:
+        super().__init__()
+        self.root = root
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if dist.get_rank() == 1 and self.root.calls == 4 and not self.root.raised:
+            self.root.raised = True
+            raise RuntimeError("rank 1 runs out of memory")
+        return x * 1.0
+
+
+def fsdp_raise(rank: int, out: Path) -> dict[str, Any]:
+    """FSDP2 blocks and a plain module after the head that raises on rank 1 in a timed run of the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    from cb_callback import profile_components
+
+    torch.manual_seed(0)
+    counter = _Root()
+    model = Net()
+    model.after = RaiseInRoot(counter)
+    inner = model.forward
+    model.forward = lambda x: model.after(inner(x))  # type: ignore[method-assign]
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+
+    def count(module: nn.Module, args: Any) -> None:
+        counter.calls += 1
+
+    model.register_forward_pre_hook(count)
+    x = batch(rank)
+    model(x).sum().backward()
+    for p in model.parameters():
+        p.grad = None
+    before = [p.to_local().clone() for p in model.parameters()]
+    t0 = time.perf_counter()
+    report = profile_components(model, x, lockstep_timeout_s=30, **OPTS)
+    seconds = time.perf_counter() - t0
+    untouched = all(
+        torch.equal(p.to_local(), b) and p.grad is None for p, b in zip(model.parameters(), before, strict=True)
+    )
+    return {"rows": rows(report), "seconds": seconds, "raised": counter.raised, "untouched": untouched}
+
+
 def unsharded_flops(out: Path) -> None:
     """The same model, not sharded, on one process: the FLOPs the sharded profile must equal."""
     from cb_callback import profile_components
@@ -222,6 +276,8 @@ def _worker(rank: int, scenario: str, out: Path) -> None:
             result = mismatch(rank, out)
         elif scenario == "settle":
             result = settle(rank, out)
+        elif scenario == "fsdp_raise":
+            result = fsdp_raise(rank, out)
         else:
             result = raises(rank, out)
     except Exception:

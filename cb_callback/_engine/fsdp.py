@@ -167,12 +167,14 @@ def save_fsdp_state(root: nn.Module) -> Callable[[], None]:
 
     def restore() -> None:
         for unit, training_state, sharded, state, groups in saved:
-            if sharded and not _is_sharded(unit):
-                unit.reshard()  # type: ignore[operator]
+            # the states first: a group left in FORWARD (a forward that raised part way) does not reshard
+            # a unit that keeps its parameters after forward (the root), and would stay unsharded
             state._training_state = training_state
             for group, group_state, indices in groups:
                 group._training_state = group_state
                 group._post_forward_indices[:] = indices
+            if sharded and not _is_sharded(unit):
+                unit.reshard()  # type: ignore[operator]
         for ctx, forward_root, queued in ctx_state:
             ctx.iter_forward_root, ctx.post_backward_final_callback_queued = forward_root, queued
         for comm_ctx, order in orders:

@@ -244,10 +244,15 @@ def _component(
         return None
     reference = CommCounter(keep=True)
     row.status, row.note = "not_run", None
+    # A run that raises part way (on one rank) leaves its FSDP2 units there: unsharded, in the forward. Put
+    # back, every rank's units are as before the component, so the next lockstep step (a unit's children
+    # replayed unsharded: one all-gather on every rank) issues the same collectives on every rank.
+    restore = save_fsdp_state(module)
     with reference:  # one pass: the sequence of collectives every run issues (to drain a run that fails)
         pending = run.start(row, module, calls, step.batch, collectives=True, warm=False)
     error = _agree(coord, None if pending is not None else (row.error or "its replay failed"))
     if error is not None or pending is None:
+        restore()
         _fail(row, error or row.error or "its replay failed")
         return None
     repeats = coord.broadcast(
@@ -259,6 +264,7 @@ def _component(
         (SampleSet(), error) if error is not None else _timed_runs(coord, pending, repeats, max(cfg.rounds, 1), kept)
     )
     if error is not None:
+        restore()
         _fail(row, error)
         return None
     samples.timed_s = sum(s.total_ms for s in samples.samples) / 1e3
