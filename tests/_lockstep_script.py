@@ -207,23 +207,44 @@ class _Root:
     raised = False
 
 
-class RaiseInRoot(nn.Module):
-    """Identity; on rank 1 it raises once, in the root's fourth forward (the capture's, the lockstep pass's,
-    the first timed run's, then the second timed run's): an out-of-memory in a timed run looks like this."""
+class _RaiseInBackward(torch.autograd.Function):
+    """Identity whose backward raises (on rank 1, once: ``root.raised``)."""
 
-    def __init__(self, root: _Root) -> None:
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, root: _Root) -> torch.Tensor:
+        ctx.root = root
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if not ctx.root.raised:
+            ctx.root.raised = True
+            raise RuntimeError("rank 1 runs out of memory in the backward")
+        return grad, None
+
+
+class RaiseInRoot(nn.Module):
+    """Identity; on rank 1 it raises once, in the root's ``at``-th forward (or in its backward): 1 the real
+    step's, 2 ``profile_components``' own capture, 3 the first lockstep pass, 4 the first timed run, 5 the
+    second, 6-8 the communication timing passes (with 2 timed runs in 2 slices). An out-of-memory on one
+    rank looks like this."""
+
+    def __init__(self, root: _Root, at: int = 4, backward: bool = False) -> None:
         super().__init__()
-        self.root = root
+        self.root, self.at, self.backward = root, at, backward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if dist.get_rank() == 1 and self.root.calls == 4 and not self.root.raised:
+        if dist.get_rank() == 1 and self.root.calls == self.at and not self.root.raised and self.backward:
+            return _RaiseInBackward.apply(x, self.root)
+        if dist.get_rank() == 1 and self.root.calls == self.at and not self.root.raised:
             self.root.raised = True
             raise RuntimeError("rank 1 runs out of memory")
         return x * 1.0
 
 
-def fsdp_raise(rank: int, out: Path) -> dict[str, Any]:
-    """FSDP2 blocks and a plain module after the head that raises on rank 1 in a timed run of the root."""
+def fsdp_raise(rank: int, out: Path, at: int = 4, backward: bool = False, **options: Any) -> dict[str, Any]:
+    """FSDP2 blocks and a plain module after the head that raises on rank 1 in the root's ``at``-th forward
+    (2: its first lockstep pass; 4: its second timed run), or in that forward's backward."""
     from torch.distributed.fsdp import fully_shard
 
     from cb_callback import profile_components
@@ -231,7 +252,7 @@ def fsdp_raise(rank: int, out: Path) -> dict[str, Any]:
     torch.manual_seed(0)
     counter = _Root()
     model = Net()
-    model.after = RaiseInRoot(counter)
+    model.after = RaiseInRoot(counter, at, backward)
     inner = model.forward
     model.forward = lambda x: model.after(inner(x))  # type: ignore[method-assign]
     for block in model.blocks:
@@ -248,7 +269,7 @@ def fsdp_raise(rank: int, out: Path) -> dict[str, Any]:
         p.grad = None
     before = [p.to_local().clone() for p in model.parameters()]
     t0 = time.perf_counter()
-    report = profile_components(model, x, lockstep_timeout_s=30, **OPTS)
+    report = profile_components(model, x, lockstep_timeout_s=30, **{**OPTS, **options})
     seconds = time.perf_counter() - t0
     untouched = all(
         torch.equal(p.to_local(), b) and p.grad is None for p, b in zip(model.parameters(), before, strict=True)
@@ -278,6 +299,16 @@ def _worker(rank: int, scenario: str, out: Path) -> None:
             result = settle(rank, out)
         elif scenario == "fsdp_raise":
             result = fsdp_raise(rank, out)
+        elif scenario == "fsdp_raise_pass":
+            result = fsdp_raise(rank, out, at=3)
+        elif scenario == "fsdp_raise_bwd":
+            result = fsdp_raise(rank, out, backward=True)
+        elif scenario == "fsdp_raise_pass_bwd":
+            result = fsdp_raise(rank, out, at=3, backward=True)
+        elif scenario == "fsdp_raise_comm":
+            result = fsdp_raise(rank, out, at=6)
+        elif scenario == "fsdp_raise_slice":  # one slice of 4 timed runs after an untimed one: the 2nd raises
+            result = fsdp_raise(rank, out, at=6, min_repeats=4, max_repeats=4, rounds=1)
         else:
             result = raises(rank, out)
     except Exception:

@@ -150,22 +150,36 @@ def test_a_long_component_in_lockstep_stops_on_every_rank_once_every_rank_agrees
             assert rows[path]["repeats"] in (50, 100) and rows[path]["settled"] is False, (rank, path)
 
 
+#: scenario -> where RaiseInRoot raises on rank 1 (see tests/_lockstep_script.py), and the error every rank
+#: reports for the root (rank 0 names rank 1)
+FAULTS = {
+    "fsdp_raise": "a timed run raised RuntimeError: rank 1 runs out of memory",
+    "fsdp_raise_bwd": "a timed run raised RuntimeError: rank 1 runs out of memory in the backward",
+    "fsdp_raise_slice": "a timed run raised RuntimeError: rank 1 runs out of memory",
+    "fsdp_raise_comm": "a communication timing pass raised RuntimeError: rank 1 runs out of memory",
+}
+
+
 @pytest.mark.slow
-def test_fsdp2_a_timed_run_that_raises_on_one_rank_fails_that_component_on_every_rank_and_no_rank_hangs(
-    tmp_path: Path,
+@pytest.mark.parametrize("scenario", list(FAULTS))
+def test_fsdp2_a_run_that_raises_on_one_rank_fails_that_component_on_every_rank_and_no_rank_hangs(
+    tmp_path: Path, scenario: str
 ) -> None:
-    ranks = _run("fsdp_raise", tmp_path, timeout=180)
+    ranks = _run(scenario, tmp_path, timeout=180)
     for rank, result in enumerate(ranks):
         rows = result["rows"]
-        # RaiseInRoot (after the head) raises on rank 1 in the root's second timed run, part way through its
-        # forward: the three block units all-gathered, the root unit unsharded and left in its forward.
-        # Rank 1 drained the run's other collectives; both ranks failed the root at the next agreement point
-        # (estimated from its children), and rank 1's units were put back as before the root (the root
-        # resharded), so the blocks' replays with their units unsharded all-gathered on both ranks. Before,
-        # rank 1 skipped that all-gather (its root still unsharded) and timed out after lockstep_timeout_s.
+        # RaiseInRoot (after the head) raises on rank 1 part way through one of the root's lockstep runs: in
+        # a timed run's forward (the three block units all-gathered, the root unit unsharded and left in its
+        # forward), in its backward, in the second run of a slice of four, or in a communication timing
+        # pass. Rank 1 drains that run's other collectives and every later run of the slice (running it
+        # again would skip the root's all-gather); both ranks fail the root at the next agreement point
+        # (estimated from its children); rank 1's units are put back as before the root (the root
+        # resharded), so the blocks' replays with their units unsharded all-gather on both ranks. Before,
+        # rank 1 skipped that all-gather and timed out after lockstep_timeout_s (or, in a comm pass, raised).
         root = rows[""]
-        expected = "a timed run raised RuntimeError: rank 1 runs out of memory"
-        assert root["status"] == "estimated" and root["error"] == (expected if rank == 1 else f"on rank 1: {expected}")
+        expected = FAULTS[scenario]
+        assert root["status"] == "estimated", (rank, root)
+        assert root["error"] == (expected if rank == 1 else f"on rank 1: {expected}")
         assert {p: r["status"] for p, r in rows.items() if p not in ("", "blocks")} == dict.fromkeys(
             ["head", "after", *(f"blocks.{i}{s}" for i in range(3) for s in ("", ".fc1", ".fc2"))], "ok"
         ), rank

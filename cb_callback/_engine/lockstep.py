@@ -32,8 +32,12 @@ default process group's timeout, 15 min):
    with an agreement point after each (a long component stops at the first
    where every rank's runs agree, :func:`_timed_runs`). A rank whose run raises issues the rest
    of that run's collectives on zero tensors (:func:`cb_callback._engine.comm.drain`)
-   so the others finish it, then every rank fails the component at the next
-   agreement point and goes on. Last, three passes time each collective
+   so the others finish it, and every later run of that slice only as its
+   collectives on zeros (running a component that raised part way again would
+   issue other collectives: an FSDP2 unit left unsharded skips its all-gather);
+   then every rank fails the component at the next agreement point, puts its
+   FSDP2 units back as before it, and goes on. The same holds in the warm-up
+   runs and in the communication timing passes. Last, three passes time each collective
    (waited for as it is issued): ``comm_ms``.
 4. An FSDP2 unit's children are replayed with the unit unsharded: one
    all-gather on every rank, then each rank's own replays (rank-local, no
@@ -268,17 +272,36 @@ def _component(
         _fail(row, error)
         return None
     samples.timed_s = sum(s.total_ms for s in samples.samples) / 1e3
-    pending.values.update(_comm_times(pending, cfg.backward))
+    comm, error = _comm_times(coord, pending, cfg.backward, kept)
+    if error is not None:
+        restore()
+        _fail(row, error)
+        return None
+    pending.values.update(comm)
     run.finish(pending, samples)
     pending.row.details["lockstep"] = {"ranks": coord.world, "repeats": repeats}
     pending.samples = samples
     return pending
 
 
+def _drained(error: str | None, kept: Sequence[tuple[Any, Any, Any]]) -> bool:
+    """After a run raised on this rank (``error``), each further run of the slice is only its collectives on
+    zeros (``kept``: the reference pass's), so the other ranks finish theirs until the agreement point: a
+    component that raised part way leaves its units mid-forward (FSDP2: unsharded), and running it again
+    would issue other collectives than the others' (one all-gather fewer). Returns whether it drained."""
+    if error is None:
+        return False
+    drain(kept)
+    return True
+
+
 def _warm(coord: Coordinator, pending: Pending, n: int, kept: Sequence[tuple[Any, Any, Any]]) -> str | None:
-    """``n`` untimed runs on every rank (the rest of ``warmup``); a run that raises is drained."""
+    """``n`` untimed runs on every rank (the rest of ``warmup``); a run that raises is drained, and so is
+    every run after it on this rank (:func:`_drained`)."""
     error = None
     for _ in range(n):
+        if _drained(error, kept):
+            continue
         counter = CommCounter()
         try:
             with counter:
@@ -329,6 +352,8 @@ def _timed_runs(
         n = math.ceil((repeats - len(samples.samples)) / (rounds - r)) if repeats > len(samples.samples) else 0
         error: str | None = None
         for i in range(n + (1 if n >= 2 else 0)):  # a slice of two or more starts with an untimed run
+            if _drained(error, kept):
+                continue
             counter = CommCounter()
             try:
                 with counter:
@@ -352,19 +377,33 @@ def _timed_runs(
     return samples, None
 
 
-def _comm_times(pending: Pending, backward: bool) -> dict[str, Any]:
+def _comm_times(
+    coord: Coordinator, pending: Pending, backward: bool, kept: Sequence[tuple[Any, Any, Any]]
+) -> tuple[dict[str, Any], str | None]:
     """``comm_ms`` (median over :data:`COMM_PASSES` passes of the sum of every collective's time, each
-    waited for as it is issued) and ``details["comm"]`` with each op's ``ms`` (that pass's)."""
+    waited for as it is issued) and ``details["comm"]`` with each op's ``ms`` (that pass's); with the
+    error of a pass that raised on any rank (drained, then agreed on: the component fails everywhere)."""
     totals: list[float] = []
     tables: list[list[dict[str, Any]]] = []
+    error: str | None = None
     for _ in range(COMM_PASSES):
+        if _drained(error, kept):
+            continue
         counter = CommCounter(wait=True)
-        with counter:
-            instrumented_pass(pending.ctx.replay, [_Phases(counter)], backward, path=pending.row.path)
+        try:
+            with counter:
+                instrumented_pass(pending.ctx.replay, [_Phases(counter)], backward, path=pending.row.path)
+        except Exception as e:
+            error = error or f"a communication timing pass raised {_error_text(e)}"
+            drain(kept[len(counter.calls) :])
+            continue
         totals.append(sum(c.ms for c in counter.calls))
         tables.append(comm_table(counter.calls))
+    error = _agree(coord, error)
+    if error is not None:
+        return {}, error
     mid = sorted(range(len(totals)), key=totals.__getitem__)[len(totals) // 2]
-    return {"comm_ms": statistics.median(totals), "comm": tables[mid], "comm_passes": COMM_PASSES}
+    return {"comm_ms": statistics.median(totals), "comm": tables[mid], "comm_passes": COMM_PASSES}, None
 
 
 class _Phases:
