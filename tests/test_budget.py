@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from cb_callback import BenchmarkConfig, profile_components
+from cb_callback._report.numbers import sig
 from cb_callback._report.table import format_summary
 
 
@@ -77,14 +78,51 @@ def test_a_budget_too_small_for_the_root_still_returns_every_in_situ_time_and_sa
     assert budget["unreplayed"] == 3 and budget["root_unreplayed"] is True
     summary = format_summary(report)
     assert "budget_s=0 s spent: 3 components not replayed" in summary
-    assert "the root too: every row has its in-situ time only" in summary
+    assert "their in-situ times stand" in summary
+    root = report.rows[0].details["insitu"]
+    assert budget["root_insitu_ms"] == [root["fwd_ms"], root["bwd_ms"]]
+    assert f"the root too: in situ {sig(root['fwd_ms'])} ms forward + {sig(root['bwd_ms'])} ms backward" in summary
+
+
+class _Stack(nn.Module):
+    """A ``ModuleList`` (a container, never called itself) of two blocks under the root."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_container_whose_children_the_budget_left_is_skipped_with_them_not_failed() -> None:
+    report = profile_components(_Stack(), _x(), budget_s=0.0)
+    rows = {r.path: r for r in report.rows}
+    # blocks has nothing of its own to replay: its children skipped, so is it (before: failed, "no child
+    # could be measured"), and it counts among the rows the budget left
+    assert rows["blocks"].status == "skipped" and rows["blocks"].error is None
+    assert rows["blocks"].details["unreplayed"] == "budget_s"
+    assert "its children were skipped" in (rows["blocks"].note or "")
+    budget = report.metadata["cost"]["budget"]
+    # the triage's replays the budget left: the root and blocks.0 (blocks.1, an equal Linear on equal inputs,
+    # takes blocks.0's row: skipped as it is; blocks, the container, replays nothing of its own)
+    assert rows["blocks.1"].details["as"] == "representative"
+    assert budget["unreplayed"] == 4 and budget["replays_left"] == 2
+    # the triage line says what was planned (the plan's count takes in the container) and what the budget left
+    assert report.metadata["triage"]["replayed"] == 3
+    assert "triage (in situ): 3 to replay, 2 of them left by budget_s" in format_summary(report)
 
 
 def test_without_in_situ_times_the_budget_goes_breadth_first_and_the_root_is_not_exempt() -> None:
     report = profile_components(_Model(), _x(), budget_s=0.0, insitu_passes=0)
     assert [r.status for r in report.rows] == ["skipped"] * 3
     assert all(math.isnan(r.insitu_ms) for r in report.rows)
-    assert report.metadata["cost"]["budget"]["largest_unreplayed_share"] is None
+    assert all("without an in-situ time (no in-situ pass ran): no numbers" in (r.note or "") for r in report.rows)
+    budget = report.metadata["cost"]["budget"]
+    assert budget["largest_unreplayed_share"] is None and budget["with_insitu"] == 0
+    assert "and no in-situ pass ran: these rows have no numbers" in format_summary(report)
     # max_total_time_s, by contrast, always measures the root when above 0
     assert profile_components(_Model(), _x(), budget_s=None, max_total_time_s=1e-9).rows[0].status == "ok"
 

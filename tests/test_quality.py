@@ -108,6 +108,17 @@ def test_a_long_component_stops_once_two_runs_agree_and_not_before() -> None:
     assert take([50.0, 80.0, 50.0, 80.0, 50.0]) == (5, False)
     # forwards equal, backwards apart (totals 60 and 80: IQR 10 over 70 = 0.14): not settled
     assert take([50.0] * 5, [10.0, 30.0, 10.0, 30.0, 10.0]) == (5, False)
+    # a re-measurement (sets extended) takes its whole target and clears settled: two agreeing runs first,
+    # then min_repeats more
+    first = interleave(
+        [fixed(50.0)], budgets_s=[0.01], rounds=5, min_repeats=5, max_repeats=100, clock=Clock(), switches=lambda: 0
+    )
+    assert (len(first[0].samples), first[0].settled) == (2, True)
+    again = interleave(
+        [fixed(50.0)], budgets_s=[0.01], rounds=5, min_repeats=5, max_repeats=100, sets=first,
+        clock=Clock(), switches=lambda: 0,
+    )  # fmt: skip
+    assert (len(again[0].samples), again[0].settled) == (2 + 5, False)
     # not long: a 1 ms run against a 0.1 s budget wants 100 runs, and equal runs take all 100; a
     # 50 ms run against it wants 2, raised to min_repeats; a budget of 0 asks exactly min_repeats
     for ms, budget, n in ((1.0, 0.1, 100), (50.0, 0.1, 5), (7000.0, 0.0, 5)):

@@ -54,7 +54,8 @@ class BenchmarkConfig:
             (a step that takes seconds) stops once two runs or more agree (IQR
             within 5 % of the median, ``details["timing"]["settled"]``):
             ``min_repeats`` is then the most it takes. ``min_run_time_s=0``
-            asks every component for exactly ``min_repeats``.
+            asks every component for exactly ``min_repeats`` per pass (a
+            re-measured one takes a second pass, which never stops early).
         max_repeats: timed runs per pass, at most.
         rounds: the timed runs of all components are taken in this many
             interleaved rounds (each component gets its share of runs in every

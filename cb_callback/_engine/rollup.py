@@ -35,6 +35,15 @@ def estimate_parents(nodes: list[Node], rows: dict[str, ComponentRow]) -> None:
             row.status = "failed"
             row.error = row.error or "no child was profiled to estimate it from"
             continue
+        ran = [c for c in children if c.status != "not_run"]
+        if row.error is None and ran and all(c.status == "skipped" for c in ran):
+            # a container whose children were all skipped (not replayed for budget_s, excluded, not
+            # descended into) is not measured either, nor failed: skipped as they are
+            row.status = "skipped"
+            row.note = (row.note + "; " if row.note else "") + "its children were skipped: nothing to estimate it from"
+            if any(c.details.get("unreplayed") == "budget_s" for c in ran):
+                row.details["unreplayed"] = "budget_s"
+            continue
         estimate_from_children(row, children)
 
 

@@ -100,6 +100,7 @@ class Schedule:
         self._levels = [list(nodes)] if cfg.descend == "all" or plan is not None else levels(nodes)
         self._steps = len(nodes) + cfg.rounds * len(self._levels)
         self._done = 0
+        self._budget_left = 0  # replays budget_s did not start
 
     def run_levels(self) -> None:
         """Start and time every level, shallowest first; then, while any, the components a failure
@@ -155,11 +156,17 @@ class Schedule:
             return None
         left = [r for r in self.rows.values() if r.details.get("unreplayed") == "budget_s"]
         shares = [s for r in left if (s := (r.details.get("insitu") or {}).get("share")) is not None]
+        root = self.rows.get("")
+        insitu = (root.details.get("insitu") or {}) if root is not None else {}
         return {
             "budget_s": self.cfg.budget_s,
             "unreplayed": len(left),
+            # of them the triage's own replays (not a representative's copies, not containers)
+            "replays_left": self._budget_left,
+            "with_insitu": sum(1 for r in left if math.isfinite(r.insitu_ms)),
             "largest_unreplayed_share": max(shares) if shares else None,
             "root_unreplayed": any(r.path == "" for r in left),
+            "root_insitu_ms": [insitu.get("fwd_ms"), insitu.get("bwd_ms")] if insitu else None,
         }
 
     def _after_failures(self) -> list[Node]:
@@ -280,10 +287,14 @@ class Schedule:
             row.status, row.note = "skipped", reason
         elif cfg.budget_s is not None and spent + committed >= cfg.budget_s and path in self.calls:
             row.status = "skipped"
+            ranks = " (its in-situ share ranks below those started)" if started and plan is not None else ""
             row.note = budget_note(cfg.budget_s, spent, committed, len(started), name="budget_s") + (
-                ": not replayed (its in-situ share ranks below those started); its in-situ time stands"
+                f": not replayed{ranks}; its in-situ time stands"
+                if math.isfinite(row.insitu_ms)
+                else ": not replayed, and without an in-situ time (no in-situ pass ran): no numbers"
             )
             row.details["unreplayed"] = "budget_s"
+            self._budget_left += 1
         elif over and (path != "" or cfg.max_total_time_s == 0):
             row.status, row.note = "skipped", budget_note(cfg.max_total_time_s or 0.0, spent, committed, len(started))
         elif path in self.calls and self._lockstep_only(node, row):

@@ -322,7 +322,11 @@ def interleave(
     ``min_repeats``), stops as soon as its runs of this call agree
     (:data:`SETTLE_NOISE`; ``SampleSet.settled``): ``min_repeats`` is the most
     such a component takes, not the least, so the root of a model whose step
-    takes seconds costs two steps when two agree, not five. Rounds alternate the order
+    takes seconds costs two steps when two agree, not five. A call that
+    extends ``sets`` (a re-measurement) never stops early and clears
+    ``settled``. A component whose time alternates between two modes can
+    settle on one when its first runs fall in the same mode; its noise cannot
+    show that either. Rounds alternate the order
     (forward, then reversed), so that neither the first nor the last component
     always runs right after a slow phase. A slice of two or more runs starts
     with one untimed run, so every timed run finds the caches as the
@@ -361,6 +365,9 @@ def interleave(
         raise ValueError("one budget per sampler is needed")
     count = switches if switches is not None else _involuntary_switches
     out = sets if sets is not None else [SampleSet() for _ in samplers]
+    extending = sets is not None
+    for s in out:  # a re-measurement takes its whole target: its first samples looked inconsistent
+        s.settled = False
     rounds = max(rounds, 1)
     target: list[int] = [0] * len(samplers)
     long = [False] * len(samplers)  # one run takes the whole budget
@@ -400,7 +407,7 @@ def interleave(
                 est = out[i].samples[-1].total_ms / 1e3
                 need = math.ceil(budgets_s[i] / est) if est > 0 else max_repeats
                 target[i] = min(max(need, min_repeats, 1), max_repeats)
-                long[i] = budgets_s[i] > 0 and need <= 1
+                long[i] = budgets_s[i] > 0 and need <= 1 and not extending
                 continue
             done = len(out[i].samples) - start[i]
             if long[i] and done < target[i] and runs_settled(out[i].samples[start[i] :]):

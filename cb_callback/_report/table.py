@@ -148,11 +148,21 @@ def _budget_lines(metadata: dict[str, Any]) -> list[str]:
         return []
     n, share = budget["unreplayed"], budget.get("largest_unreplayed_share")
     largest = f" (the largest in-situ share among them {sig(100 * share)} %)" if isinstance(share, float) else ""
-    root = "; the root too: every row has its in-situ time only" if budget.get("root_unreplayed") else ""
-    return [
-        f"budget_s={budget['budget_s']:g} s spent: {n} component{'s' if n != 1 else ''} not replayed{largest}, "
-        f"their in-situ times stand (skipped, details['unreplayed']){root}"
-    ]
+    if budget.get("with_insitu", n):
+        stand = "their in-situ times stand (skipped, details['unreplayed'], insitu_ms)"
+    else:
+        stand = "and no in-situ pass ran: these rows have no numbers (skipped, details['unreplayed'])"
+    root = ""
+    if budget.get("root_unreplayed"):
+        fwd, bwd = (budget.get("root_insitu_ms") or [None, None])[:2]
+        times = (
+            f" in situ {sig(fwd)} ms forward" + (f" + {sig(bwd)} ms backward" if _finite(bwd) else "")
+            if _finite(fwd)
+            else ""
+        )
+        root = f"; the root too{':' if times else ''}{times}"
+    components = f"{n} component{'s' if n != 1 else ''}"
+    return [f"budget_s={budget['budget_s']:g} s spent: {components} not replayed{largest}, {stand}{root}"]
 
 
 def _metadata_lines(metadata: dict[str, Any]) -> list[str]:
@@ -228,8 +238,11 @@ def format_summary(report: Report, top: int = 10) -> str:
 
     triage = report.metadata.get("triage")
     if isinstance(triage, dict):
+        left = ((report.metadata.get("cost") or {}).get("budget") or {}).get("replays_left") or 0
+        planned = triage.get("replayed")
+        replayed = f"{planned} to replay, {left} of them left by budget_s" if left else f"{planned} replayed"
         lines.append(
-            f"triage (in situ): {triage.get('replayed')} replayed, {triage.get('copied')} taken from a "
+            f"triage (in situ): {replayed}, {triage.get('copied')} taken from a "
             f"representative ({triage.get('groups')} {'group' if triage.get('groups') == 1 else 'groups'} of "
             "repeated structure), "
             f"{triage.get('not_descended')} not descended into"
