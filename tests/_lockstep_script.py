@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -229,20 +230,24 @@ class RaiseInRoot(nn.Module):
     second, 6-8 the communication timing passes (with 2 timed runs in 2 slices). An out-of-memory on one
     rank looks like this."""
 
-    def __init__(self, root: _Root, at: int = 4, backward: bool = False) -> None:
+    def __init__(self, root: _Root, at: int = 4, backward: bool = False, die: bool = False) -> None:
         super().__init__()
-        self.root, self.at, self.backward = root, at, backward
+        self.root, self.at, self.backward, self.die = root, at, backward, die
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if dist.get_rank() == 1 and self.root.calls == self.at and not self.root.raised and self.backward:
             return _RaiseInBackward.apply(x, self.root)
+        if dist.get_rank() == 1 and self.root.calls == self.at and not self.root.raised and self.die:
+            os._exit(3)  # the process is killed (an OOM killer, a lost node): no exception, no goodbye
         if dist.get_rank() == 1 and self.root.calls == self.at and not self.root.raised:
             self.root.raised = True
             raise RuntimeError("rank 1 runs out of memory")
         return x * 1.0
 
 
-def fsdp_raise(rank: int, out: Path, at: int = 4, backward: bool = False, **options: Any) -> dict[str, Any]:
+def fsdp_raise(
+    rank: int, out: Path, at: int = 4, backward: bool = False, die: bool = False, **options: Any
+) -> dict[str, Any]:
     """FSDP2 blocks and a plain module after the head that raises on rank 1 in the root's ``at``-th forward
     (2: its first lockstep pass; 4: its second timed run), or in that forward's backward."""
     from torch.distributed.fsdp import fully_shard
@@ -252,7 +257,7 @@ def fsdp_raise(rank: int, out: Path, at: int = 4, backward: bool = False, **opti
     torch.manual_seed(0)
     counter = _Root()
     model = Net()
-    model.after = RaiseInRoot(counter, at, backward)
+    model.after = RaiseInRoot(counter, at, backward, die)
     inner = model.forward
     model.forward = lambda x: model.after(inner(x))  # type: ignore[method-assign]
     for block in model.blocks:
@@ -274,7 +279,10 @@ def fsdp_raise(rank: int, out: Path, at: int = 4, backward: bool = False, **opti
     untouched = all(
         torch.equal(p.to_local(), b) and p.grad is None for p, b in zip(model.parameters(), before, strict=True)
     )
-    return {"rows": rows(report), "seconds": seconds, "raised": counter.raised, "untouched": untouched}
+    return {
+        "rows": rows(report), "seconds": seconds, "raised": counter.raised, "untouched": untouched,
+        "lost": (report.metadata.get("ranks") or {}).get("lost"),
+    }  # fmt: skip
 
 
 def unsharded_flops(out: Path) -> None:
@@ -307,6 +315,8 @@ def _worker(rank: int, scenario: str, out: Path) -> None:
             result = fsdp_raise(rank, out, at=3, backward=True)
         elif scenario == "fsdp_raise_comm":
             result = fsdp_raise(rank, out, at=6)
+        elif scenario == "fsdp_die":  # rank 1's process ends in the root's first timed run
+            result = fsdp_raise(rank, out, die=True)
         elif scenario == "fsdp_raise_slice":  # one slice of 4 timed runs after an untimed one: the 2nd raises
             result = fsdp_raise(rank, out, at=6, min_repeats=4, max_repeats=4, rounds=1)
         else:
@@ -321,6 +331,15 @@ def main(scenario: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if scenario == "unsharded":
         unsharded_flops(out)
+        return
+    if scenario == "fsdp_die":  # mp.spawn would kill rank 0 once rank 1 died: two processes of their own
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_worker, args=(r, scenario, out)) for r in (0, 1)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=150)
+        (out / "exitcodes.json").write_text(json.dumps([p.exitcode for p in procs]))
         return
     mp.spawn(_worker, args=(scenario, out), nprocs=2, join=True)
 

@@ -186,3 +186,35 @@ def test_fsdp2_a_run_that_raises_on_one_rank_fails_that_component_on_every_rank_
         assert result["raised"] is (rank == 1)
         assert result["seconds"] < 25  # well within lockstep_timeout_s=30: nobody waited for a lost collective
         assert result["untouched"] is True  # shards as before and no gradient left
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_leaves_the_others_a_report_that_names_it(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CB_DISABLE": ""}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "fsdp_die", str(tmp_path)], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # rank 1's process ends (exit code 3) in the root's first timed run; rank 0 finishes and exits cleanly
+    assert json.loads((tmp_path / "exitcodes.json").read_text()) == [0, 3]
+    assert not (tmp_path / "rank_1.json").exists()
+    result = json.loads((tmp_path / "rank_0.json").read_text())
+    assert "crash" not in result, result.get("crash")
+    # Rank 0's collective with the dead rank raised (gloo: connection reset or closed); the profile returns
+    # a report within seconds, not at lockstep_timeout_s=30: every lockstep row not measured before fails
+    # with the lost rank named, and metadata["ranks"]["lost"] says the same.
+    lost = result["lost"]
+    assert lost.startswith("lost rank 1 during the lockstep replay of root: it died or did not answer within ")
+    assert "lockstep_timeout_s=30 s" in lost
+    rows = result["rows"]
+    # the root (failed, so estimated from its children if any had been measured) says so after it
+    assert rows[""]["status"] == "failed"
+    assert rows[""]["error"] == f"{lost}; no child could be measured to estimate it"
+    # every other component of this FSDP2 model is replayed in lockstep (as a unit's children): failed with
+    # it (a block, failed, then finds no measured child to estimate it from either)
+    leaves = ["head", "after", *(f"blocks.{i}.fc{j}" for i in range(3) for j in (1, 2))]
+    assert {p: rows[p]["error"] for p in leaves} == dict.fromkeys(leaves, lost)
+    estimate = f"{lost}; no child could be measured to estimate it"
+    assert {rows[f"blocks.{i}"]["error"] for i in range(3)} == {estimate}
+    assert result["seconds"] < 20

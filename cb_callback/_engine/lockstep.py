@@ -44,7 +44,12 @@ default process group's timeout, 15 min):
    collective), then the unit is resharded.
 
 What is bounded by what: an agreement point waits at most the coordinator's
-timeout for the slowest rank. A rank that fails between two collectives of a
+timeout for the slowest rank. A rank that dies (or does not answer in time)
+ends the lockstep phase on the others at the collective that finds it gone:
+every lockstep row not measured yet fails with the lost rank named
+(:meth:`Coordinator.lost_message`, ``metadata["ranks"]["lost"]``, one warning),
+the report is built from what was measured, and nothing more is asked of the
+other ranks. A rank that fails between two collectives of a
 component's very first lockstep pass cannot be drained (its sequence is not
 known yet): the others then wait in the model's own collective until the
 model's process group times out.
@@ -96,6 +101,20 @@ class Coordinator:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.timeout_s = timeout_s
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        #: Why the ranks stopped agreeing (a rank died, or did not answer within ``timeout_s``): after it
+        #: nothing more is asked of the others (``None``: they agree).
+        self.lost: str | None = None
+
+    def lost_message(self, at: str, error: BaseException) -> str:
+        """What a rank says when the others stopped answering while it replayed ``at``."""
+        others = [r for r in range(self.world) if r != self.rank]
+        who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {others}"
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        return (
+            f"lost {who} during the lockstep replay of {at or 'root'}: it died or did not answer within "
+            f"lockstep_timeout_s={self.timeout_s:g} s ({type(error).__name__}: {first}); nothing after it was "
+            "replayed in lockstep"
+        )
 
     @classmethod
     def create(cls, timeout_s: float | None) -> Coordinator | None:
@@ -200,11 +219,23 @@ def run_plan(
         time_local: times rank-local pendings (an FSDP unit's children) and fills their rows.
     """
     done: dict[tuple[str, int], Pending] = {}
-    for step in plan:
-        if step.children:
-            _children(coord, step, run, rows, modules, batches, profiles, time_local)
-            continue
-        pending = _component(coord, step, run, rows(step.path, step.batch), modules[step.path], batches[step.batch])
+    for i, step in enumerate(plan):
+        try:
+            if step.children:
+                _children(coord, step, run, rows, modules, batches, profiles, time_local)
+                continue
+            pending = _component(
+                coord, step, run, rows(step.path, step.batch), modules[step.path], batches[step.batch]
+            )  # fmt: skip
+        except Exception as e:  # a component's own errors are agreed on inside: the ranks stopped answering
+            # (the model's units are put back with the rest of its state when the profile ends: StateGuard)
+            coord.lost = coord.lost_message(step.path, e)
+            for rest in plan[i:]:
+                for path in rest.children or (rest.path,):
+                    row = rows(path, rest.batch)
+                    if row.status != "ok":
+                        _fail(row, coord.lost)
+            break
         if pending is not None:
             done[step.key] = pending
     return done
@@ -506,7 +537,10 @@ def phase(schedule: Any, coord: Coordinator) -> None:
 
 def merge_ranks(coord: Coordinator, rows: Mapping[str, ComponentRow]) -> None:
     """Each row's ``total_ms`` and ``comm_ms`` on every rank, in ``details["ranks"]`` (min, median,
-    max, the straggler: the rank of the max), on every rank (the same figures; rank 0 reports them)."""
+    max, the straggler: the rank of the max), on every rank (the same figures; rank 0 reports them).
+    Nothing once a rank was lost (:attr:`Coordinator.lost`)."""
+    if coord.lost is not None:
+        return
     mine = {p: (r.total_ms, r.comm_ms, r.status) for p, r in rows.items()}
     every = coord.gather(mine)
     for path, row in rows.items():

@@ -178,6 +178,9 @@ def _profile(
     fill_share(rows, schedule.per_batch)
     if coord is not None:
         meta["ranks"] = {"world_size": coord.world, "rank": coord.rank, "profiles": cfg.ranks}
+        if coord.lost is not None:
+            meta["ranks"]["lost"] = coord.lost
+            warnings.warn(f"cb_callback: {coord.lost}", RuntimeWarning, stacklevel=2)
         if cfg.ranks == "all":
             lockstep.merge_ranks(coord, rows)
     for row in rows.values():
