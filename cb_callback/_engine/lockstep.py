@@ -228,6 +228,8 @@ def run_plan(
                 coord, step, run, rows(step.path, step.batch), modules[step.path], batches[step.batch]
             )  # fmt: skip
         except Exception as e:  # a component's own errors are agreed on inside: the ranks stopped answering
+            if not _lost_peer(e):
+                raise
             # (the model's units are put back with the rest of its state when the profile ends: StateGuard)
             coord.lost = coord.lost_message(step.path, e)
             for rest in plan[i:]:
@@ -239,6 +241,16 @@ def run_plan(
         if pending is not None:
             done[step.key] = pending
     return done
+
+
+def _lost_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a collective's that lost its peers (torch's ``DistError``, or gloo's
+    ``RuntimeError``: "Connection closed by peer", "Timed out waiting ... for send"), not a bug of ours."""
+    dist_error = getattr(torch.distributed, "DistError", None)
+    if dist_error is not None and isinstance(error, dist_error):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("gloo" in text or "Connection" in text or "Timed out" in text)
 
 
 def _agree(coord: Coordinator, error: str | None) -> str | None:
