@@ -313,6 +313,18 @@ def _worker(rank: int, scenario: str, out: Path) -> None:
             result = fsdp_raise(rank, out, backward=True)
         elif scenario == "fsdp_raise_pass_bwd":
             result = fsdp_raise(rank, out, at=3, backward=True)
+        elif scenario == "fsdp_raise_unwritable":  # the backward's reduce-scatters cannot be written down
+            from cb_callback._engine import ledger
+
+            encode = ledger._encode
+
+            def no_reduce_op(leaf: Any) -> Any:
+                if isinstance(leaf, torch.ScriptObject) and "ReduceOp" in str(leaf._type().qualified_name()):
+                    raise ledger._Unwritable("ReduceOp")
+                return encode(leaf)
+
+            ledger._encode = no_reduce_op  # type: ignore[assignment]
+            result = fsdp_raise(rank, out, at=3)
         elif scenario == "fsdp_raise_comm":
             result = fsdp_raise(rank, out, at=6)
         elif scenario == "fsdp_die":  # rank 1's process ends in the root's first timed run

@@ -157,6 +157,8 @@ FAULTS = {
     "fsdp_raise_bwd": "a timed run raised RuntimeError: rank 1 runs out of memory in the backward",
     "fsdp_raise_slice": "a timed run raised RuntimeError: rank 1 runs out of memory",
     "fsdp_raise_comm": "a communication timing pass raised RuntimeError: rank 1 runs out of memory",
+    "fsdp_raise_pass": "replay raised RuntimeError: rank 1 runs out of memory",
+    "fsdp_raise_pass_bwd": "replay raised RuntimeError: rank 1 runs out of memory in the backward",
 }
 
 
@@ -176,6 +178,9 @@ def test_fsdp2_a_run_that_raises_on_one_rank_fails_that_component_on_every_rank_
         # (estimated from its children); rank 1's units are put back as before the root (the root
         # resharded), so the blocks' replays with their units unsharded all-gather on both ranks. Before,
         # rank 1 skipped that all-gather and timed out after lockstep_timeout_s (or, in a comm pass, raised).
+        # In the root's first lockstep pass (forward or backward) there is no record of its own to drain
+        # from: rank 1 reads the rest of rank 0's collectives from the store (the ledger) and issues them on
+        # zeros. Before, both ranks waited lockstep_timeout_s=30 and then reported each other lost.
         root = rows[""]
         expected = FAULTS[scenario]
         assert root["status"] == "estimated", (rank, root)
@@ -186,6 +191,25 @@ def test_fsdp2_a_run_that_raises_on_one_rank_fails_that_component_on_every_rank_
         assert result["raised"] is (rank == 1)
         assert result["seconds"] < 25  # well within lockstep_timeout_s=30: nobody waited for a lost collective
         assert result["untouched"] is True  # shards as before and no gradient left
+
+
+@pytest.mark.slow
+def test_a_first_pass_that_cannot_be_finished_for_the_others_names_the_rank_and_its_error(tmp_path: Path) -> None:
+    ranks = _run("fsdp_raise_unwritable", tmp_path, timeout=180)
+    # RaiseInRoot raises on rank 1 in the root's first lockstep pass (its forward, after the all-gathers);
+    # the ledger cannot write down a reduce op here (patched), so rank 1 cannot issue rank 0's backward
+    # reduce-scatters for it: rank 1 ends the lockstep phase with its own error (every row not measured yet
+    # fails with it), and rank 0, left in its reduce-scatter, comes back when rank 1's process group closes.
+    own = (
+        "its first lockstep pass on rank 1 failed (replay raised RuntimeError: rank 1 runs out of memory) and "
+        "could not be finished for the other ranks (another rank's collective could not be written down for "
+        "this rank to issue); nothing after it was replayed in lockstep"
+    )
+    assert ranks[1]["lost"] == own
+    assert ranks[1]["rows"]["head"] == {**ranks[1]["rows"]["head"], "status": "failed", "error": own}
+    assert ranks[0]["lost"].startswith("lost rank 1 during the lockstep replay of root: ")
+    for result in ranks:
+        assert result["seconds"] < 25 and result["untouched"] is True
 
 
 @pytest.mark.slow

@@ -116,10 +116,14 @@ class CommCounter(TorchDispatchMode):
     Args:
         wait: wait on each collective's work as it is issued, timing op and wait
             (``ms``); ``False`` only counts (no change to when anything waits).
+        keep: keep each call's op and arguments (``kept``, for :func:`drain`).
+        ledger: write each collective down before issuing it (a lockstep component's first pass).
     """
 
-    def __init__(self, wait: bool = False, keep: bool = False) -> None:
+    def __init__(self, wait: bool = False, keep: bool = False, ledger: Any = None) -> None:
         super().__init__()
+        #: A :class:`cb_callback._engine.ledger.Ledger` each collective is written to before it is issued.
+        self.ledger = ledger
         self.wait = wait
         self.phase = ""
         self.calls: list[CollectiveCall] = []
@@ -131,6 +135,8 @@ class CommCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         if getattr(func, "namespace", None) not in COLLECTIVE_NAMESPACES:
             return func(*args, **kwargs)
+        if self.ledger is not None and func.overloadpacket.__name__ != "wait_tensor":
+            self.ledger.write(func, args, kwargs)
         t0 = time.perf_counter()
         out = func(*args, **kwargs)
         ms = float("nan")

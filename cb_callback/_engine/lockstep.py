@@ -49,10 +49,15 @@ ends the lockstep phase on the others at the collective that finds it gone:
 every lockstep row not measured yet fails with the lost rank named
 (:meth:`Coordinator.lost_message`, ``metadata["ranks"]["lost"]``, one warning),
 the report is built from what was measured, and nothing more is asked of the
-other ranks. A rank that fails between two collectives of a
-component's very first lockstep pass cannot be drained (its sequence is not
-known yet): the others then wait in the model's own collective until the
-model's process group times out.
+other ranks. A rank that fails between two collectives of a component's very
+first lockstep pass has no record of its own to drain from: every rank writes
+that pass's collectives to the process group's store as it issues them
+(:mod:`cb_callback._engine.ledger`), and the rank that raised issues the rest
+of the others' on zeros, so the component fails on every rank at the agreement
+point and the rest is measured. Where that cannot be done (an op argument the
+ledger cannot write down, or no other rank's next collective within the
+timeout) the rank that raised ends the lockstep phase with its own error named,
+and the others come back when their collective finds it gone.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ from cb_callback._engine.component import ComponentRun, Pending
 from cb_callback._engine.fsdp import is_unit, save_fsdp_state, unsharded
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.isolate import PassContext, Phase, Replay, instrumented_pass
+from cb_callback._engine.ledger import Ledger
 from cb_callback._engine.timing import Sample, SampleSet, runs_settled
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.model import error_text as _error_text
@@ -104,6 +110,17 @@ class Coordinator:
         #: Why the ranks stopped agreeing (a rank died, or did not answer within ``timeout_s``): after it
         #: nothing more is asked of the others (``None``: they agree).
         self.lost: str | None = None
+        Coordinator._made += 1  # every rank makes as many coordinators (lockstep needs every rank's profile)
+        self._id, self._ledgers = Coordinator._made, 0
+
+    #: Coordinators made in this process: a key that names this one on every rank.
+    _made = 0
+
+    def ledger(self) -> Ledger:
+        """A ledger for the next component's first lockstep pass (the same key on every rank)."""
+        self._ledgers += 1
+        store = torch.distributed.distributed_c10d._get_default_store()
+        return Ledger(store, f"{self._id}/{self._ledgers}", self.rank, self.world, self.timeout_s)
 
     def lost_message(self, at: str, error: BaseException) -> str:
         """What a rank says when the others stopped answering while it replayed ``at``."""
@@ -228,10 +245,13 @@ def run_plan(
                 coord, step, run, rows(step.path, step.batch), modules[step.path], batches[step.batch]
             )  # fmt: skip
         except Exception as e:  # a component's own errors are agreed on inside: the ranks stopped answering
-            if not _lost_peer(e):
+            if isinstance(e, _Stuck):
+                coord.lost = str(e)
+            elif _lost_peer(e):
+                coord.lost = coord.lost_message(step.path, e)
+            else:
                 raise
             # (the model's units are put back with the rest of its state when the profile ends: StateGuard)
-            coord.lost = coord.lost_message(step.path, e)
             for rest in plan[i:]:
                 for path in rest.children or (rest.path,):
                     row = rows(path, rest.batch)
@@ -241,6 +261,11 @@ def run_plan(
         if pending is not None:
             done[step.key] = pending
     return done
+
+
+class _Stuck(Exception):
+    """This rank's first lockstep pass of a component raised and it could not issue the rest of the others'
+    collectives (:meth:`cb_callback._engine.ledger.Ledger.finish_for_others`): the lockstep phase ends."""
 
 
 def _lost_peer(error: BaseException) -> bool:
@@ -295,8 +320,23 @@ def _component(
     # back, every rank's units are as before the component, so the next lockstep step (a unit's children
     # replayed unsharded: one all-gather on every rank) issues the same collectives on every rank.
     restore = save_fsdp_state(module)
-    with reference:  # one pass: the sequence of collectives every run issues (to drain a run that fails)
-        pending = run.start(row, module, calls, step.batch, collectives=True, warm=False)
+    # One pass: the sequence of collectives every run issues (to drain a later run that fails), written to
+    # the store as it runs, so that a rank whose pass raises can issue the rest of the others' (ledger).
+    ledger = coord.ledger()
+    reference.ledger = ledger
+    try:
+        with reference:
+            pending = run.start(row, module, calls, step.batch, collectives=True, warm=False)
+    finally:
+        ledger.end()
+    if pending is None:
+        why = ledger.finish_for_others()
+        if why is not None:
+            restore()
+            raise _Stuck(
+                f"its first lockstep pass on rank {coord.rank} failed ({row.error or 'its replay failed'}) and could "
+                f"not be finished for the other ranks ({why}); nothing after it was replayed in lockstep"
+            )
     error = _agree(coord, None if pending is not None else (row.error or "its replay failed"))
     if error is not None or pending is None:
         restore()
