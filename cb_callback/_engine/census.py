@@ -14,6 +14,7 @@ run after it, and their counts would differ by order.)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,12 +78,23 @@ class _Attribution:
     gradients are complete, so a module whose input feeds several (the branches of one tensor) holds
     the others' backward. An activation checkpoint's recompute runs inside the backward node that
     needs it: it counts as that node's modules' backward.
+
+    The gradient of a tensor read several times (a residual's input, one input to ``q``, ``k`` and ``v``,
+    a weight used by several calls) is summed by the autograd engine after a reader's node has run, on
+    that node's thread: those adds belong to the modules that hold *every* reader (the block around the
+    residual, the attention around ``q``, ``k`` and ``v``; for a weight read by several calls of its
+    module, that module), not to the reader that happened to finish last, which replayed alone receives
+    one gradient and sums nothing. A post-hook on each claimed node marks its own
+    work done (what follows on it is that summing) and records it as a reader of its inputs' nodes.
     """
 
     def __init__(self, tracked: set[int]) -> None:
         self.tracked = tracked
         self.stack: list[tuple[int, int, set[Any]]] = []  # (module id, call number, its inputs' nodes)
-        self.owner: dict[Any, tuple[tuple[int, ...], frozenset[int]]] = {}  # node -> (module ids, call numbers)
+        self.owner: dict[Any, tuple[tuple[int, int], ...]] = {}  # node -> its (module id, call number)s
+        self.readers: dict[Any, list[frozenset[int]]] = {}  # node -> its readers' modules, as they ran
+        self.done: Any = None  # the backward node whose own work is done (its outputs' gradients being summed)
+        self.handles: list[Any] = []
         self.calls = 0
         #: ``{"fwd" | "bwd" | "bytes": {module id: count}}``; bytes over both passes.
         self.flops: dict[str, dict[int, int]] = {"fwd": {}, "bwd": {}, "bytes": {}}
@@ -99,7 +111,7 @@ class _Attribution:
         if id(module) not in self.tracked or not self.stack or self.stack[-1][0] != id(module):
             return
         _, call, stop = self.stack[-1]
-        chain = (tuple(m for m, _, _ in self.stack), frozenset(c for _, c, _ in self.stack))
+        chain = tuple((m, c) for m, c, _ in self.stack)
         todo: list[Any] = [
             t.grad_fn for t in flatten_output(output)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None
         ]
@@ -112,10 +124,31 @@ class _Attribution:
             mine = self.owner.get(node)
             if mine is None:
                 self.owner[node] = chain
-            elif call not in mine[1]:
+                self.handles.append(node.register_hook(functools.partial(self._ran, node)))
+            elif all(c != call for _, c in mine):
                 continue  # built by another call, finished before this one: not this module's
             todo.extend(nxt for nxt, _ in node.next_functions)
         self.stack.pop()
+
+    def _ran(self, node: Any, grad_inputs: Any, grad_outputs: Any) -> None:
+        """A claimed node's own backward is done: it reads each of its inputs' nodes, and what runs next on
+        it sums the gradients it gave them with the earlier readers'."""
+        self.done = node
+        mine = frozenset(m for m, _ in self.owner.get(node, ()))
+        for nxt, _ in node.next_functions:
+            if nxt is not None:
+                self.readers.setdefault(nxt, []).append(mine)
+
+    def _summing(self, node: Any) -> tuple[int, ...]:
+        """The modules a gradient sum after ``node`` belongs to: those that hold every reader of the
+        tensors it gave gradients to (which another reader gave one to before)."""
+        common: frozenset[int] | None = None
+        for nxt, _ in node.next_functions:
+            readers = self.readers.get(nxt, [])
+            if len(readers) >= 2:
+                both = frozenset.intersection(*readers)
+                common = both if common is None else common & both
+        return tuple(common) if common is not None else tuple(m for m, _ in self.owner.get(node, ()))
 
     def count(self, flops: int, moved: int) -> None:
         """One op's FLOPs and bytes, to every module it belongs to."""
@@ -123,8 +156,12 @@ class _Attribution:
             modules: tuple[int, ...] = tuple(m for m, _, _ in self.stack)
             phase = self.flops["fwd"]
         else:
-            owned = self.owner.get(torch._C._current_autograd_node())
-            modules = owned[0] if owned is not None else ()
+            node = torch._C._current_autograd_node()
+            owned = self.owner.get(node)
+            if node is not None and node is self.done:
+                modules = self._summing(node)
+            else:
+                modules = tuple(m for m, _ in owned) if owned is not None else ()
             phase = self.flops["bwd"]
         traffic = self.flops["bytes"]
         for m in set(modules):
@@ -197,9 +234,11 @@ def _count_top(replay: Replay, backward: bool, tracked: Sequence[nn.Module]) -> 
                 bwd.run()
             del bwd
     finally:
-        for h in handles:
+        for h in [*handles, *attribution.handles]:
             h.remove()
         attribution.owner.clear()  # the step's graph nodes
+        attribution.readers.clear()
+        attribution.done = None
     return attribution
 
 
@@ -266,7 +305,7 @@ def _counted(
 ) -> _Attribution | None:
     """``top``'s counts, its floating inputs requiring grad, else on its call as the step made it;
     ``None`` (the error in ``errors``) when both raised."""
-    for every_grad in (True, False):
+    for every_grad in (False, True):
         try:
             with StateGuard(model):
                 return _count_top(replay_of(top, batch, every_grad), backward, tracked)
