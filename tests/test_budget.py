@@ -107,8 +107,11 @@ def test_a_container_whose_children_the_budget_left_is_skipped_with_them_not_fai
     assert "its children were skipped" in (rows["blocks"].note or "")
     budget = report.metadata["cost"]["budget"]
     # the triage's replays the budget left: the root and blocks.0 (blocks.1, an equal Linear on equal inputs,
-    # takes blocks.0's row: skipped as it is; blocks, the container, replays nothing of its own)
-    assert rows["blocks.1"].details["as"] == "representative"
+    # would take blocks.0's row; blocks, the container, replays nothing of its own). With its representative
+    # left unmeasured, blocks.1 shows its own in-situ time and the census's counts, as blocks.0 does
+    assert rows["blocks.1"].details["as"] == rows["blocks.0"].details["as"] == "insitu"
+    # an 8x8 Linear on a (4, 8) batch: 2*4*8*8 = 512 forward FLOPs, 1024 backward (input and weight grads)
+    assert (rows["blocks.1"].fwd_flops, rows["blocks.1"].bwd_flops) == (512, 1024)
     assert budget["unreplayed"] == 4 and budget["replays_left"] == 2
     # the triage line says what was planned (the plan's count takes in the container) and what the budget left
     assert report.metadata["triage"]["replayed"] == 3

@@ -28,6 +28,7 @@ from torch import nn
 
 from cb_callback import Report, profile_components
 from cb_callback._report.model import ComponentRow
+from cb_callback._report.table import format_text_table
 from tests._zoo_models import BUILDERS, expert_tokens
 from tests.conftest import FAST
 
@@ -58,6 +59,9 @@ class Profiled:
     default: Report
     full: Report
     state_changes: list[str]
+    #: The default with ``descend_share=1``: nothing below the root is descended into, so its rows are
+    #: ``details["as"] = "insitu"`` (the in-situ time, the census's FLOPs and bytes).
+    insitu: Report
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -123,7 +127,10 @@ def _profiled(case: str) -> Profiled:
     torch.manual_seed(0)
     full = profile_components(model, args, descend="all", **SETTINGS)
     changes += _state_changes(model, before, 'after descend="all"')
-    return Profiled(default, full, changes)
+    torch.manual_seed(0)
+    insitu = profile_components(model, args, **{**SETTINGS, "descend_share": 1.0})
+    changes += _state_changes(model, before, "after descend_share=1")
+    return Profiled(default, full, changes, insitu)
 
 
 CASES = list(BUILDERS)
@@ -203,3 +210,56 @@ COPYING = ("checkpoint", "gpt", "bn_cnn")
 def test_zoo_default_still_copies_equal_blocks(case: str) -> None:
     triage = _profiled(case).default.metadata["triage"]
     assert triage["groups"] >= 1 and triage["copied"] > 0, triage
+
+
+#: (W + b) of a looper's ``Linear(64, 64)`` in float32: (64 * 64 + 64) * 4 bytes.
+_LOOPER_PARAM_BYTES = (64 * 64 + 64) * 4
+
+
+def _insitu_expected(case: str, row: ComponentRow, full: Report) -> dict[str, float]:
+    """What the census must give an in-situ row: ``descend="all"``'s measured row, except where the whole
+    step's attribution differs from a replay alone (docs/columns.md, "Rows not replayed"), exactly:
+
+    * ``checkpoint``: ``blocks.1.mlp`` runs under activation checkpointing. In the step its recompute
+      runs when ``mlp.2``'s backward first unpacks a saved tensor, so the census charges it to ``mlp.2``;
+      a replay of ``mlp.2`` alone checkpoints nothing. The recompute is what the checkpointed ``mlp``
+      (replayed whole) does more than its unwrapped twin ``blocks.0.mlp``, in FLOPs and bytes.
+    * ``scalar_arg``: a looper calls its ``lin`` n (4, 5, 6) times; the step sums the weight's and bias's
+      gradients over the n calls, n - 1 sums each reading two and writing one: 3 (n - 1) (W + b) bytes
+      over n calls. A replay of one call sums nothing.
+    * ``conv_attrs``: a ``ConvBlock``'s gradient is a slice of ``torch.cat``'s (4, 48) gradient, and the
+      bytes rule counts a view's whole storage: its mean's backward reads 4 * 48 * 4 bytes, not the
+      4 * 8 * 4 of the contiguous gradient a replay makes (+640).
+    """
+    f = full.row(row.path)
+    want = {"fwd_flops": f.fwd_flops, "bwd_flops": f.bwd_flops, "bytes": f.bytes}
+    if case == "checkpoint" and row.path == "blocks.1.mlp.2":
+        ck, plain = full.row("blocks.1.mlp"), full.row("blocks.0.mlp")
+        want["bwd_flops"] += ck.bwd_flops - plain.bwd_flops
+        want["bytes"] += ck.bytes - plain.bytes
+    elif case == "scalar_arg" and row.path.endswith(".lin"):
+        n = row.calls
+        want["bytes"] += 3 * (n - 1) * _LOOPER_PARAM_BYTES / n
+    elif case == "conv_attrs" and row.module_type == "ConvBlock":
+        want["bytes"] += 4 * (48 - 8) * 4
+    return want
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_zoo_rows_not_replayed_have_the_census_numbers(case: str) -> None:
+    """Issue 24, "rows not replayed keep a row": every row the triage did not descend into carries its
+    in-situ time and, per call, the FLOPs and bytes the census counted in the step, equal to the ones
+    ``descend="all"`` measures alone except where :func:`_insitu_expected` derives the difference. Its
+    status stays ``skipped`` and the table says ``(in situ)``."""
+    p = _profiled(case)
+    rows = [r for r in p.insitu if r.details.get("as") == "insitu"]
+    assert rows, f"{case}: no row was left in situ: {[(r.path, r.details.get('as')) for r in p.insitu]}"
+    bad = []
+    for row in rows:
+        assert row.status == "skipped" and math.isfinite(row.insitu_ms), (row.path, row.status, row.insitu_ms)
+        assert row.details["insitu"]["counted"] == "census", (row.path, row.details["insitu"])
+        for col, want in _insitu_expected(case, row, p.full).items():
+            if not _same(getattr(row, col), want):
+                bad.append(f"{row.path}  {col}  in situ={getattr(row, col)!r}  want={want!r}")
+    assert not bad, f"{case}: " + "\n".join(bad)
+    assert "skipped (in situ)" in format_text_table(p.insitu)

@@ -172,6 +172,7 @@ def _profile(
         artifacts_s, compile_s = time.perf_counter() - artifacts0, artifacts0 - compile0
         _compiled_net_of_floor(schedule.rows.values())
         schedule.fill_copies()
+        schedule.fill_insitu()
     rows = schedule.rows
     estimate_parents(nodes, rows)
     derive_all(rows.values(), peaks)
@@ -274,11 +275,13 @@ def _triage(
     )  # fmt: skip
     plan = decide()
     census = None
-    if plan.groups:  # repeated structure: a copy is proven by the FLOPs each module counted in the step
+    # Repeated structure: a copy is proven by the FLOPs each module counted in the step. Rows not replayed
+    # (not descended into) take their FLOPs and bytes from it (details["as"] = "insitu").
+    if plan.groups or plan.skip:
         census = census_of(run, nodes, modules, batches, [t.tops for t in out])
         run.instrumented_s += census.seconds  # an observed pass (cost: instrumented_s, of it census_s)
-        plan = decide(census=census.flops)
-        plan.census_s = census.seconds
+        plan = decide(census=census.flops) if plan.groups else plan
+        plan.census_s, plan.census = census.seconds, census.flops
     groups = {id(info) for info in plan.groups.values()}
     meta["triage"] = {
         "replayed": plan.replayed, "copied": len(plan.copy), "not_descended": len(plan.skip),

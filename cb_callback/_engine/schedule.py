@@ -377,6 +377,54 @@ class Schedule:
             if row is not None and "as" not in row.details:
                 row.details["as"] = "measured"
 
+    def fill_insitu(self) -> None:
+        """The rows left unreplayed (not descended into, or left by ``budget_s``) that have an in-situ time:
+        ``details["as"] = "insitu"``, with their FLOPs and bytes per call from the step's census
+        (:attr:`cb_callback._engine.triage.Plan.census`: each module's work in one forward and backward of
+        its top, as the step ran it). Their status stays ``"skipped"``: no time of their own but ``insitu_ms``
+        (the forward inside the step), no backward time, no activation memory.
+
+        Where the census's count is not the component's own: a shared module (one module at several
+        paths) and an uncounted top have none (``details["insitu"]["counted"]`` says why); the backward
+        of a module includes the step's gradient accumulation where its input is read twice (a residual),
+        which a replay alone, given one gradient, does not do."""
+        plan = self.plan
+        if plan is None:
+            return
+        for path, row in self.rows.items():
+            if row.status != "skipped" or not self._left(path, row) or not math.isfinite(row.insitu_ms):
+                continue
+            row.details["as"] = "insitu"
+            info = row.details.setdefault("insitu", {})
+            counts = [(b, c[path]) for b, c in enumerate(plan.census) if path in c]
+            if not plan.census:
+                info["counted"] = "no census of the step ran: FLOPs and bytes not counted"
+                continue
+            if not counts or any(x is None for _, x in counts):
+                info["counted"] = (
+                    "not counted by the census (its module is reachable from several paths, or it is outside the tops)"
+                    if not counts
+                    else "the census of its top raised: FLOPs and bytes not counted"
+                )
+                continue
+            calls = sum(self.batches[b][path].calls for b, _ in counts if path in self.batches[b])
+            if calls <= 0:
+                continue
+            fwd, bwd, moved = (sum(x[i] for _, x in counts if x is not None) for i in range(3))
+            row.fwd_flops = fwd / calls
+            row.bwd_flops = bwd / calls if self.cfg.backward else math.nan
+            row.bytes = moved / calls
+            info["counted"] = "census"
+
+    def _left(self, path: str, row: ComponentRow) -> bool:
+        """Whether ``row`` was left unreplayed by the triage or ``budget_s``: not descended into, left by the
+        budget, or a copy of a representative that was (it keeps ``details["from"]``, whose decision it
+        shares, and takes its own census counts, not the representative's)."""
+        if path in self._descent_skipped or row.details.get("unreplayed") == "budget_s":
+            return True
+        source = self.rows.get(row.details.get("from") or "") if row.details.get("as") == "representative" else None
+        return source is not None and source.status == "skipped"
+
     def row_of(self, path: str, batch: int) -> ComponentRow:
         """The row of ``path`` for ``batch`` (with several batches, its batch's own, made when first asked)."""
         if not self.multi:

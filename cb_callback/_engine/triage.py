@@ -50,6 +50,10 @@ class Plan:
             or a descendant, was called unlike its counterpart or counted other
             FLOPs in the step (:func:`first_difference`).
         census_s: what the census of the step's FLOPs cost (s; 0: none ran).
+        census: per captured batch, every node's ``(forward FLOPs, backward FLOPs,
+            bytes)`` in the step (:class:`cb_callback._engine.census.Census`;
+            empty: none ran): what the proof of a copy compares, and the
+            numbers of a row left unreplayed (``details["as"] = "insitu"``).
     """
 
     skip: dict[str, tuple[str, float]] = field(default_factory=dict)
@@ -60,6 +64,7 @@ class Plan:
     effective: dict[str, float | None] = field(default_factory=dict)
     not_copies: dict[str, str] = field(default_factory=dict)
     census_s: float = 0.0
+    census: list[dict[str, tuple[int, int, int] | None]] = field(default_factory=list)
 
     @property
     def replayed(self) -> int:

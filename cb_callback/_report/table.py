@@ -106,8 +106,11 @@ def _with_p90(cells: list[str], row: ComponentRow | None, multi: bool) -> list[s
 
 
 def _status(row: ComponentRow) -> str:
-    """The status, marked ``(as rep)`` on a row taken from a representative of its repeated structure."""
-    return f"{row.status} (as rep)" if row.details.get("as") == "representative" else row.status
+    """The status, marked ``(as rep)`` on a row taken from a representative of its repeated structure and
+    ``(in situ)`` on a row not replayed whose numbers are the step's own (its in-situ time, the census's
+    FLOPs and bytes)."""
+    mark = {"representative": " (as rep)", "insitu": " (in situ)"}.get(row.details.get("as") or "", "")
+    return row.status + mark
 
 
 def _summary_cells(row: ComponentRow) -> list[str]:
@@ -246,6 +249,13 @@ def format_summary(report: Report, top: int = 10) -> str:
             f"representative ({triage.get('groups')} {'group' if triage.get('groups') == 1 else 'groups'} of "
             "repeated structure), "
             f"{triage.get('not_descended')} not descended into"
+        )
+    insitu = [r for r in report.rows if r.details.get("as") == "insitu"]
+    if insitu:
+        counted = sum(1 for r in insitu if (r.details.get("insitu") or {}).get("counted") == "census")
+        lines.append(
+            f"in situ: {len(insitu)} rows not replayed keep the step's own numbers (skipped (in situ): "
+            f"insitu_ms; FLOPs and bytes from the census on {counted} of them; no isolated time or memory)"
         )
     lines += _budget_lines(report.metadata)
     multi = _multi(report)

@@ -1,0 +1,73 @@
+"""Rows not replayed keep the step's numbers (issue 24, "every row has a time"): ``details["as"] = "insitu"``,
+the in-situ time and the census's FLOPs and bytes per call, on rows the triage did not descend into and on the
+copies of such rows. The model zoo checks these numbers against ``descend="all"`` on every model
+(``tests/test_zoo.py``); here the shares are made by sleeps, so the triage's decisions hold on a busy machine."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch import nn
+
+from cb_callback import profile_components
+from cb_callback._report.table import format_summary, format_text_table
+from tests.conftest import FAST
+
+
+class _Block(nn.Module):
+    """20 ms of its own (a sleep) around a tiny ``Sequential(Linear(8, 8))``: the block is most of the
+    step, its child a few hundredths of a percent of it (replayed, as a child of a row descended into, but
+    not descended into: the ``Linear`` under it stays in situ)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Sequential(nn.Linear(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)
+        return self.lin(x) * 2.0
+
+
+class _Two(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([_Block(), _Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+SETTINGS = dict(FAST, peak_flops=1e12, peak_bandwidth=1e11, insitu_passes=1, descend_share=0.3)
+
+
+def test_a_copy_of_a_row_left_in_situ_takes_its_own_census_numbers() -> None:
+    """The blocks (about 50 % of the step each, 20 ms of sleep against a Linear of microseconds) are one
+    group: ``blocks.0`` is replayed and descended into, ``blocks.1`` takes its row. ``blocks.0.lin`` is
+    replayed but under descend_share (0.3): ``blocks.0.lin.0`` stays in situ; its counterpart
+    ``blocks.1.lin.0``, a copy of a row nobody replayed, is in situ too, with its own in-situ time and
+    counts (before: the representative's NaN FLOPs and bytes)."""
+    x = torch.randn(4, 8, requires_grad=True)
+    report = profile_components(_Two(), (x,), **SETTINGS)
+    full = profile_components(_Two(), (x,), descend="all", **SETTINGS)
+    rows = {r.path: r for r in report}
+    assert rows["blocks.0"].details["as"] == "measured" and rows["blocks.1"].details["as"] == "representative"
+    assert rows["blocks.0.lin"].status == "ok" and math.isfinite(rows["blocks.0.lin"].fwd_ms)  # replayed
+    for path in ("blocks.0.lin.0", "blocks.1.lin.0"):
+        row, measured = rows[path], full.row(path)
+        assert row.status == "skipped" and row.details["as"] == "insitu", (path, row.status, row.details)
+        assert row.details["insitu"]["counted"] == "census"
+        assert math.isfinite(row.insitu_ms) and row.insitu_ms == row.details["insitu"]["fwd_ms"]
+        # Linear(8, 8) on (4, 8): 2*4*8*8 = 512 forward FLOPs; the backward computes the input's and the
+        # weight's gradients (the input requires grad): 1024
+        assert (row.fwd_flops, row.bwd_flops) == (512, 1024) == (measured.fwd_flops, measured.bwd_flops)
+        assert row.bytes == measured.bytes and row.bytes > 0
+        assert math.isnan(row.fwd_ms) and math.isnan(row.activation_mb)  # no replay: no time, no memory
+    assert rows["blocks.1.lin.0"].details["from"] == "blocks.0.lin.0"  # whose triage decision it shares
+    assert "skipped (in situ)" in format_text_table(report)
+    assert "in situ: 2 rows not replayed keep the step's own numbers" in format_summary(report)
+    assert "FLOPs and bytes from the census on 2 of them" in format_summary(report)
