@@ -49,7 +49,9 @@ def test_the_largest_in_situ_share_is_replayed_first_and_the_rest_keep_their_in_
     # The first instrumented pass in a process pays the counters' one-off set-up (about 0.9 s here), and a
     # replay commits min_repeats × its pass when that is more: one cheap profile first.
     profile_components(_Model(), _x(), min_run_time_s=0.0, min_repeats=1, rounds=1, insitu_passes=0)
-    report = profile_components(_Model(), _x(), budget_s=2.25, min_run_time_s=0.75, rounds=2)
+    # descend_share=0: the triage replays every row (small's share is far under the default's), so that
+    # what leaves small unreplayed is the budget.
+    report = profile_components(_Model(), _x(), budget_s=2.25, min_run_time_s=0.75, rounds=2, descend_share=0.0)
     rows = {r.path: r for r in report.rows}
     assert [r.path for r in report.rows] == ["", "small", "big"]  # rows in tree order, whatever the start order
     assert rows[""].status == "ok" and rows["big"].status == "ok" and "unreplayed" not in rows["big"].details
@@ -68,7 +70,7 @@ def test_the_largest_in_situ_share_is_replayed_first_and_the_rest_keep_their_in_
 
 
 def test_a_budget_too_small_for_the_root_still_returns_every_in_situ_time_and_says_so() -> None:
-    report = profile_components(_Model(), _x(), budget_s=0.0)
+    report = profile_components(_Model(), _x(), budget_s=0.0, descend_share=0.0)  # the budget leaves all three
     assert [r.status for r in report.rows] == ["skipped"] * 3
     assert all(r.details["unreplayed"] == "budget_s" for r in report.rows)
     # the in-situ pass ran whole: every module has its forward inside the step

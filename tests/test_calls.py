@@ -34,7 +34,8 @@ MODES = ("all", "hotspots")
 
 
 def _profile(model: nn.Module, x: torch.Tensor, descend: str, **kw: Any) -> Report:
-    return profile_components(model, x, descend=descend, **FAST, **PEAKS, **kw)
+    # descend_share=0: "hotspots" replays every row too (triaged and copied, never left in situ for a share)
+    return profile_components(model, x, descend=descend, **FAST, **PEAKS, **{"descend_share": 0.0, **kw})
 
 
 def _children_bwd(report: Report, paths: list[str]) -> float:

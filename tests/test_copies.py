@@ -10,6 +10,8 @@ status must agree. ``descend_share=0`` so that no subtree is left ``skipped`` fo
 
 from __future__ import annotations
 
+import time
+
 import math
 from typing import Any
 
@@ -307,10 +309,13 @@ def test_a_member_counting_other_flops_in_the_step_is_not_a_copy(monkeypatch: py
     assert default.metadata["triage"]["not_copies"] == len(unlike)
 
 
-# --- a component that fails alone (it reads a flag its parent sets), with a tiny share ------------------
+# --- a component that fails alone (it reads a flag its parent sets), its children each tiny -------------
 
 
 class Fragile(nn.Module):
+    """60 ms of its own in the step (a sleep: most of it, above ``descend_share=0.5``), around two 4x4
+    GEMMs on 8 rows that are each far below it; replayed alone it raises before the sleep."""
+
     def __init__(self) -> None:
         super().__init__()
         self.armed = False
@@ -320,6 +325,7 @@ class Fragile(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self.armed:
             raise RuntimeError("needs its parent")
+        time.sleep(0.06)
         return self.b(self.a(x))
 
 
@@ -338,8 +344,9 @@ class HeavyAndFragile(nn.Module):
         return self.heavy(x).sum() + z.sum()
 
 
-def test_a_component_that_fails_alone_is_descended_into_whatever_its_share() -> None:
-    # descend_share=0.5: the tiny branch (two 4x4 GEMMs on 8 rows beside a 512x512 one on 512) is far below.
+def test_a_component_that_fails_alone_is_descended_into_whatever_its_childrens_shares() -> None:
+    # descend_share=0.5: tiny (60 ms beside a 512x512 GEMM on 512 rows) is replayed, its two 4x4 GEMMs on
+    # 8 rows are each far below and left in the step's numbers; its replay fails: they are replayed.
     model, args = HeavyAndFragile(), (torch.randn(512, 512), torch.randn(8, 4))
     default, full = _both(model, *args, descend_share=0.5)
     rows = {r.path: r for r in default.rows}

@@ -80,15 +80,20 @@ def test_the_triage_decides_from_the_in_situ_shares_before_any_replay() -> None:
         TwoBranches(), _inputs(), descend_share=0.1, progress=lambda done, total, path: seen.append(path), **TIMED
     )
     rows = {r.path: r for r in report.rows}
-    assert [p for p in HEAVY if rows[p].status != "ok"] == []
-    # The note names the in-situ share the decision was made on (the forward in the step over the step's).
+    assert [p for p in HEAVY if rows[p].status != "ok"] == ["branches.1"]
+    # The notes name the in-situ share the decision was made on (the forward in the step over the step's).
+    # The tiny branch is a child of a node descended into (the never-called ModuleList), but too small to
+    # be replayed itself: its row keeps the step's numbers, and nothing below it is replayed.
     tiny = rows["branches.1"].details["insitu"]["share"]
     assert tiny < 0.1 <= rows["branches.0"].details["insitu"]["share"]
+    own = f"not replayed: its share {tiny:.3g} < descend_share 0.1"
+    assert (rows["branches.1"].status, rows["branches.1"].note) == ("skipped", own)
+    assert rows["branches.1"].details["as"] == "insitu"
     parent = f"not descended: parent branches.1 has share {tiny:.3g} < descend_share 0.1"
     assert [(rows[p].status, rows[p].note) for p in TINY_BELOW[:2]] == [("skipped", parent), ("skipped", parent)]
     # Decided up front: every component is started, then one interleaving of 2 rounds (12 + 2 steps).
     assert seen == [r.path for r in report.rows] + ["timing round 1/2", "timing round 2/2"]
-    assert report.metadata["triage"]["not_descended"] == 4
+    assert report.metadata["triage"]["not_descended"] == 5
 
 
 def test_descend_share_zero_measures_everything_level_by_level() -> None:

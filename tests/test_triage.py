@@ -101,13 +101,20 @@ def test_blocks_each_under_the_share_are_descended_as_a_group() -> None:
     assert abs((plan.effective["h.0.attn"] or 0) - 12 * 0.6 * 0.047) < 1e-12
 
 
-def test_without_groups_no_block_is_descended() -> None:
-    # representatives=0: the old per-component rule; every block (0.047) is under 0.05.
+def test_without_groups_no_small_block_is_replayed_but_the_top_hotspots_are() -> None:
+    # representatives=0: the per-component rule; every block (0.047) is under 0.05, so a block is not
+    # replayed at all (a container's share, h's 0.564, is not enough), and its rows keep the step's
+    # numbers: skip[h.4] is h.4 itself. The top 5 leaves by share are replayed whatever theirs, and the
+    # nodes on the way to them: head (0.436), then four of the equal 0.4 × 4.7 = 1.88 ms leaves, the
+    # first in breadth-first order: h.0.fc … h.3.fc (fc, at depth 2, comes before qkv at depth 3).
     plan = _plan(Stack(12), torch.randn(2, 8, requires_grad=True), _stack_times(12, 4.7, 43.6), representatives=0)
     assert plan.groups == {} and plan.copy == {}
-    assert plan.skip["h.4.attn.qkv"] == ("h.4", 4.7 / 100)
+    assert plan.skip["h.4"] == ("h.4", 4.7 / 100) and plan.skip["h.4.attn.qkv"] == ("h.4", 4.7 / 100)
+    # h.0 is replayed (on the way to h.0.fc) and descended into: its small attn is left itself.
+    assert plan.skip["h.0.attn"] == ("h.0.attn", 0.6 * 4.7 / 100)
+    top = [f"h.{i}.fc" for i in range(4)]
     assert sorted(p for p in plan.shares if p not in plan.skip) == sorted(
-        ["", "h", "head", *(f"h.{i}" for i in range(12))]
+        ["", "h", "head", *(f"h.{i}" for i in range(4)), *top]
     )
 
 
@@ -141,19 +148,24 @@ def test_the_representative_is_the_member_nearest_the_median_not_a_cold_first_on
 
 def test_the_wide_model_measures_one_member_of_300_and_a_cold_container_none() -> None:
     # 300 blocks of 7/300 ms under a ModuleList and a head of 93 ms: the container holds 0.07 of the
-    # step, each block 0.00023; the group's total 0.07 >= 0.05, so block 0's children are measured and
-    # the 299 others take its rows (5 nodes each). attn stands for 300 × 0.6 × 7/300 ms = 4.2 ms,
-    # 0.042 < 0.05: not descended into.
+    # step, each block 0.00023; the group's total 0.07 >= 0.05, so block 0 is replayed and descended
+    # into, and the 299 others take its rows (5 nodes each). Its children are each too small to be
+    # replayed themselves: attn stands for 300 × 0.6 × 7/300 ms = 4.2 ms, 0.042 < 0.05, fc for
+    # 0.028; they keep the step's numbers. No leaf but head holds descend_share / 5 = 0.01 (each fc:
+    # 0.4 × 7/300 / 100 = 0.000093): no other top hotspot.
     n = 300
     plan = _plan(Stack(n), torch.randn(2, 8, requires_grad=True), _stack_times(n, 7.0 / n, 93.0))
     replayed = [p for p in plan.shares if p not in plan.copy and p not in plan.skip]
-    assert replayed == ["", "h", "head", "h.0", "h.0.attn", "h.0.fc"]
+    assert replayed == ["", "h", "head", "h.0"]
+    assert plan.skip["h.0.attn"] == ("h.0.attn", 300 * 0.6 * 7.0 / 300 / 100)
     assert plan.skip["h.0.attn.qkv"][0] == "h.0.attn"
     assert len(plan.copy) == 299 * 5 and plan.copy["h.299"] == "h.0"
-    # The same blocks at 0.0001 ms: the container holds 0.0003 < 0.05 and nothing under it is replayed.
+    # The same blocks at 0.0001 ms: the container holds 0.0003 < 0.05: neither it nor anything under it
+    # is replayed.
     cold = _plan(Stack(n), torch.randn(2, 8, requires_grad=True), _stack_times(n, 0.0001, 100.0 - n * 0.0001))
     assert cold.skip["h.0"] == ("h", cold.shares["h"]) and abs((cold.shares["h"] or 0) - 0.0003) < 1e-12
-    assert [p for p in cold.shares if p not in cold.skip] == ["", "h", "head"]
+    assert cold.skip["h"] == ("h", cold.shares["h"])
+    assert [p for p in cold.shares if p not in cold.skip] == ["", "head"]
 
 
 def test_two_representatives_are_both_measured_in_depth() -> None:

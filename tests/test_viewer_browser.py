@@ -47,7 +47,7 @@ class Net(nn.Module):
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
-    report = profile_components(Net(), (torch.randn(4, 16),), **FAST)
+    report = profile_components(Net(), (torch.randn(4, 16),), descend_share=0.0, **FAST)  # all replayed or copied
     out = tmp_path_factory.mktemp("viewer")
     # an artifact of blocks.1.attn, as an artifact plugin records it: a path relative to the report
     art = out / "artifacts" / "blocks.1.attn" / "ops.csv"
@@ -163,6 +163,24 @@ def test_rows_taken_from_a_representative_are_marked_and_say_from_where(browser:
         text = page.locator("#details").inner_text()
         assert "taken from blocks.1.mlp.0, a representative of its repeated structure" in text
         assert "in situ: fwd" in text
+
+
+def test_rows_not_replayed_are_marked_in_situ(browser: object, tmp_path: Path) -> None:
+    # descend_share=1: nothing under the root reaches it, so rows keep the step's numbers (details["as"] ==
+    # "insitu"); the page marks exactly those, apart from the representatives' copies.
+    torch.manual_seed(0)
+    report = profile_components(Net(), (torch.randn(4, 16),), descend_share=1.0, **FAST)
+    insitu = sorted(r.path for r in report.rows if r.details.get("as") == "insitu")
+    assert insitu, [(r.path, r.status, r.details.get("as")) for r in report.rows]
+    page_file = write_html(report, tmp_path)
+    with new_page(browser) as (page, log):
+        _open_file(page, page_file)
+        marked = page.locator("#table tbody tr:has(.as-insitu)").evaluate_all("rs => rs.map(r => r.dataset.path)")
+        assert sorted(marked) == insitu and log.errors == []
+        assert page.locator("#table tbody tr:has(.as-rep)").count() == 0
+        title = page.locator(f'#table tr[data-path="{insitu[0]}"] .as-insitu').get_attribute("title")
+        assert title is not None and "not replayed alone" in title
+        page.screenshot(path=str(tmp_path / "insitu.png"), full_page=True)
 
 
 def test_script_end_tags_in_the_data_cannot_break_the_page() -> None:

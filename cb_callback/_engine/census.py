@@ -191,14 +191,8 @@ class _CountingMode(TorchDispatchMode):
 
 
 def with_grad(inputs: ComponentInputs) -> ComponentInputs:
-    """``inputs`` whose floating tensors all require grad, for the census's replay of a top.
-
-    Torch's module tracker ends a module's backward when its inputs' gradients
-    are done: a module fed by a tensor without grad would keep every later
-    backward op of the step. The census compares members, it reports nothing:
-    every member's inputs then require grad alike (the group key already
-    compares which did in the step).
-    """
+    """``inputs`` whose floating tensors all require grad: the census's second try at a top whose call,
+    as the step made it, raised under counting (a backward needs a graph to start from)."""
 
     def grad(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.is_floating_point() and not x.requires_grad:
@@ -258,9 +252,9 @@ def count_step(
         tops: per batch, the components run whole (as the in-situ pass runs them).
         replay_of: ``replay_of(top, batch, every_grad)``, the top's replay on that batch's captured
             call (with ``every_grad``, its floating inputs requiring grad: :func:`with_grad`). A top
-            whose pass raises so is counted again on its call as the step made it (an input
-            changed in place, or read with ``.numpy()``, cannot require grad); if that raises too,
-            its nodes are uncounted (``None``) and its error is in ``errors``.
+            is counted on its call as the step made it; one whose pass raises so is counted again
+            with every floating input requiring grad; if that raises too, its nodes are uncounted
+            (``None``) and the first error is in ``errors``.
         model: guarded (:class:`StateGuard`): the passes leave weights, buffers, grads and RNG as they were.
         nodes: every node (which are under which top).
         modules: each node's module.
@@ -303,8 +297,8 @@ def _counted(
     tracked: Sequence[nn.Module],
     errors: dict[str, str],
 ) -> _Attribution | None:
-    """``top``'s counts, its floating inputs requiring grad, else on its call as the step made it;
-    ``None`` (the error in ``errors``) when both raised."""
+    """``top``'s counts on its call as the step made it, else with its floating inputs requiring grad;
+    ``None`` (the first error in ``errors``) when both raised."""
     for every_grad in (False, True):
         try:
             with StateGuard(model):
@@ -323,7 +317,7 @@ def census_of(
     tops: Sequence[Sequence[str]],
 ) -> Census:
     """:func:`count_step` of a run: each top replayed as the in-situ pass replays it (``run.inputs_for``:
-    its preprocessed call, kept for its own replay; ``run.replay``), its floating inputs requiring grad."""
+    its preprocessed call, kept for its own replay; ``run.replay``), as :func:`count_step` says."""
 
     def replay_of(top: str, b: int, every_grad: bool) -> Replay:
         inputs = run.inputs_for(top, modules[top], batches[b], b, keep=True)

@@ -87,8 +87,13 @@ def below_cold(
     return out
 
 
-def not_descended_note(node: Node, ancestor: str, share: float, descend_share: float) -> str:
-    """The ``note`` of a component below one whose share was under ``descend_share``."""
+def not_descended_note(node: Node, ancestor: str, share: float, descend_share: float, group: int = 0) -> str:
+    """The ``note`` of a component below one whose share was under ``descend_share`` (``ancestor`` its
+    own path: the component itself was too small to replay, its parent descended into; ``group``: the
+    members of its group, whose summed share that is)."""
+    if ancestor == node.path:
+        whose = f"its group's share ({group} members, summed)" if group > 1 else "its share"
+        return f"not replayed: {whose} {share:.3g} < descend_share {descend_share:g}"
     who = "parent" if node.parent == ancestor else "ancestor"
     return f"not descended: {who} {ancestor or 'root'} has share {share:.3g} < descend_share {descend_share:g}"
 

@@ -266,7 +266,8 @@ class Schedule:
         plan = self.plan
         forced = path in self._forced  # below a failed component: descended into whatever its share
         if reason is None and plan is not None and path in plan.skip and self._called[path] and not forced:
-            reason = not_descended_note(node, *plan.skip[path], cfg.descend_share)
+            group = len(plan.groups[path]["members"]) if path in plan.groups else 0
+            reason = not_descended_note(node, *plan.skip[path], cfg.descend_share, group)
             self._descent_skipped.add(path)
         if reason is None and path in self._not_descended and self._called[path] and not forced:
             reason = not_descended_note(node, *self._not_descended[path], cfg.descend_share)

@@ -28,6 +28,13 @@ Counts = Sequence[Mapping[str, tuple[int, ...] | None]]
 MEMBER_MARGIN = 0.5
 MEMBER_SLACK_MS = 0.05
 
+#: The top hotspots: the leaves of the largest in-situ shares, this many, each holding at least
+#: ``descend_share / TOP_HOTSPOTS`` of the step (five such leaves together reach ``descend_share``), are
+#: replayed whatever their own share, and the nodes on the way to them: a model whose leaves are
+#: each under ``descend_share`` still has its largest measured alone, and a leaf of a negligible share
+#: is not replayed for its rank alone.
+TOP_HOTSPOTS = 5
+
 
 @dataclass
 class Plan:
@@ -180,9 +187,16 @@ def triage(
 ) -> Plan:
     """Decide the run's replays from the in-situ costs (:func:`insitu_costs`), breadth-first from the root.
 
-    - A replayed node is descended into (its children replayed) when its
-      effective share reaches ``descend_share``, or is unknown; else everything
-      below it is skipped.
+    - A node is replayed when its own effective share reaches
+      ``descend_share`` (or is unknown), when it is a top hotspot
+      (:data:`TOP_HOTSPOTS`) or on the way to one,
+      or when it represents a group whose summed share reaches it; the root
+      always. A replayed node is descended into (its children considered by
+      the same rule) when its effective share reaches ``descend_share``, or is
+      unknown; else everything below it is skipped. A container's share alone
+      is not enough: of its children, those too small are skipped themselves
+      (``skip[p] == (p, share)``), and take the step's numbers
+      (``details["as"] = "insitu"``).
     - Siblings that repeat (:func:`cb_callback._engine.groups.sibling_groups`) are one
       group: its ``representatives`` members nearest the group's median in-situ
       time (:func:`_representatives`) are replayed and descended into
@@ -223,12 +237,29 @@ def triage(
         plan.shares[n.path] = c / step_ms if c is not None and step_ms > 0 else None
     if not nodes:
         return plan
+    by_path = {n.path: n for n in nodes}
     planner = _Planner(
-        plan, {n.path: n for n in nodes}, modules, calls, descend_share, representatives, insitu or {},
-        list(batches), census,
+        plan, by_path, modules, calls, descend_share, representatives, insitu or {}, list(batches), census,
+        _toward_top(nodes, by_path, plan.shares, descend_share),
     )  # fmt: skip
     planner.descend(nodes[0], 1.0, plan.shares.get(nodes[0].path))
     return plan
+
+
+def _toward_top(
+    nodes: Sequence[Node], by_path: Mapping[str, Node], shares: Mapping[str, float | None], descend_share: float
+) -> set[str]:
+    """The top hotspots (:data:`TOP_HOTSPOTS`) and every node above them."""
+    least = descend_share / TOP_HOTSPOTS
+    leaves = [n for n in nodes if not n.children and (shares.get(n.path) or 0.0) >= least > 0]
+    top = sorted(leaves, key=lambda n: -(shares[n.path] or 0.0))[:TOP_HOTSPOTS]  # stable: ties keep order
+    out: set[str] = set()
+    for leaf in top:
+        path: str | None = leaf.path
+        while path is not None and path not in out:
+            out.add(path)
+            path = by_path[path].parent if path in by_path else None
+    return out
 
 
 @dataclass
@@ -244,6 +275,7 @@ class _Planner:
     times: Mapping[str, InSitu]
     batches: list[Mapping[str, ComponentInputs]]
     census: Counts
+    toward_top: set[str]
 
     def share(self, path: str) -> float | None:
         return self.plan.shares.get(path)
@@ -257,11 +289,30 @@ class _Planner:
             for p in subtree(child, self.by_path):
                 self.plan.skip[p] = (node.path, effective)
 
+    def small(self, paths: Sequence[str], effective: float | None) -> bool:
+        """Whether nodes of this ``effective`` share are too small to replay (none on the way to a top hotspot)."""
+        return effective is not None and effective < self.descend_share and not self.toward_top.intersection(paths)
+
+    def leave(self, path: str, effective: float) -> None:
+        """Skip ``path`` itself and everything below it: too small to replay (``skip[path] == (path, share)``)."""
+        self.plan.effective[path] = effective
+        for p in subtree(path, self.by_path):
+            self.plan.skip[p] = (path, effective)
+
+    def visit(self, path: str, stands_for: float) -> None:
+        """A child of a node descended into, by its own effective share: replayed, or left."""
+        own = self.scaled(path, stands_for)
+        if own is not None and self.small([path], own):
+            self.leave(path, own)
+        else:
+            self.descend(self.by_path[path], stands_for, own)
+
     def descend(self, node: Node, stands_for: float, effective: float | None) -> None:
-        """Replay ``node``; descend into it when ``effective`` reaches ``descend_share`` (or is unknown)."""
+        """Replay ``node``; descend into it when ``effective`` reaches ``descend_share`` (or is unknown), or
+        when a top hotspot is below it."""
         plan = self.plan
         plan.effective[node.path] = effective
-        if effective is not None and effective < self.descend_share:
+        if effective is not None and effective < self.descend_share and node.path not in self.toward_top:
             self.skip_below(node, effective)
             return
         groups = (
@@ -271,7 +322,7 @@ class _Planner:
         )
         for members in groups:
             if len(members) == 1:
-                self.descend(self.by_path[members[0]], stands_for, self.scaled(members[0], stands_for))
+                self.visit(members[0], stands_for)
                 continue
             reps = _representatives(members, self.representatives, self.times)
             known = [self.share(m) for m in members]
@@ -280,6 +331,10 @@ class _Planner:
             for m in members:
                 plan.groups[m] = info
             together = None if total is None else total * stands_for
+            if together is not None and self.small(members, together):
+                for m in members:  # the group's summed share: too small for its representatives too
+                    self.leave(m, together)
+                continue
             for r in reps:
                 self.descend(self.by_path[r], stands_for * len(members) / len(reps), together)
             for m in (m for m in members if m not in reps):
@@ -304,8 +359,13 @@ class _Planner:
         where, why = diff
         plan.not_copies[p] = f"{where or 'root'}: {why}" if where == p else f"its descendant {where}: {why}"
         effective = self.scaled(p, stands_for)
+        if p != top and effective is not None and self.small([p], effective):
+            # A small node of a member that differs: the step's own numbers. The member itself is
+            # replayed at its own level (its group's share reached descend_share).
+            self.leave(p, effective)
+            return
         plan.effective[p] = effective
-        if effective is not None and effective < self.descend_share:
+        if effective is not None and effective < self.descend_share and p not in self.toward_top:
             self.skip_below(by_path[p], effective)
             return
         for child in by_path[p].children:
@@ -313,4 +373,4 @@ class _Planner:
             if other in by_path:
                 self.member(child, other, top, stands_for, memo)
             else:
-                self.descend(by_path[child], stands_for, self.scaled(child, stands_for))
+                self.visit(child, stands_for)

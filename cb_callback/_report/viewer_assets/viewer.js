@@ -279,7 +279,7 @@
     { key: "path", label: "path", get: function (r) { return r.path === "" ? ROOT_ID : r.path; } },
     { key: "module_type", label: "type", get: function (r) { return r.module_type; } },
     { key: "status", label: "status", get: function (r) { return r.status; },
-      show: function (v, r) { return esc(v) + (asRep(r) ? ' <span class="as-rep" title="taken from ' + esc(r.details.from || ROOT_ID) + ', a representative of its repeated structure">as rep</span>' : "") + (r && r.details && r.details.as === "insitu" ? ' <span class="as-rep" title="not replayed alone: its in-situ time inside the step, its FLOPs and bytes from the step\'s census">in situ</span>' : ""); } },
+      show: function (v, r) { return esc(v) + (asRep(r) ? ' <span class="as-rep" title="taken from ' + esc(r.details.from || ROOT_ID) + ', a representative of its repeated structure">as rep</span>' : "") + (r && r.details && r.details.as === "insitu" ? ' <span class="as-insitu" title="not replayed alone: its in-situ time inside the step, its FLOPs and bytes from the step\'s census">in situ</span>' : ""); } },
     { key: "calls", label: "calls", num: true, get: function (r) { return r.calls; }, show: function (v) { return esc(v); } },
     { key: "fwd_ms", label: "fwd ms", num: true, get: function (r) { return r.fwd_ms; }, show: function (v) { return num(v); } },
     { key: "bwd_ms", label: "bwd ms", num: true, get: function (r) { return r.bwd_ms; }, show: function (v) { return num(v); } },
