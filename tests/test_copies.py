@@ -10,9 +10,8 @@ status must agree. ``descend_share=0`` so that no subtree is left ``skipped`` fo
 
 from __future__ import annotations
 
-import time
-
 import math
+import time
 from typing import Any
 
 import pytest
