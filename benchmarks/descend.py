@@ -228,16 +228,29 @@ def measure(model: nn.Module, args: tuple[Any, ...], descend: str, options: dict
         "top5": merged_top(report, 5),
         "top10": merged_top(report, 10),
         "every_block_timed": _every_block_timed(report),
+        "insitu_rows": sum(1 for r in report.rows if r.details.get("as") == "insitu"),
+        "without_time": _without_time(report),
     }
 
 
+def _has_time(r: Any) -> bool:
+    """A measured (or copied) ``total_ms``, or, on a row not replayed (``details["as"] == "insitu"``), its
+    in-situ forward: the time the step itself gave it."""
+    return r.total_ms == r.total_ms or (r.details.get("as") == "insitu" and r.insitu_ms == r.insitu_ms)
+
+
 def _every_block_timed(report: Report) -> bool | None:
-    """Whether every member of the model's top-level repeated container has a finite ``total_ms``."""
+    """Whether every member of the model's top-level repeated container has a time (:func:`_has_time`)."""
     for container in ("blocks", "layers"):
         members = [r for r in report.rows if r.parent == container]
         if members:
-            return all(r.total_ms == r.total_ms for r in members)
+            return all(_has_time(r) for r in members)
     return None
+
+
+def _without_time(report: Report) -> list[str]:
+    """The called rows without a time (:func:`_has_time`): issue 24's "every row has a time"."""
+    return [r.path for r in report.rows if r.calls > 0 and not _has_time(r)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -262,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"{name:7} {mode:8} wall {r['wall_s']:6.1f} s  rows {r['components']}  replayed {r['replayed']}  "
                 f"copied {r['copied']}  statuses {r['statuses']}  efficiency {c.get('efficiency', float('nan')):.2f}  "
-                f"every block timed {r['every_block_timed']}  = {r['wall_s'] / step_s:.1f} plain steps  "
+                f"every block timed {r['every_block_timed']}  in situ {r['insitu_rows']}  "
+                f"without a time {len(r['without_time'])}  = {r['wall_s'] / step_s:.1f} plain steps  "
                 f"settled {r['settled']} (root {r['root_repeats']} runs)"
             )
             print(

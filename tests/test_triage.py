@@ -149,16 +149,14 @@ def test_the_representative_is_the_member_nearest_the_median_not_a_cold_first_on
 def test_the_wide_model_measures_one_member_of_300_and_a_cold_container_none() -> None:
     # 300 blocks of 7/300 ms under a ModuleList and a head of 93 ms: the container holds 0.07 of the
     # step, each block 0.00023; the group's total 0.07 >= 0.05, so block 0 is replayed and descended
-    # into, and the 299 others take its rows (5 nodes each). Its children are each too small to be
-    # replayed themselves: attn stands for 300 × 0.6 × 7/300 ms = 4.2 ms, 0.042 < 0.05, fc for
-    # 0.028; they keep the step's numbers. No leaf but head holds descend_share / 5 = 0.01 (each fc:
-    # 0.4 × 7/300 / 100 = 0.000093): no other top hotspot.
+    # into, and the 299 others take its rows (5 nodes each). Its children are each under descend_share
+    # themselves: attn stands for 300 × 0.6 × 7/300 ms = 4.2 ms, 0.042 < 0.05, fc for 0.028. But block
+    # 0's leaves stand for 300 each: fc and qkv 0.028, proj 0.014, all at least descend_share / 5 =
+    # 0.01: with head they are the top hotspots, replayed with the way to them (attn).
     n = 300
     plan = _plan(Stack(n), torch.randn(2, 8, requires_grad=True), _stack_times(n, 7.0 / n, 93.0))
     replayed = [p for p in plan.shares if p not in plan.copy and p not in plan.skip]
-    assert replayed == ["", "h", "head", "h.0"]
-    assert plan.skip["h.0.attn"] == ("h.0.attn", 300 * 0.6 * 7.0 / 300 / 100)
-    assert plan.skip["h.0.attn.qkv"][0] == "h.0.attn"
+    assert replayed == ["", "h", "head", "h.0", "h.0.attn", "h.0.fc", "h.0.attn.qkv", "h.0.attn.proj"]
     assert len(plan.copy) == 299 * 5 and plan.copy["h.299"] == "h.0"
     # The same blocks at 0.0001 ms: the container holds 0.0003 < 0.05: neither it nor anything under it
     # is replayed.
@@ -196,3 +194,18 @@ def test_siblings_differing_in_shape_or_input_are_not_a_group() -> None:
     with Capture(model) as cap:
         model(torch.randn(2, 8))
     assert sibling_groups(nodes[0], modules, cap.calls) == [["a"], ["b"], ["c"], ["d"]]
+
+
+def test_of_leaves_each_under_the_share_the_five_largest_are_replayed_the_rest_keep_the_steps_numbers() -> None:
+    # Eight Linears of distinct widths (no group) holding 5 … 15 ms of an 80 ms step: each under
+    # descend_share=0.2 (the largest 15/80 = 0.1875) and over descend_share / 5 = 0.04 (the least 5/80).
+    # The root's children are replayed by their own share only, so none would be; the five largest (15,
+    # 14, 13, 12, 8 ms: layers 1, 3, 5, 7, 6) are the top hotspots and replayed anyway; 5, 6 and 7 ms
+    # (layers 0, 2, 4) keep the step's numbers, each skipped itself.
+    model = nn.Sequential(*[nn.Linear(8 + i, 9 + i) for i in range(8)])
+    own = [5.0, 15.0, 6.0, 14.0, 7.0, 13.0, 8.0, 12.0]
+    times = {"": sum(own)} | {str(i): t for i, t in enumerate(own)}
+    plan = _plan(model, torch.randn(2, 8, requires_grad=True), times, descend_share=0.2)
+    assert plan.groups == {}
+    assert sorted(p for p in plan.shares if p not in plan.skip) == ["", "1", "3", "5", "6", "7"]
+    assert {p: plan.skip[p] for p in plan.skip} == {str(i): (str(i), own[i] / 80) for i in (0, 2, 4)}

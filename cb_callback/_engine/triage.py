@@ -28,7 +28,8 @@ Counts = Sequence[Mapping[str, tuple[int, ...] | None]]
 MEMBER_MARGIN = 0.5
 MEMBER_SLACK_MS = 0.05
 
-#: The top hotspots: the leaves of the largest in-situ shares, this many, each holding at least
+#: The top hotspots: the leaves of the largest in-situ shares (each as many times as it stands for
+#: members, below a representative), this many, each holding at least
 #: ``descend_share / TOP_HOTSPOTS`` of the step (five such leaves together reach ``descend_share``), are
 #: replayed whatever their own share, and the nodes on the way to them: a model whose leaves are
 #: each under ``descend_share`` still has its largest measured alone, and a leaf of a negligible share
@@ -231,31 +232,46 @@ def triage(
         census: per batch, each node's FLOPs in the step
             (:func:`cb_callback._engine.census.count_step`); empty: not counted.
     """
-    plan = Plan()
+    shares: dict[str, float | None] = {}
     for n in nodes:
         c = costs.get(n.path)
-        plan.shares[n.path] = c / step_ms if c is not None and step_ms > 0 else None
+        shares[n.path] = c / step_ms if c is not None and step_ms > 0 else None
     if not nodes:
-        return plan
+        return Plan(shares=shares)
     by_path = {n.path: n for n in nodes}
-    planner = _Planner(
-        plan, by_path, modules, calls, descend_share, representatives, insitu or {}, list(batches), census,
-        _toward_top(nodes, by_path, plan.shares, descend_share),
-    )  # fmt: skip
-    planner.descend(nodes[0], 1.0, plan.shares.get(nodes[0].path))
-    return plan
+
+    def walk(toward_top: set[str]) -> _Planner:
+        planner = _Planner(
+            Plan(shares=dict(shares)), by_path, modules, calls, descend_share, representatives, insitu or {},
+            list(batches), census, toward_top,
+        )  # fmt: skip
+        planner.descend(nodes[0], 1.0, shares.get(nodes[0].path))
+        return planner
+
+    # The top hotspots rank by the share each leaf stands for (below a representative: times its members),
+    # as a first walk without them finds it; a second walk replays them and the way to them.
+    first = walk(set())
+    toward = _toward_top(nodes, by_path, first, descend_share)
+    if all(p not in first.plan.skip for p in toward):
+        return first.plan
+    return walk(toward).plan
 
 
-def _toward_top(
-    nodes: Sequence[Node], by_path: Mapping[str, Node], shares: Mapping[str, float | None], descend_share: float
-) -> set[str]:
-    """The top hotspots (:data:`TOP_HOTSPOTS`) and every node above them."""
+def _toward_top(nodes: Sequence[Node], by_path: Mapping[str, Node], first: _Planner, descend_share: float) -> set[str]:
+    """The top hotspots (:data:`TOP_HOTSPOTS`, each leaf ranked by its share times the members it stands
+    for in ``first``'s walk; a copy stands for its source, not ranked) and every node above them."""
     least = descend_share / TOP_HOTSPOTS
-    leaves = [n for n in nodes if not n.children and (shares.get(n.path) or 0.0) >= least > 0]
-    top = sorted(leaves, key=lambda n: -(shares[n.path] or 0.0))[:TOP_HOTSPOTS]  # stable: ties keep order
+    rank: dict[str, float] = {}
+    for n in nodes:
+        if n.children or n.path in first.plan.copy:
+            continue
+        value = first.scaled(n.path, first.stands.get(n.path, 1.0))
+        if value is not None and value >= least > 0:
+            rank[n.path] = value
+    top = sorted(rank, key=lambda p: -rank[p])[:TOP_HOTSPOTS]  # stable: ties keep breadth-first order
     out: set[str] = set()
     for leaf in top:
-        path: str | None = leaf.path
+        path: str | None = leaf
         while path is not None and path not in out:
             out.add(path)
             path = by_path[path].parent if path in by_path else None
@@ -276,6 +292,9 @@ class _Planner:
     batches: list[Mapping[str, ComponentInputs]]
     census: Counts
     toward_top: set[str]
+    #: ``{path: the members it stands for}`` of every node the walk reached, replayed or left (and the
+    #: nodes below one left or not descended into).
+    stands: dict[str, float] = field(default_factory=dict)
 
     def share(self, path: str) -> float | None:
         return self.plan.shares.get(path)
@@ -285,25 +304,28 @@ class _Planner:
         return None if own is None else own * stands_for
 
     def skip_below(self, node: Node, effective: float) -> None:
+        stands_for = self.stands.get(node.path, 1.0)
         for child in node.children:
             for p in subtree(child, self.by_path):
                 self.plan.skip[p] = (node.path, effective)
+                self.stands[p] = stands_for
 
     def small(self, paths: Sequence[str], effective: float | None) -> bool:
         """Whether nodes of this ``effective`` share are too small to replay (none on the way to a top hotspot)."""
         return effective is not None and effective < self.descend_share and not self.toward_top.intersection(paths)
 
-    def leave(self, path: str, effective: float) -> None:
+    def leave(self, path: str, effective: float, stands_for: float) -> None:
         """Skip ``path`` itself and everything below it: too small to replay (``skip[path] == (path, share)``)."""
         self.plan.effective[path] = effective
         for p in subtree(path, self.by_path):
             self.plan.skip[p] = (path, effective)
+            self.stands[p] = stands_for
 
     def visit(self, path: str, stands_for: float) -> None:
         """A child of a node descended into, by its own effective share: replayed, or left."""
         own = self.scaled(path, stands_for)
         if own is not None and self.small([path], own):
-            self.leave(path, own)
+            self.leave(path, own, stands_for)
         else:
             self.descend(self.by_path[path], stands_for, own)
 
@@ -312,6 +334,7 @@ class _Planner:
         when a top hotspot is below it."""
         plan = self.plan
         plan.effective[node.path] = effective
+        self.stands[node.path] = stands_for
         if effective is not None and effective < self.descend_share and node.path not in self.toward_top:
             self.skip_below(node, effective)
             return
@@ -333,7 +356,7 @@ class _Planner:
             together = None if total is None else total * stands_for
             if together is not None and self.small(members, together):
                 for m in members:  # the group's summed share: too small for its representatives too
-                    self.leave(m, together)
+                    self.leave(m, together, stands_for)
                 continue
             for r in reps:
                 self.descend(self.by_path[r], stands_for * len(members) / len(reps), together)
@@ -362,9 +385,10 @@ class _Planner:
         if p != top and effective is not None and self.small([p], effective):
             # A small node of a member that differs: the step's own numbers. The member itself is
             # replayed at its own level (its group's share reached descend_share).
-            self.leave(p, effective)
+            self.leave(p, effective, stands_for)
             return
         plan.effective[p] = effective
+        self.stands[p] = stands_for
         if effective is not None and effective < self.descend_share and p not in self.toward_top:
             self.skip_below(by_path[p], effective)
             return
