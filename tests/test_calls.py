@@ -151,7 +151,7 @@ def test_a_logged_probe_in_a_lightning_step_has_no_backward_and_training_is_unch
     tmp_path: Path, descend: str
 ) -> None:
     baseline = run_fit(tmp_path / "base", model_cls=ProbedModule, max_steps=3, logger=False)
-    cb = ComponentBenchmark(capture_step=1, descend=descend, **FAST, **PEAKS)
+    cb = ComponentBenchmark(capture_step=1, descend=descend, descend_share=0.0, **FAST, **PEAKS)  # every row replayed
     run = run_fit(tmp_path / "cb", [cb], model_cls=ProbedModule, max_steps=3, logger=False)
     _same_training(baseline, run)
     report = cb.report

@@ -30,6 +30,7 @@ from cb_callback._engine.collectives import refuse_collectives
 from cb_callback._engine.component import ComponentRun
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.isolate import Replay, flatten_output, unobserved
+from cb_callback._engine.nodeclock import claim_nodes, input_nodes
 from cb_callback._engine.state import StateGuard
 from cb_callback._engine.tree import Node
 from cb_callback._metrics.flops import _RULES as _FLOP_RULES
@@ -72,9 +73,10 @@ class _Attribution:
     hooks keep the stack); in the backward, the modules whose forward built the autograd node
     running (``torch._C._current_autograd_node()``).
 
-    After each call a module claims the nodes its forward built: walking back from its outputs'
-    ``grad_fn`` to its inputs' (or to nodes another, finished call claimed), each new node owned by
-    every module on the stack. Torch's own module tracker ends a module's backward when its inputs'
+    After each call a module claims the nodes its forward built
+    (:func:`cb_callback._engine.nodeclock.claim_nodes`: walking back from its outputs' ``grad_fn`` to
+    its inputs', or to nodes another, finished call claimed), each new node owned by every module on
+    the stack. Torch's own module tracker ends a module's backward when its inputs'
     gradients are complete, so a module whose input feeds several (the branches of one tensor) holds
     the others' backward. An activation checkpoint's recompute runs inside the backward node that
     needs it: it counts as that node's modules' backward.
@@ -103,32 +105,17 @@ class _Attribution:
         if id(module) not in self.tracked:
             return
         self.calls += 1
-        leaves = pytree.tree_leaves((args, kwargs))
-        stop = {t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None}
-        self.stack.append((id(module), self.calls, stop))
+        self.stack.append((id(module), self.calls, input_nodes(args, kwargs)))
 
     def post(self, module: nn.Module, args: Any, output: Any) -> None:
         if id(module) not in self.tracked or not self.stack or self.stack[-1][0] != id(module):
             return
-        _, call, stop = self.stack[-1]
         chain = tuple((m, c) for m, c, _ in self.stack)
-        todo: list[Any] = [
-            t.grad_fn for t in flatten_output(output)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None
-        ]
-        seen: set[Any] = set()
-        while todo:
-            node = todo.pop()
-            if node is None or node in stop or node in seen:
-                continue
-            seen.add(node)
-            mine = self.owner.get(node)
-            if mine is None:
-                self.owner[node] = chain
-                self.handles.append(node.register_hook(functools.partial(self._ran, node)))
-            elif all(c != call for _, c in mine):
-                continue  # built by another call, finished before this one: not this module's
-            todo.extend(nxt for nxt, _ in node.next_functions)
+        claim_nodes(flatten_output(output)[0], self.stack[-1][2], self.owner, chain, self._watch)
         self.stack.pop()
+
+    def _watch(self, node: Any) -> None:
+        self.handles.append(node.register_hook(functools.partial(self._ran, node)))
 
     def _ran(self, node: Any, grad_inputs: Any, grad_outputs: Any) -> None:
         """A claimed node's own backward is done: it reads each of its inputs' nodes, and what runs next on

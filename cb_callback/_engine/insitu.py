@@ -1,5 +1,6 @@
-"""Every component's in-situ forward time: the captured step's top components run whole, each
-module's calls timed by hooks (``insitu_ms``), before any isolated replay."""
+"""Every component's in-situ time: the captured step's top components run whole, each module's
+calls timed by hooks (``insitu_ms``, the forward) and, on CPU, each module's backward by the autograd
+nodes it built (:mod:`cb_callback._engine.nodeclock`), before any isolated replay."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from cb_callback._engine.clock import HookClock
 from cb_callback._engine.collectives import refuse_collectives
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.isolate import Replay
+from cb_callback._engine.nodeclock import NodeClock
 from cb_callback._engine.timing import record_timed
 from cb_callback._engine.tree import component_paths, owner
 from cb_callback._report.model import error_text
@@ -29,15 +31,18 @@ _NAN = float("nan")
 
 @dataclass
 class InSitu:
-    """One component's in-situ forward.
+    """One component's in-situ forward and backward.
 
     Attributes:
         fwd_ms: median over the passes of its forward time per call (ms), inside
             its parent's forward as the real step runs it.
         calls: its calls in one pass (one call of its top: the step's count is the capture's).
         spread: ``(max - min) ÷ median`` of the per-call time over the passes.
-        bwd_ms: the whole backward per call, for a top component (NaN below:
-            see :func:`time_in_situ`).
+        bwd_ms: its backward per call in the step: a top component's whole
+            backward; below a top, on CPU, the time of the autograd nodes its
+            forward built (its share of the gradient sums left out: see
+            :mod:`cb_callback._engine.nodeclock`); NaN on CUDA below a top, or
+            without a backward.
     """
 
     fwd_ms: float
@@ -66,10 +71,24 @@ class InSituTimes:
     timed_s: float = 0.0
     errors: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def backward_timed(self) -> bool:
+        """Whether every module's backward was timed (:attr:`InSitu.bwd_ms` finite on every path): the
+        triage's shares are then of the forward and backward (:meth:`cost_ms`), else of the forward."""
+        return bool(self.times) and all(math.isfinite(x.bwd_ms) for x in self.times.values())
+
+    def cost_ms(self, path: str) -> float:
+        """``path``'s in-situ time per call that the triage's shares divide: forward + backward when
+        :attr:`backward_timed`, else the forward (NaN: not timed)."""
+        mine = self.times.get(path)
+        if mine is None:
+            return _NAN
+        return mine.fwd_ms + mine.bwd_ms if self.backward_timed else mine.fwd_ms
+
     def step_ms(self, calls: Mapping[str, int]) -> float:
-        """The step's forward as the tops cost it: ``Σ fwd_ms × calls`` over the tops (``calls``: the
-        captured step's, by path)."""
-        return math.fsum(self.times[t].fwd_ms * max(calls.get(t, 1), 1) for t in self.tops if t in self.times)
+        """The step as the tops cost it: ``Σ cost_ms × calls`` over the tops (``calls``: the captured
+        step's, by path): its forward and backward when :attr:`backward_timed`, else its forward."""
+        return math.fsum(self.cost_ms(t) * max(calls.get(t, 1), 1) for t in self.tops if t in self.times)
 
     def to_metadata(self) -> dict[str, Any]:
         return {
@@ -77,6 +96,7 @@ class InSituTimes:
             "passes": self.passes,
             "seconds": self.seconds,
             "bwd_ms": {t: self.times[t].bwd_ms for t in self.tops if t in self.times},
+            "shares_of": "forward and backward" if self.backward_timed else "forward",
             "errors": dict(self.errors),
         }
 
@@ -96,11 +116,15 @@ def top_paths(calls: Mapping[str, ComponentInputs], paths: Sequence[str]) -> lis
 
 
 @contextlib.contextmanager
-def hook_clock(root: nn.Module, clock: HookClock, only: set[str] | None = None) -> Iterator[None]:
+def hook_clock(
+    root: nn.Module, clock: HookClock, only: set[str] | None = None, nodes: NodeClock | None = None
+) -> Iterator[None]:
     """Forward hooks on every module of ``root``'s tree marking each call on ``clock`` (by node path).
 
     The hooks' own work is bracketed as a hook region, so a parent's time
-    excludes its children's hooks. Hooks come off on exit, also when the forward raised.
+    excludes its children's hooks. With ``nodes``, each call also claims the
+    autograd nodes it built (in the hook region), for its backward to be timed.
+    Hooks come off on exit, also when the forward raised.
     """
     places: dict[int, list[tuple[str, str | None]]] = {}
     modules: dict[int, nn.Module] = {}
@@ -111,10 +135,12 @@ def hook_clock(root: nn.Module, clock: HookClock, only: set[str] | None = None) 
     running: list[str] = []
 
     def pre(mine: list[tuple[str, str | None]]) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any) -> None:
+        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
             clock.hook_start()
             path = owner(mine, running)
             running.append(path)
+            if nodes is not None:
+                nodes.pre(path, args, kwargs)
             clock.hook_end()
             clock.open(path)
 
@@ -123,11 +149,15 @@ def hook_clock(root: nn.Module, clock: HookClock, only: set[str] | None = None) 
     def post(module: nn.Module, args: Any, output: Any) -> None:
         path = running.pop() if running else ""
         clock.close(path)
+        if nodes is not None:
+            clock.hook_start()
+            nodes.post(path, output)
+            clock.hook_end()
 
     handles = []
     try:
         for key, module in modules.items():
-            handles.append(module.register_forward_pre_hook(pre(places[key])))
+            handles.append(module.register_forward_pre_hook(pre(places[key]), with_kwargs=True))
             handles.append(module.register_forward_hook(post, always_call=True))
         yield
     finally:
@@ -159,9 +189,10 @@ def time_in_situ(
         budget_s: a top's timed passes stop once they took this long, after
             the first (a model whose step takes seconds gets one pass, its
             ``spread`` then NaN); ``None``: always ``passes``.
-        backward: also time each top's whole backward (per module, a backward
-            is not timed: hooks on autograd see when a module's input gradients
-            are done, not its parameter gradients, and a graph's branches interleave).
+        backward: also time each top's whole backward and, on CPU, each
+            module's: the autograd nodes its forward built, each timed between
+            the engine's hooks on it (:class:`cb_callback._engine.nodeclock.NodeClock`,
+            which says what that cannot see: the gradient sums, a CUDA device).
         only: the paths to time (default: every node).
 
     Notes:
@@ -177,6 +208,8 @@ def time_in_situ(
     clock = HookClock(device)
     per_pass: dict[str, list[tuple[float, int]]] = {}
     bwd_s: dict[str, list[float]] = {}
+    node_s: dict[str, list[tuple[float, int]]] = {}  # per pass: a module's nodes' seconds, its calls
+    by_nodes = backward and device.type == "cpu"  # on CUDA a node's hooks see its launch, not its kernels
     for top in tops:
         try:
             replay = replay_of(top)
@@ -184,16 +217,26 @@ def time_in_situ(
             for i in range(passes + 1):
                 clock.clear()
                 inputs = replay.fresh_inputs()
-                with refuse_collectives(), hook_clock(root, clock, only):
-                    result = replay.forward(inputs)
-                spent = clock.durations()
-                if i == 0:  # the warm-up: its forward alone
+                nodes = NodeClock() if by_nodes and i > 0 else None
+                try:
+                    with refuse_collectives(), hook_clock(root, clock, only, nodes):
+                        result = replay.forward(inputs)
+                    spent = clock.durations()
+                    if i == 0:  # the warm-up: its forward alone
+                        del result
+                        continue
+                    back = replay.backward(inputs, result) if backward else None
                     del result
-                    continue
-                back = replay.backward(inputs, result) if backward else None
-                del result
-                seconds = _timed(back.run, device) if back is not None else None
-                del back
+                    seconds = _timed(back.run, device) if back is not None else None
+                    del back
+                    if seconds is not None and nodes is not None:
+                        seconds = max(seconds - nodes.hooks_s, 0.0)  # the top's whole backward, less the hooks'
+                        for path, took in nodes.seconds.items():
+                            if spent.get(path):
+                                node_s.setdefault(path, []).append((took, len(spent[path])))
+                finally:
+                    if nodes is not None:
+                        nodes.close()
                 measured = sum(spent.get(top, [])) + (seconds or 0.0)
                 record_timed(measured)  # measured work, as a timed run's
                 out.timed_s += measured
@@ -214,7 +257,12 @@ def time_in_situ(
         per_call = [s * 1e3 / n for s, n in runs if n]
         mid = statistics.median(per_call)
         spread = (max(per_call) - min(per_call)) / mid if mid > 0 and len(per_call) > 1 else _NAN
-        bwd = statistics.median(bwd_s[path]) * 1e3 if path in bwd_s else _NAN  # a top runs once a pass
+        if path in bwd_s:  # a top runs once a pass: its whole backward
+            bwd = statistics.median(bwd_s[path]) * 1e3
+        elif len(node_s.get(path, ())) == len(runs):  # its nodes' time, every pass
+            bwd = statistics.median(b * 1e3 / n for b, n in node_s[path])
+        else:
+            bwd = _NAN
         out.times[path] = InSitu(mid, runs[-1][1], spread, bwd)
     out.seconds = time.perf_counter() - t_start
     return out

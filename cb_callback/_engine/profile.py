@@ -265,7 +265,7 @@ def _triage(
     costs: dict[str, float | None] = {}
     step = 0.0
     for t, batch_calls in zip(out, batches, strict=True):
-        for path, c in insitu_costs(nodes, {p: x.fwd_ms for p, x in t.times.items()}, batch_calls).items():
+        for path, c in insitu_costs(nodes, {p: t.cost_ms(p) for p in t.times}, batch_calls).items():
             if c is not None:
                 costs[path] = (costs.get(path) or 0.0) + c
         step += t.step_ms({p: c.calls for p, c in batch_calls.items()})

@@ -252,7 +252,7 @@ class Schedule:
         if mine is not None:
             row.insitu_ms = mine.fwd_ms
             info.update(fwd_ms=mine.fwd_ms, spread=mine.spread, passes=self.insitu[batch].passes)
-            if mine.bwd_ms == mine.bwd_ms:  # a top: its whole backward
+            if math.isfinite(mine.bwd_ms):  # a top's whole backward; below, on CPU, its nodes'
                 info["bwd_ms"] = mine.bwd_ms
         if self.plan is not None and self.plan.shares.get(path) is not None:
             info["share"] = self.plan.shares[path]
@@ -383,7 +383,8 @@ class Schedule:
         ``details["as"] = "insitu"``, with their FLOPs and bytes per call from the step's census
         (:attr:`cb_callback._engine.triage.Plan.census`: each module's work in one forward and backward of
         its top, as the step ran it). Their status stays ``"skipped"``: no time of their own but ``insitu_ms``
-        (the forward inside the step), no backward time, no activation memory.
+        (the forward inside the step) and, on CPU, ``details["insitu"]["bwd_ms"]`` (the backward of the
+        autograd nodes its forward built), no activation memory.
 
         Where the census's count is not the component's own: a shared module (one module at several
         paths) and an uncounted top have none (``details["insitu"]["counted"]`` says why); the backward

@@ -83,7 +83,8 @@ class Plan:
 def insitu_costs(
     nodes: Sequence[Node], insitu_ms: Mapping[str, float], calls: Mapping[str, ComponentInputs]
 ) -> dict[str, float | None]:
-    """Each node's in-situ forward over the step (``insitu_ms × calls``), ms.
+    """Each node's in-situ time over the step (``insitu_ms × calls``, ms: per call, what
+    :meth:`cb_callback._engine.insitu.InSituTimes.cost_ms` gives, forward and backward on CPU).
 
     A node without a time of its own (a container that is never called, a
     module called as ``.forward``) is the sum of its children's known costs;
@@ -221,8 +222,8 @@ def triage(
         nodes: every node, breadth-first.
         modules: each node's module.
         calls: the captured calls (grouping compares their inputs).
-        costs: each node's in-situ forward over the step (ms).
-        step_ms: what the shares divide by (the step's in-situ forward).
+        costs: each node's in-situ time over the step (ms; :func:`insitu_costs`).
+        step_ms: what the shares divide by (the step's in-situ time, of the same passes).
         descend_share: as :class:`~cb_callback.BenchmarkConfig`.
         representatives: members measured in depth per group.
         insitu: the in-situ times per call, by path (which members run unlike
