@@ -185,7 +185,8 @@ def time_in_situ(
         device: where it runs.
         passes: timed passes at most (their forward and backward count as timed
             work in :func:`cb_callback._engine.timing.timed_seconds`; the warm-up
-            runs the forward only).
+            runs the forward and backward untimed: a first backward allocates
+            the gradients, page faults and all, that later steps reuse).
         budget_s: a top's timed passes stop once they took this long, after
             the first (a model whose step takes seconds gets one pass, its
             ``spread`` then NaN); ``None``: always ``passes``.
@@ -222,11 +223,13 @@ def time_in_situ(
                     with refuse_collectives(), hook_clock(root, clock, only, nodes):
                         result = replay.forward(inputs)
                     spent = clock.durations()
-                    if i == 0:  # the warm-up: its forward alone
-                        del result
-                        continue
                     back = replay.backward(inputs, result) if backward else None
                     del result
+                    if i == 0:  # the warm-up, backward included: the first allocates what later ones reuse
+                        if back is not None:
+                            back.run()
+                        del back
+                        continue
                     seconds = _timed(back.run, device) if back is not None else None
                     del back
                     if seconds is not None and nodes is not None:
