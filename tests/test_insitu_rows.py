@@ -69,4 +69,6 @@ def test_a_copy_of_a_row_left_in_situ_takes_its_own_census_numbers() -> None:
     assert rows["blocks.1.lin"].details["from"] == "blocks.0.lin"  # whose triage decision it shares
     assert "skipped (in situ)" in format_text_table(report)
     assert "in situ: 2 rows not replayed keep the step's own numbers" in format_summary(report)
-    assert "FLOPs and bytes from the census on 2 of them" in format_summary(report)
+    assert "the backward in the step on 2 of them" in format_summary(report)  # CPU: each module's nodes
+    assert "FLOPs and bytes from the census on 2;" in format_summary(report)
+    assert all(rows[p].details["insitu"]["bwd_ms"] >= 0.0 for p in ("blocks.0.lin", "blocks.1.lin"))

@@ -87,6 +87,10 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
+def _finite_or_zero(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+
+
 def _multi(report: Report) -> bool:
     """Whether the report measured several batches (``metadata["batches"] > 1``)."""
     n = report.metadata.get("batches")
@@ -253,9 +257,11 @@ def format_summary(report: Report, top: int = 10) -> str:
     insitu = [r for r in report.rows if r.details.get("as") == "insitu"]
     if insitu:
         counted = sum(1 for r in insitu if (r.details.get("insitu") or {}).get("counted") == "census")
+        backward = sum(1 for r in insitu if _finite_or_zero((r.details.get("insitu") or {}).get("bwd_ms")))
         lines.append(
             f"in situ: {len(insitu)} rows not replayed keep the step's own numbers (skipped (in situ): "
-            f"insitu_ms; FLOPs and bytes from the census on {counted} of them; no isolated time or memory)"
+            f"insitu_ms; the backward in the step on {backward} of them (details['insitu']['bwd_ms']); "
+            f"FLOPs and bytes from the census on {counted}; no isolated time or memory)"
         )
     lines += _budget_lines(report.metadata)
     multi = _multi(report)
