@@ -180,6 +180,12 @@ def test_rows_not_replayed_are_marked_in_situ(browser: object, tmp_path: Path) -
         assert page.locator("#table tbody tr:has(.as-rep)").count() == 0
         title = page.locator(f'#table tr[data-path="{insitu[0]}"] .as-insitu').get_attribute("title")
         assert title is not None and "not replayed alone" in title
+        # its details say what the step measured: the forward and (CPU) the backward in situ, and its share
+        row = report.row(insitu[0])
+        page.click(f'#table tr[data-path="{insitu[0]}"]')
+        text = page.locator("#details").inner_text()
+        assert f"bwd {sig(row.details['insitu']['bwd_ms'])} ms per call vs isolated - ms" in text, text
+        assert f"in-situ share {sig(row.details['insitu']['share'] * 100)} %" in text, text
         page.screenshot(path=str(tmp_path / "insitu.png"), full_page=True)
 
 

@@ -577,7 +577,9 @@
     }
     if (ins && isNum(ins.fwd_ms)) {
       out += "<p>in situ: fwd " + num(ins.fwd_ms) + " ms per call (spread " + num(ins.spread, 100) + " % over " + esc(ins.passes) +
-        " passes) vs isolated " + num(r.fwd_ms) + " ms" + (isNum(ins.capture_ms) ? "; in the captured step " + num(ins.capture_ms) + " ms" : "") + "</p>";
+        " passes) vs isolated " + num(r.fwd_ms) + " ms" + (isNum(ins.capture_ms) ? "; in the captured step " + num(ins.capture_ms) + " ms" : "") +
+        (isNum(ins.bwd_ms) ? "; bwd " + num(ins.bwd_ms) + " ms per call vs isolated " + num(r.bwd_ms) + " ms" : "") +
+        (isNum(ins.share) ? "; in-situ share " + num(ins.share, 100) + " %" : "") + "</p>";
     }
     return out ? "<h3>repeated structure, in situ</h3>" + out : "";
   }
