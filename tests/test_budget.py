@@ -99,14 +99,16 @@ class _Stack(nn.Module):
         return x
 
 
-def test_a_container_whose_children_the_budget_left_is_skipped_with_them_not_failed() -> None:
+def test_a_container_whose_children_the_budget_left_is_their_in_situ_sum_not_failed() -> None:
     report = profile_components(_Stack(), _x(), budget_s=0.0)
     rows = {r.path: r for r in report.rows}
-    # blocks has nothing of its own to replay: its children skipped, so is it (before: failed, "no child
-    # could be measured"), and it counts among the rows the budget left
-    assert rows["blocks"].status == "skipped" and rows["blocks"].error is None
-    assert rows["blocks"].details["unreplayed"] == "budget_s"
-    assert "its children were skipped" in (rows["blocks"].note or "")
+    # blocks has nothing of its own to replay: its children kept their in-situ numbers, and it is their sum
+    # (before: failed, "no child could be measured"; then skipped with them, without a number)
+    assert rows["blocks"].status == "estimated" and rows["blocks"].error is None
+    assert "estimated from 2 of 2 children (2 in situ" in (rows["blocks"].note or "")
+    # each child an 8x8 Linear on (4, 8): 512 forward FLOPs by the census, once each; blocks is never called
+    assert rows["blocks"].fwd_flops == 512 + 512
+    assert rows["blocks"].fwd_ms == rows["blocks.0"].insitu_ms + rows["blocks.1"].insitu_ms
     budget = report.metadata["cost"]["budget"]
     # the triage's replays the budget left: the root and blocks.0 (blocks.1, an equal Linear on equal inputs,
     # would take blocks.0's row; blocks, the container, replays nothing of its own). With its representative
@@ -114,7 +116,8 @@ def test_a_container_whose_children_the_budget_left_is_skipped_with_them_not_fai
     assert rows["blocks.1"].details["as"] == rows["blocks.0"].details["as"] == "insitu"
     # an 8x8 Linear on a (4, 8) batch: 2*4*8*8 = 512 forward FLOPs, 1024 backward (input and weight grads)
     assert (rows["blocks.1"].fwd_flops, rows["blocks.1"].bwd_flops) == (512, 1024)
-    assert budget["unreplayed"] == 4 and budget["replays_left"] == 2
+    # the rows the budget left: the root and the two blocks (blocks, their sum, is estimated from them)
+    assert budget["unreplayed"] == 3 and budget["replays_left"] == 2
     # the triage line says what was planned (the plan's count takes in the container) and what the budget left
     assert report.metadata["triage"]["replayed"] == 3
     assert "triage (in situ): 3 to replay, 2 of them left by budget_s" in format_summary(report)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any
@@ -183,3 +184,70 @@ def test_on_cuda_no_module_below_a_top_gets_a_backward() -> None:
 
 def _inputs(x: torch.Tensor) -> ComponentInputs:
     return ComponentInputs(args=(x,), kwargs={})
+
+
+class SlowInCheckpoint(nn.Module):
+    """``back`` (a 40 ms backward) under a reentrant checkpoint: its recompute and inner backward run
+    inside the checkpoint's node, in the backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.back = BackHeavy(40.0)
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(checkpoint(self.back, x, use_reentrant=True))
+
+
+def test_a_reentrant_checkpoints_inner_backward_is_its_modules() -> None:
+    # The recompute's calls claim the inner graph's nodes (for themselves and the checkpoint node's
+    # owners): back's 40 ms sleep is back's in situ, its share of the step most of it, so it is replayed.
+    report = profile_components(SlowInCheckpoint(), torch.randn(2, 4, requires_grad=True), descend_share=0.3, **TIMED)
+    back = report.row("back")
+    assert back.details["insitu"]["bwd_ms"] >= 40.0 and back.details["insitu"]["share"] >= 0.5
+    assert back.status == "ok" and back.details.get("as") != "insitu"
+    assert report.row("head").details["insitu"]["bwd_ms"] < 20.0  # a 4x4 Linear (< 20 ms: see above)
+
+
+@dataclasses.dataclass
+class State:
+    h: torch.Tensor
+
+
+class Child(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, state: State) -> torch.Tensor:
+        return self.lin(state.h)
+
+
+class Caller(nn.Module):
+    """The root's own matmul, its result handed to the child inside a dataclass (no pytree node)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.child = Child()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.child(State(x @ self.w))
+
+
+def test_a_call_claims_no_node_built_before_it_whatever_holds_its_input() -> None:
+    # child's input is inside a State the stop set cannot see into; the nodes numbered before its call
+    # (the root's MmBackward and w's accumulator) stay the root's.
+    model = Caller()
+    nodes = NodeClock()
+    with hook_clock(model, HookClock(), None, nodes):
+        model(torch.randn(2, 4))
+    try:
+        assert _names(nodes) == {
+            "": ["MmBackward0", "torch::autograd::AccumulateGrad"],
+            "child.lin": [
+                "AddmmBackward0", "TBackward0", "torch::autograd::AccumulateGrad", "torch::autograd::AccumulateGrad",
+            ],
+        }  # fmt: skip
+    finally:
+        nodes.close()

@@ -102,7 +102,9 @@ def test_dense_and_over_arch_linear_flops_are_exact(report: Report) -> None:
 def test_replicated_batch_reaches_the_sparse_arch(ex: ModuleType) -> None:
     cfg = ex.DLRMConfig(table_rows=ROWS, embedding_dim=D, dense_arch=(16, D), over_arch=(16, 1))
     dense, kjt, _ = ex.synthetic_batch(B, cfg, seed=1)
-    rep = profile_components(ex.build_dlrm(cfg), (dense, kjt), batch_size=2 * B, max_depth=2, **FAST, **PEAKS)
+    rep = profile_components(
+        ex.build_dlrm(cfg), (dense, kjt), batch_size=2 * B, max_depth=2, descend_share=0.0, **FAST, **PEAKS
+    )
     assert rep.row("dense_arch.model").fwd_flops == 2 * (2 * B) * (13 * 16 + 16 * D)
     assert rep.row("inter_arch").fwd_flops == 2 * (2 * B) * (F + 1) * (F + 1) * D
     assert rep.row("sparse_arch").status == "ok"

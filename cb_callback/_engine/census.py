@@ -30,7 +30,7 @@ from cb_callback._engine.collectives import refuse_collectives
 from cb_callback._engine.component import ComponentRun
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.isolate import Replay, flatten_output, unobserved
-from cb_callback._engine.nodeclock import claim_nodes, input_nodes
+from cb_callback._engine.nodeclock import backward_prefix, claim_nodes, input_nodes, next_node_number
 from cb_callback._engine.state import StateGuard
 from cb_callback._engine.tree import Node
 from cb_callback._metrics.flops import _RULES as _FLOP_RULES
@@ -92,7 +92,7 @@ class _Attribution:
 
     def __init__(self, tracked: set[int]) -> None:
         self.tracked = tracked
-        self.stack: list[tuple[int, int, set[Any]]] = []  # (module id, call number, its inputs' nodes)
+        self.stack: list[tuple[int, int, set[Any], int]] = []  # (module id, call, its inputs' nodes, next node number)
         self.owner: dict[Any, tuple[tuple[int, int], ...]] = {}  # node -> its (module id, call number)s
         self.readers: dict[Any, list[frozenset[int]]] = {}  # node -> its readers' modules, as they ran
         self.done: Any = None  # the backward node whose own work is done (its outputs' gradients being summed)
@@ -105,13 +105,14 @@ class _Attribution:
         if id(module) not in self.tracked:
             return
         self.calls += 1
-        self.stack.append((id(module), self.calls, input_nodes(args, kwargs)))
+        self.stack.append((id(module), self.calls, input_nodes(args, kwargs), next_node_number()))
 
     def post(self, module: nn.Module, args: Any, output: Any) -> None:
         if id(module) not in self.tracked or not self.stack or self.stack[-1][0] != id(module):
             return
-        chain = tuple((m, c) for m, c, _ in self.stack)
-        claim_nodes(flatten_output(output)[0], self.stack[-1][2], self.owner, chain, self._watch)
+        _, _, stop, since = self.stack[-1]
+        chain = backward_prefix(self.owner) + tuple((m, c) for m, c, _, _ in self.stack)
+        claim_nodes(flatten_output(output)[0], stop, self.owner, chain, self._watch, since)
         self.stack.pop()
 
     def _watch(self, node: Any) -> None:
@@ -137,15 +138,28 @@ class _Attribution:
                 common = both if common is None else common & both
         return tuple(common) if common is not None else tuple(m for m, _ in self.owner.get(node, ()))
 
+    def _recomputing(self, owned: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+        """The modules of an op a checkpoint's recompute runs: the calls running it (the recomputed
+        module and those inside it) and, of the backward node running the recompute, the owners outside
+        them (a reentrant checkpoint's own node: its caller's; a saved tensor's unpacking node, a sibling
+        inside the checkpointed module: that module's ancestors, not the sibling)."""
+        running = [m for m, *_ in self.stack]
+        outer = [m for m, _ in owned]
+        if running[0] in outer:
+            outer = outer[: outer.index(running[0])]
+        return tuple(dict.fromkeys(outer + running))
+
     def count(self, flops: int, moved: int) -> None:
         """One op's FLOPs and bytes, to every module it belongs to."""
         if torch._C._current_graph_task_id() == -1:
-            modules: tuple[int, ...] = tuple(m for m, _, _ in self.stack)
+            modules: tuple[int, ...] = tuple(m for m, *_ in self.stack)
             phase = self.flops["fwd"]
         else:
             node = torch._C._current_autograd_node()
             owned = self.owner.get(node)
-            if node is not None and node is self.done:
+            if self.stack:  # an activation checkpoint's recompute: a forward inside the backward
+                modules = self._recomputing(owned or ())
+            elif node is not None and node is self.done:
                 modules = self._summing(node)
             else:
                 modules = tuple(m for m, _ in owned) if owned is not None else ()

@@ -97,8 +97,26 @@ def _joined(first: str | None, then: str) -> str:
     return then if not first else f"{first}; {then}"
 
 
+def _insitu_value(row: ComponentRow, name: str) -> float:
+    """What a child left in situ (``details["as"] == "insitu"``) adds to its parent's estimate: its forward
+    and backward inside the step for the times, the census's counts for FLOPs and bytes, nothing else
+    (no isolated memory, CPU or device split, collectives)."""
+    if name == "fwd_ms":
+        return row.insitu_ms
+    if name == "bwd_ms":
+        value = (row.details.get("insitu") or {}).get("bwd_ms")
+        return float(value) if isinstance(value, (int, float)) else _NAN
+    if name in ("fwd_flops", "bwd_flops", "bytes"):
+        return float(getattr(row, name))
+    return _NAN
+
+
 def estimate_from_children(row: ComponentRow, children: list[ComponentRow]) -> bool:
     """Set ``row``'s values from its measured/estimated children; return whether it could.
+
+    A child the triage left in situ (``details["as"] == "insitu"``) counts with what the step measured
+    (:func:`_insitu_value`: its in-situ forward and backward, the census's FLOPs and bytes), so that a
+    container, or a root never called itself, is not the sum of its replayed children alone.
 
     Additive values are ``sum(child.value * child.calls) / max(row.calls, 1)`` (per
     call of the parent); ``peak_mem_mb`` is the children's maximum. The row becomes
@@ -120,20 +138,24 @@ def estimate_from_children(row: ComponentRow, children: list[ComponentRow]) -> b
     """
     children = [c for c in children if c.status != "not_run"]  # they cost nothing in the step
     usable = [c for c in children if c.status in ("ok", "estimated") and _finite(c.fwd_ms)]
-    if not usable:
+    insitu = [c for c in children if c.details.get("as") == "insitu" and _finite(c.insitu_ms)]
+    if not usable and not insitu:
         row.status = "failed"
         row.error = _joined(row.error, "no child could be measured to estimate it")
         return False
     divisor = max(row.calls, 1)
     for name in ADDITIVE:
         vals = [(getattr(c, name), max(c.calls, 1)) for c in usable]
+        vals += [(_insitu_value(c, name), max(c.calls, 1)) for c in insitu]
         if any(_finite(v) for v, _ in vals):
             setattr(row, name, sum(_or0(v) * k for v, k in vals) / divisor)
     peaks = [c.peak_mem_mb for c in usable if _finite(c.peak_mem_mb)]
     row.peak_mem_mb = max(peaks) if peaks else _NAN
-    missing = [c.path for c in children if c not in usable]
+    missing = [c.path for c in children if c not in usable and c not in insitu]
     row.status = "estimated"
-    note = f"estimated from {len(usable)} of {len(children)} children"
+    note = f"estimated from {len(usable) + len(insitu)} of {len(children)} children"
+    if insitu:
+        note += f" ({len(insitu)} in situ: their times inside the step, the census's FLOPs and bytes)"
     if missing:
         note += f" (missing: {', '.join(missing[:5])}{'…' if len(missing) > 5 else ''})"
     row.note = _joined(row.note, note)

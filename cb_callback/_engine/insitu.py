@@ -230,7 +230,11 @@ def time_in_situ(
                             back.run()
                         del back
                         continue
-                    seconds = _timed(back.run, device) if back is not None else None
+                    # The hooks stay on through the backward for the claims alone: a reentrant checkpoint's
+                    # recompute runs its calls there, and its inner backward the nodes they build.
+                    claims = hook_clock(root, HookClock(device), only, nodes) if nodes else contextlib.nullcontext()
+                    with refuse_collectives(), claims:
+                        seconds = _timed(back.run, device) if back is not None else None
                     del back
                     if seconds is not None and nodes is not None:
                         seconds = max(seconds - nodes.hooks_s, 0.0)  # the top's whole backward, less the hooks'

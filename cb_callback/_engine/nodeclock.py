@@ -14,12 +14,20 @@ What the clock cannot see, or sees only in part:
   in-situ backward is then the sum of its nodes' (a little less than the block alone replayed).
 - **An asynchronous device.** On CUDA a node's hooks run when its kernels are queued, not when they
   run: no per-module backward there (only the top's whole backward, timed by events).
-- **Hooks that are not the engine's.** A gradient hook of the user's (on a tensor, a
-  ``register_full_backward_hook``) runs as a pre-hook of a node: its time is not the node's.
-  A node the forward made outside every tracked module (the loss, in the root) belongs to the top.
+- **Hooks of the user's.** A tensor's gradient hook runs as a pre-hook of the node that reads that
+  gradient, before this clock's: its time is in no module's. A ``register_full_backward_hook`` runs
+  as a hook on the module's own nodes, after the node's work: its time is in the node's module (as
+  in that module's replay). A node the forward made outside every tracked module (the loss, in the
+  root) belongs to the top.
+- **Calls outside their parent's.** A node is charged to the calls on the stack that built it, not
+  to the module tree: ``self.enc.norm(self.enc(x))`` charges ``enc.norm``'s nodes to it and the
+  root, not to ``enc`` (flagged ``slower_than_parent`` where it matters).
 - **Recompute of an activation checkpoint.** It runs inside the backward node that unpacks a saved
-  tensor and is charged to that node's modules (as the census charges its FLOPs); the forward hooks
-  that fire during the recompute claim nothing.
+  tensor (non-reentrant) or inside the checkpoint's own node (reentrant) and is charged to that
+  node's modules (as the census charges its FLOPs). A reentrant checkpoint's inner backward runs
+  the recomputed graph's nodes inside that node: the calls of the recompute claim them for
+  themselves and for the running node's owners, and they are timed (and left out of the outer
+  node's own time) like any other.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from torch.utils import _pytree as pytree
 
 from cb_callback._engine.isolate import flatten_output
 
-__all__ = ["NodeClock", "claim_nodes", "input_nodes"]
+__all__ = ["NodeClock", "backward_prefix", "claim_nodes", "input_nodes", "next_node_number"]
 
 #: Who built a node: the chain of module calls running when it was claimed, outermost first, each as
 #: ``(key, call number)`` (the key: a module's ``id`` in the census, a node's path in the clock).
@@ -46,15 +54,38 @@ def input_nodes(args: Any, kwargs: Any = None) -> set[Any]:
     return {t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None}
 
 
+def next_node_number() -> int:
+    """The sequence number autograd gives the next node built on this thread: a node numbered below
+    what a call read as it started was built before the call (an accumulator of a leaf, built lazily,
+    has none of its own: the largest number)."""
+    return int(torch._C._autograd._get_sequence_nr())
+
+
+def backward_prefix(owners: dict[Any, Chain]) -> Chain:
+    """Who owns the autograd node running now, when a forward runs inside the backward (a reentrant
+    checkpoint's recompute, whose nodes its own inner backward runs): a call claiming there claims for
+    them too. ``()`` in a forward outside the backward."""
+    if torch._C._current_graph_task_id() == -1:
+        return ()
+    return owners.get(torch._C._current_autograd_node(), ())
+
+
 def claim_nodes(
-    outputs: Iterable[Any], stop: set[Any], owners: dict[Any, Chain], chain: Chain, on_new: Callable[[Any], None]
+    outputs: Iterable[Any],
+    stop: set[Any],
+    owners: dict[Any, Chain],
+    chain: Chain,
+    on_new: Callable[[Any], None],
+    since: int | None = None,
 ) -> None:
     """Claim for the call ``chain[-1]`` the autograd nodes its forward built.
 
-    Walks back from ``outputs``' ``grad_fn`` to the nodes in ``stop`` (its inputs'). A node nobody owns
-    is the call's (``owners[node] = chain``; ``on_new(node)``); a node a call nested in this one
-    claimed first (its chain holds this call) is walked through; a node another, finished call
-    claimed ends the walk there (it is that call's, reached through a tensor this call read).
+    Walks back from ``outputs``' ``grad_fn`` to the nodes in ``stop`` (its inputs') and to the nodes
+    built before the call started (numbered below ``since``, :func:`next_node_number` as it started:
+    an input inside an object ``stop`` could not see into, a tensor kept on a module or a global).
+    A node nobody owns is the call's (``owners[node] = chain``; ``on_new(node)``); a node a call
+    nested in this one claimed first (its chain holds this call) is walked through; a node another,
+    finished call claimed ends the walk there (it is that call's, reached through a tensor this call read).
     """
     call = chain[-1][1]
     todo: list[Any] = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
@@ -63,6 +94,8 @@ def claim_nodes(
         node = todo.pop()
         if node is None or node in stop or node in seen:
             continue
+        if since is not None and node._sequence_nr() < since:
+            continue  # built before the call: not its work
         seen.add(node)
         owned = owners.get(node)
         if owned is None:
@@ -71,10 +104,6 @@ def claim_nodes(
         elif all(c != call for _, c in owned):
             continue
         todo.extend(nxt for nxt, _ in node.next_functions)
-
-
-def _in_backward() -> bool:
-    return bool(torch._C._current_graph_task_id() != -1)
 
 
 class NodeClock:
@@ -94,7 +123,7 @@ class NodeClock:
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
         self.owners: dict[Any, Chain] = {}
-        self._stack: list[tuple[str, int, set[Any]]] = []
+        self._stack: list[tuple[str, int, set[Any], int]] = []
         self._calls = 0
         self._open: list[list[float]] = []  # [pre-hook entered, own work started, nested spans]
         self._handles: list[Any] = []
@@ -102,18 +131,20 @@ class NodeClock:
         self.hooks_s = 0.0
 
     def pre(self, path: str, args: Any, kwargs: Any) -> None:
-        """A tracked call of ``path`` starts (its inputs' nodes end its claim walk)."""
-        if _in_backward():  # a checkpoint's recompute: its nodes belong to the node running it
-            return
+        """A tracked call of ``path`` starts (its inputs' nodes, and every node built before it, end its
+        claim walk)."""
         self._calls += 1
-        self._stack.append((path, self._calls, input_nodes(args, kwargs)))
+        self._stack.append((path, self._calls, input_nodes(args, kwargs), next_node_number()))
 
     def post(self, path: str, output: Any) -> None:
-        """A tracked call of ``path`` ended: it claims the nodes it built."""
-        if _in_backward() or not self._stack or self._stack[-1][0] != path:
+        """A tracked call of ``path`` ended: it claims the nodes it built. Inside the backward (an
+        activation checkpoint's recompute) they are also the running node's owners': a reentrant
+        checkpoint's inner backward runs them inside that node."""
+        if not self._stack or self._stack[-1][0] != path:
             return
-        chain: Chain = tuple((p, c) for p, c, _ in self._stack)
-        claim_nodes(flatten_output(output)[0], self._stack[-1][2], self.owners, chain, self._watch)
+        _, _, stop, since = self._stack[-1]
+        chain: Chain = backward_prefix(self.owners) + tuple((p, c) for p, c, _, _ in self._stack)
+        claim_nodes(flatten_output(output)[0], stop, self.owners, chain, self._watch, since)
         self._stack.pop()
         self.seconds.setdefault(path, 0.0)
 

@@ -36,7 +36,7 @@ def estimate_parents(nodes: list[Node], rows: dict[str, ComponentRow]) -> None:
             row.error = row.error or "no child was profiled to estimate it from"
             continue
         ran = [c for c in children if c.status != "not_run"]
-        if row.error is None and ran and all(c.status == "skipped" for c in ran):
+        if row.error is None and ran and all(c.status == "skipped" and c.details.get("as") != "insitu" for c in ran):
             # a container whose children were all skipped (not replayed for budget_s, excluded, not
             # descended into) is not measured either, nor failed: skipped as they are
             row.status = "skipped"
