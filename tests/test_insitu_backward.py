@@ -18,6 +18,7 @@ from cb_callback._engine.insitu import hook_clock, time_in_situ
 from cb_callback._engine.isolate import Replay
 from cb_callback._engine.nodeclock import NodeClock
 from tests.conftest import FAST
+from tests.test_insitu import Sleepy
 
 # min_run_time_s=0.05: the in-situ passes' budget (3 × 2 × 0.05 s) lets all 3 run on these small models.
 TIMED: dict[str, Any] = FAST | dict(min_repeats=3, max_repeats=3, rounds=1, min_run_time_s=0.05)
@@ -49,23 +50,10 @@ class BackHeavy(nn.Module):
         return _SlowBack.apply(self.lin(x), self.ms)
 
 
-class FrontHeavy(nn.Module):
-    """A forward that sleeps ``ms``; its backward is a Linear's."""
-
-    def __init__(self, ms: float) -> None:
-        super().__init__()
-        self.ms = ms
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.ms / 1e3)
-        return self.lin(x)
-
-
 class Pair(nn.Module):
     def __init__(self, front_ms: float = 10.0, back_ms: float = 40.0) -> None:
         super().__init__()
-        self.front = FrontHeavy(front_ms)
+        self.front = Sleepy(front_ms)  # a forward that sleeps front_ms; its backward is a Linear's
         self.back = BackHeavy(back_ms)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
