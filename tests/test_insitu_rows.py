@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
+from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from cb_callback import profile_components
 from cb_callback._report.table import format_summary, format_text_table
@@ -72,3 +76,45 @@ def test_a_copy_of_a_row_left_in_situ_takes_its_own_census_numbers() -> None:
     assert "the backward in the step on 2 of them" in format_summary(report)  # CPU: each module's nodes
     assert "FLOPs and bytes from the census on 2;" in format_summary(report)
     assert all(rows[p].details["insitu"]["bwd_ms"] >= 0.0 for p in ("blocks.0.lin", "blocks.1.lin"))
+
+
+class _TwoTops(pl.LightningModule):
+    """``training_step`` calls ``enc`` and ``aux`` once each and ``head`` twice: three tops, ``head`` called
+    twice alike (its census replays one call of it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # enc and aux hold the six largest leaves; head, far smaller, is not among the top hotspots
+        self.enc = nn.Sequential(nn.Linear(16, 256), nn.Linear(256, 256), nn.Linear(256, 256))
+        self.aux = nn.Sequential(nn.Linear(16, 256), nn.Linear(256, 256), nn.Linear(256, 256))
+        self.head = nn.Linear(256, 2)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        return self.head(self.enc(x)).sum() + self.head(self.aux(x)).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_top_called_twice_keeps_its_census_per_call(tmp_path: Path) -> None:
+    from cb_callback import ComponentBenchmark
+
+    torch.manual_seed(0)
+    cb = ComponentBenchmark(capture_step=1, budget_s=0.0, **FAST)  # nothing replayed: every row in situ
+    data = DataLoader(TensorDataset(torch.randn(32, 16)), batch_size=16)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[cb], default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(_TwoTops(), data)
+    report = cb.report
+    assert report is not None
+    head = report.row("head")
+    assert head.details.get("as") == "insitu" and head.calls == 2, (head.status, head.details)
+    # Linear(256, 2) on 16 rows: 2*16*256*2 = 16384 forward FLOPs a call, twice that backward (the weight's
+    # and the input's gradients). Per call, as a replay of one call counts it (before: halved).
+    assert (head.fwd_flops, head.bwd_flops) == (16384, 32768)
+    # the root, never called itself, is the sum of its tops' calls: enc and aux 2*16*(16*256 + 2*256*256)
+    # each, head's two calls
+    assert report.row("").fwd_flops == 2 * (2 * 16 * (16 * 256 + 2 * 256 * 256)) + 2 * 16384

@@ -155,7 +155,12 @@ def estimate_from_children(row: ComponentRow, children: list[ComponentRow]) -> b
     row.status = "estimated"
     note = f"estimated from {len(usable) + len(insitu)} of {len(children)} children"
     if insitu:
-        note += f" ({len(insitu)} in situ: their times inside the step, the census's FLOPs and bytes)"
+        note += f" ({len(insitu)} in situ: their times inside the step, the census's FLOPs and bytes"
+        uncounted = [c.path for c in insitu if not _finite(c.fwd_flops)]
+        if uncounted:  # a shared module, a top whose census raised: its FLOPs and bytes are not in the sum
+            note += f"; not counted by the census, so not in its FLOPs and bytes: {', '.join(uncounted[:3])}"
+            note += "…" if len(uncounted) > 3 else ""
+        note += ")"
     if missing:
         note += f" (missing: {', '.join(missing[:5])}{'…' if len(missing) > 5 else ''})"
     row.note = _joined(row.note, note)

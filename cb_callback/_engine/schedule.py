@@ -409,7 +409,9 @@ class Schedule:
                     else "the census of its top raised: FLOPs and bytes not counted"
                 )
                 continue
-            calls = sum(self.batches[b][path].calls for b, _ in counts if path in self.batches[b])
+            # The census replays each top once, as the in-situ pass does: a node's calls in that pass, not
+            # the step's (a top the step called twice alike is replayed on one call)
+            calls = sum(self._pass_calls(path, b) for b, _ in counts)
             if calls <= 0:
                 continue
             fwd, bwd, moved = (sum(x[i] for _, x in counts if x is not None) for i in range(3))
@@ -417,6 +419,14 @@ class Schedule:
             row.bwd_flops = bwd / calls if self.cfg.backward else math.nan
             row.bytes = moved / calls
             info["counted"] = "census"
+
+    def _pass_calls(self, path: str, batch: int) -> int:
+        """``path``'s calls in one replay of its top on batch ``batch``: the in-situ pass's count, else the
+        captured step's."""
+        mine = self.insitu[batch].times.get(path) if batch < len(self.insitu) else None
+        if mine is not None and mine.calls > 0:
+            return mine.calls
+        return self.batches[batch][path].calls if path in self.batches[batch] else 0
 
     def _left(self, path: str, row: ComponentRow) -> bool:
         """Whether ``row`` was left unreplayed by the triage or ``budget_s``: not descended into, left by the
