@@ -216,26 +216,11 @@ def time_in_situ(
             replay = replay_of(top)
             top_s = 0.0
             for i in range(passes + 1):
-                clock.clear()
-                inputs = replay.fresh_inputs()
                 nodes = NodeClock() if by_nodes and i > 0 else None
                 try:
-                    with refuse_collectives(), hook_clock(root, clock, only, nodes):
-                        result = replay.forward(inputs)
-                    spent = clock.durations()
-                    back = replay.backward(inputs, result) if backward else None
-                    del result
-                    if i == 0:  # the warm-up, backward included: the first allocates what later ones reuse
-                        if back is not None:
-                            back.run()
-                        del back
+                    spent, seconds = _one_pass(replay, root, clock, only, device, backward, nodes, warm_up=i == 0)
+                    if i == 0:
                         continue
-                    # The hooks stay on through the backward for the claims alone: a reentrant checkpoint's
-                    # recompute runs its calls there, and its inner backward the nodes they build.
-                    claims = hook_clock(root, HookClock(device), only, nodes) if nodes else contextlib.nullcontext()
-                    with refuse_collectives(), claims:
-                        seconds = _timed(back.run, device) if back is not None else None
-                    del back
                     if seconds is not None and nodes is not None:
                         seconds = max(seconds - nodes.hooks_s, 0.0)  # the top's whole backward, less the hooks'
                         for path, took in nodes.seconds.items():
@@ -258,9 +243,56 @@ def time_in_situ(
         except Exception as e:
             out.errors[top] = error_text(e)
     out.passes = min(done.values(), default=0)
+    out.times = _medians(per_pass, bwd_s, node_s, out.passes)
+    out.seconds = time.perf_counter() - t_start
+    return out
+
+
+def _one_pass(
+    replay: Replay,
+    root: nn.Module,
+    clock: HookClock,
+    only: set[str] | None,
+    device: torch.device,
+    backward: bool,
+    nodes: NodeClock | None,
+    warm_up: bool,
+) -> tuple[dict[str, list[float]], float | None]:
+    """One forward of a top with every module's calls marked on ``clock`` (their durations), then its
+    backward: untimed in the ``warm_up`` (the first backward allocates what later ones reuse), else its
+    seconds (``None``: no backward). With ``nodes``, the calls claim the nodes they build, through the
+    backward too: a reentrant checkpoint's recompute runs its calls there, and its inner backward the
+    nodes they build."""
+    clock.clear()
+    inputs = replay.fresh_inputs()
+    with refuse_collectives(), hook_clock(root, clock, only, nodes):
+        result = replay.forward(inputs)
+    spent = clock.durations()
+    back = replay.backward(inputs, result) if backward else None
+    del result
+    if back is None:
+        return spent, None
+    if warm_up:
+        back.run()
+        return spent, None
+    claims = hook_clock(root, HookClock(device), only, nodes) if nodes else contextlib.nullcontext()
+    with refuse_collectives(), claims:
+        return spent, _timed(back.run, device)
+
+
+def _medians(
+    per_pass: Mapping[str, list[tuple[float, int]]],
+    bwd_s: Mapping[str, list[float]],
+    node_s: Mapping[str, list[tuple[float, int]]],
+    passes: int,
+) -> dict[str, InSitu]:
+    """Each path's :class:`InSitu` from its passes: ``per_pass`` its forward (seconds, calls) per pass,
+    ``bwd_s`` a top's whole backward, ``node_s`` a module's nodes' (seconds, calls); a path timed in
+    fewer than ``passes`` passes (called in some only, or its top raised) has none."""
+    out: dict[str, InSitu] = {}
     for path, runs in per_pass.items():
-        if len(runs) < out.passes or not runs:
-            continue  # called in some passes only (or its top raised): not a steady time
+        if len(runs) < passes or not runs:
+            continue
         per_call = [s * 1e3 / n for s, n in runs if n]
         mid = statistics.median(per_call)
         spread = (max(per_call) - min(per_call)) / mid if mid > 0 and len(per_call) > 1 else _NAN
@@ -270,8 +302,7 @@ def time_in_situ(
             bwd = statistics.median(b * 1e3 / n for b, n in node_s[path])
         else:
             bwd = _NAN
-        out.times[path] = InSitu(mid, runs[-1][1], spread, bwd)
-    out.seconds = time.perf_counter() - t_start
+        out[path] = InSitu(mid, runs[-1][1], spread, bwd)
     return out
 
 
