@@ -166,8 +166,9 @@ def test_rows_taken_from_a_representative_are_marked_and_say_from_where(browser:
 
 
 def test_rows_not_replayed_are_marked_in_situ(browser: object, tmp_path: Path) -> None:
-    # descend_share=1: nothing under the root reaches it, so rows keep the step's numbers (details["as"] ==
-    # "insitu"); the page marks exactly those, apart from the representatives' copies.
+    # descend_share=1: no node's own share reaches it, so rows keep the step's numbers (details["as"] ==
+    # "insitu") but the top hotspots (up to five leaves of >= 1/5 of the step each, timing-dependent) and the
+    # copies of a replayed representative; the page marks exactly the rows the report marks, either way.
     torch.manual_seed(0)
     report = profile_components(Net(), (torch.randn(4, 16),), descend_share=1.0, **FAST)
     insitu = sorted(r.path for r in report.rows if r.details.get("as") == "insitu")
@@ -177,7 +178,8 @@ def test_rows_not_replayed_are_marked_in_situ(browser: object, tmp_path: Path) -
         _open_file(page, page_file)
         marked = page.locator("#table tbody tr:has(.as-insitu)").evaluate_all("rs => rs.map(r => r.dataset.path)")
         assert sorted(marked) == insitu and log.errors == []
-        assert page.locator("#table tbody tr:has(.as-rep)").count() == 0
+        copies = page.locator("#table tbody tr:has(.as-rep)").evaluate_all("rs => rs.map(r => r.dataset.path)")
+        assert sorted(copies) == sorted(r.path for r in report.rows if r.details.get("as") == "representative")
         title = page.locator(f'#table tr[data-path="{insitu[0]}"] .as-insitu').get_attribute("title")
         assert title is not None and "not replayed alone" in title
         # its details say what the step measured: the forward and (CPU) the backward in situ, and its share

@@ -59,8 +59,9 @@ class Profiled:
     default: Report
     full: Report
     state_changes: list[str]
-    #: The default with ``descend_share=1``: nothing below the root is descended into, so its rows are
-    #: ``details["as"] = "insitu"`` (the in-situ time, the census's FLOPs and bytes).
+    #: The default with ``descend_share=1``: no node's own share reaches it, so its rows but the top
+    #: hotspots' (and their copies) are ``details["as"] = "insitu"`` (the in-situ time, the census's FLOPs
+    #: and bytes).
     insitu: Report
 
 
