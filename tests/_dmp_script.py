@@ -214,9 +214,10 @@ def profile_one(rank: int, sharding: str, uneven: bool) -> dict[str, Any]:
         result["losses"] = [train_step(dmp, opt, batch), train_step(twin, twin_opt, batch)]
         result["torchrec_planned"] = cbt.planned_perf(dmp, batch_size=batch[0].shape[0])
         try:
+            # the in-situ pass and the triage run on every rank; descend_share=0: every row replayed
             report = cb_callback.profile_components(
                 dmp, (batch[0], batch[1]), warmup=0, min_run_time_s=0.0, min_repeats=1, max_repeats=1,
-                load_plugins=False, peak_flops=1e11, peak_bandwidth=1e10,
+                load_plugins=False, peak_flops=1e11, peak_bandwidth=1e10, descend_share=0.0,
             )  # fmt: skip
             result["rows"] = rows_of(report)
             result["metadata_torchrec_sharded"] = report.metadata.get("torchrec_sharded")

@@ -68,9 +68,10 @@ def main(out: Path, mode: str) -> None:
     torch.set_num_threads(1)
     bench = None
     if mode != "plain":
+        # the in-situ pass and the triage run on every rank; descend_share=0: every row replayed
         bench = ComponentBenchmark(
             capture_step=1, mode=mode, warmup=1, min_run_time_s=0.0, min_repeats=2, max_repeats=2, rounds=2,
-            peak_flops=1e12, peak_bandwidth=1e11, load_plugins=False, output_dir=str(out / "cb"),
+            peak_flops=1e12, peak_bandwidth=1e11, load_plugins=False, output_dir=str(out / "cb"), descend_share=0.0,
         )  # fmt: skip
     trainer = pl.Trainer(
         strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), accelerator="cpu", devices=2,

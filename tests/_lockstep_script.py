@@ -22,10 +22,14 @@ import torch.multiprocessing as mp
 from torch import nn
 
 FEATURES, HIDDEN, CLASSES, BATCH = 16, 32, 4, 8
+#: The lockstep scenarios' options: no in-situ pass (the profile descends level by level, every call of a
+#: module below counted as before it ran under several ranks); the triage scenarios (TRIAGE) turn it on.
 OPTS: dict[str, Any] = dict(
     warmup=1, min_run_time_s=0.0, min_repeats=2, max_repeats=2, rounds=2, peak_flops=1e12, peak_bandwidth=1e11,
-    load_plugins=False,
+    load_plugins=False, insitu_passes=0,
 )  # fmt: skip
+#: The default in-situ pass (a warm-up and 3 passes) and triage.
+TRIAGE: dict[str, Any] = {"insitu_passes": 3}
 
 
 class Block(nn.Module):
@@ -81,7 +85,8 @@ def rows(report: Any) -> dict[str, dict[str, Any]]:
             "bwd_flops": num(r.bwd_flops), "comm_bytes": num(r.comm_bytes), "comm_ms": num(r.comm_ms),
             "params_mb": num(r.params_mb), "ranks": r.details.get("ranks"), "comm": r.details.get("comm"),
             "repeats": r.details.get("fwd_repeats"), "settled": (r.details.get("timing") or {}).get("settled"),
-            "lockstep": r.details.get("lockstep"),
+            "lockstep": r.details.get("lockstep"), "as": r.details.get("as"),
+            "insitu_ms": num(r.insitu_ms), "insitu_bwd_ms": num((r.details.get("insitu") or {}).get("bwd_ms")),
         }
         for r in report.rows
     }  # fmt: skip
@@ -230,9 +235,12 @@ class RaiseInRoot(nn.Module):
     second, 6-8 the communication timing passes (with 2 timed runs in 2 slices). An out-of-memory on one
     rank looks like this."""
 
-    def __init__(self, root: _Root, at: int = 4, backward: bool = False, die: bool = False) -> None:
+    def __init__(
+        self, root: _Root, at: int = 4, backward: bool = False, die: bool = False, sleep_s: float = 0.0
+    ) -> None:
         super().__init__()
         self.root, self.at, self.backward, self.die = root, at, backward, die
+        self.sleep_s = sleep_s  # every forward, on every rank (the triage scenarios' hotspot)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if dist.get_rank() == 1 and self.root.calls == self.at and not self.root.raised and self.backward:
@@ -242,11 +250,20 @@ class RaiseInRoot(nn.Module):
         if dist.get_rank() == 1 and self.root.calls == self.at and not self.root.raised:
             self.root.raised = True
             raise RuntimeError("rank 1 runs out of memory")
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
         return x * 1.0
 
 
 def fsdp_raise(
-    rank: int, out: Path, at: int = 4, backward: bool = False, die: bool = False, **options: Any
+    rank: int,
+    out: Path,
+    at: int = 4,
+    backward: bool = False,
+    die: bool = False,
+    sleep_s: float = 0.0,
+    identical: bool = False,
+    **options: Any,
 ) -> dict[str, Any]:
     """FSDP2 blocks and a plain module after the head that raises on rank 1 in the root's ``at``-th forward
     (2: its first lockstep pass; 4: its second timed run), or in that forward's backward."""
@@ -257,7 +274,7 @@ def fsdp_raise(
     torch.manual_seed(0)
     counter = _Root()
     model = Net()
-    model.after = RaiseInRoot(counter, at, backward, die)
+    model.after = RaiseInRoot(counter, at, backward, die, sleep_s)
     inner = model.forward
     model.forward = lambda x: model.after(inner(x))  # type: ignore[method-assign]
     for block in model.blocks:
@@ -279,10 +296,41 @@ def fsdp_raise(
     untouched = all(
         torch.equal(p.to_local(), b) and p.grad is None for p, b in zip(model.parameters(), before, strict=True)
     )
-    return {
+    result = {
         "rows": rows(report), "seconds": seconds, "raised": counter.raised, "untouched": untouched,
-        "lost": (report.metadata.get("ranks") or {}).get("lost"),
+        "lost": (report.metadata.get("ranks") or {}).get("lost"), "insitu": report.metadata.get("insitu"),
+        "triage": report.metadata.get("triage"), "cost": report.metadata.get("cost"),
     }  # fmt: skip
+    if identical:  # one training step after the profile, against the same step of an unprofiled twin
+        result["identical"] = _step_after(model, x) == _twin_step(rank, x, sleep_s)
+    return result
+
+
+def _step_after(model: nn.Module, x: torch.Tensor) -> list[list[float]]:
+    """One SGD step of ``model`` on ``x``: its local shards after it (as lists, to compare exactly)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(x).sum().backward()
+    opt.step()
+    return [p.to_local().flatten().tolist() for p in model.parameters()]
+
+
+def _twin_step(rank: int, x: torch.Tensor, sleep_s: float) -> list[list[float]]:
+    """The same model built and stepped as :func:`fsdp_raise` builds it, never profiled: the real step,
+    then the step :func:`_step_after` takes."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Net()
+    model.after = RaiseInRoot(_Root(), at=-1, sleep_s=sleep_s)
+    inner = model.forward
+    model.forward = lambda y: model.after(inner(y))  # type: ignore[method-assign]
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    model(x).sum().backward()
+    for p in model.parameters():
+        p.grad = None
+    return _step_after(model, x)
 
 
 def unsharded_flops(out: Path) -> None:
@@ -331,6 +379,16 @@ def _worker(rank: int, scenario: str, out: Path) -> None:
             result = fsdp_raise(rank, out, die=True)
         elif scenario == "fsdp_raise_slice":  # one slice of 4 timed runs after an untimed one: the 2nd raises
             result = fsdp_raise(rank, out, at=6, min_repeats=4, max_repeats=4, rounds=1)
+        elif scenario == "fsdp_triage":  # the in-situ pass and the triage on both ranks; `after` sleeps 0.2 s
+            result = fsdp_raise(rank, out, at=-1, sleep_s=0.2, identical=True, **TRIAGE)
+        elif scenario == "fsdp_insitu_raise":  # the root's 3rd forward: the in-situ pass's warm-up
+            result = fsdp_raise(rank, out, at=3, **TRIAGE)
+        elif scenario == "fsdp_insitu_raise_bwd":  # the 5th: the in-situ pass's second timed pass, its backward
+            result = fsdp_raise(rank, out, at=5, backward=True, **TRIAGE)
+        elif scenario == "fsdp_census_raise":  # the 7th: the census (after the warm-up and 3 passes)
+            result = fsdp_raise(rank, out, at=7, **TRIAGE)
+        elif scenario == "fsdp_insitu_die":  # rank 1's process ends in the in-situ pass's first timed pass
+            result = fsdp_raise(rank, out, at=4, die=True, **TRIAGE)
         else:
             result = raises(rank, out)
     except Exception:
@@ -344,7 +402,7 @@ def main(scenario: str, out: Path) -> None:
     if scenario == "unsharded":
         unsharded_flops(out)
         return
-    if scenario == "fsdp_die":  # mp.spawn would kill rank 0 once rank 1 died: two processes of their own
+    if scenario in ("fsdp_die", "fsdp_insitu_die"):  # mp.spawn would kill rank 0 once rank 1 died: two processes
         ctx = mp.get_context("spawn")
         procs = [ctx.Process(target=_worker, args=(r, scenario, out)) for r in (0, 1)]
         for p in procs:

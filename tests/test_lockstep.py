@@ -242,3 +242,111 @@ def test_a_rank_that_dies_leaves_the_others_a_report_that_names_it(tmp_path: Pat
     estimate = f"{lost}; no child could be measured to estimate it"
     assert {rows[f"blocks.{i}"]["error"] for i in range(3)} == {estimate}
     assert result["seconds"] < 20
+
+
+#: The triage scenarios' model: FSDP2 blocks and the root unit as above, and ``after`` (a plain module after
+#: the head) sleeping 0.2 s in every forward on both ranks: the step's hotspot, the blocks and the head
+#: each well under descend_share=0.05 of a step of >= 200 ms (their in-situ forward and backward are a few
+#: ms each on this machine, collectives included).
+SMALL = ["head", "blocks.0.fc1"]
+
+
+def _same_plan(ranks: list[dict[str, Any]]) -> None:
+    """Both ranks replayed, copied and left in situ the same rows (the lockstep phase needs one plan)."""
+    plans = [{p: (r["status"], r["as"], r["note"]) for p, r in result["rows"].items()} for result in ranks]
+    assert plans[0] == plans[1]
+
+
+@pytest.mark.slow
+def test_fsdp2_the_in_situ_pass_and_the_triage_run_on_every_rank_and_decide_one_plan(tmp_path: Path) -> None:
+    ranks = _run("fsdp_triage", tmp_path, timeout=240)
+    _same_plan(ranks)
+    for rank, result in enumerate(ranks):
+        rows, insitu = result["rows"], result["insitu"]
+        # the in-situ pass ran on both ranks at once (collectives running): a warm-up and 3 passes of the root
+        assert insitu["ranks"] == 2 and insitu["passes"] == 3 and insitu["errors"] == {}, insitu
+        assert insitu["shares_of"] == "forward and backward"  # CPU: every module's backward timed by its nodes
+        assert result["triage"]["groups"] == 1 and "skipped" not in result["triage"], result["triage"]
+        # `after` sleeps 200 ms a call: replayed (its share ~0.9); the root always
+        assert rows["after"]["status"] == "ok" and rows["after"]["as"] is None
+        assert rows[""]["status"] == "ok" and rows[""]["lockstep"] == {"ranks": 2, "repeats": 2}
+        assert rows["after"]["insitu_ms"] >= 200.0
+        # the head is left in situ, with its own in-situ forward and backward (an FSDP2 unit's nodes run in
+        # the in-situ backward: before, they led to no target and read 0)
+        head = rows["head"]
+        assert head["status"] == "skipped" and head["as"] == "insitu", head
+        assert head["insitu_ms"] > 0 and head["insitu_bwd_ms"] > 0, head
+        for i in range(3):
+            assert rows[f"blocks.{i}"]["insitu_bwd_ms"] > 0, (rank, i, rows[f"blocks.{i}"])
+        # every row has a time: replayed (ok), a representative's copy (ok), or in situ
+        assert all(r["status"] in ("ok", "estimated", "skipped") for r in rows.values()), rows
+        assert all(r["insitu_ms"] is not None for p, r in rows.items() if p != "blocks"), rows
+        assert result["untouched"] is True  # shards as before the profile, no gradient left
+        assert result["identical"] is True  # the step after it equals an unprofiled twin's, bit for bit
+
+
+#: scenario -> what every rank's metadata says of the in-situ pass or the census that raised on rank 1
+INSITU_FAULTS = {
+    "fsdp_insitu_raise": ("insitu", "the in-situ pass of root: RuntimeError: rank 1 runs out of memory"),
+    "fsdp_insitu_raise_bwd": (
+        "insitu", "the in-situ pass of root: RuntimeError: rank 1 runs out of memory in the backward"
+    ),
+    "fsdp_census_raise": (
+        "triage",
+        "the census of root: RuntimeError: rank 1 runs out of memory; the ranks descend level by level instead",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", list(INSITU_FAULTS))
+def test_fsdp2_an_in_situ_pass_or_census_that_raises_on_one_rank_leaves_every_rank_measuring(
+    tmp_path: Path, scenario: str
+) -> None:
+    ranks = _run(scenario, tmp_path, timeout=240)
+    where, expected = INSITU_FAULTS[scenario]
+    _same_plan(ranks)
+    for rank, result in enumerate(ranks):
+        # RaiseInRoot raises on rank 1 in the root's 3rd forward (the in-situ pass's warm-up), in the 5th's
+        # backward (its second timed pass), or in the 7th (the census, after a warm-up and 3 passes). Rank 1
+        # issues the rest of rank 0's collectives of that pass on zeros (read from the store: the ledger),
+        # both agree on the error, and both go on without the triage (level by level): every row measured.
+        said = expected if rank == 1 else f"on rank 1: {expected}"
+        if where == "insitu":
+            assert result["insitu"] == {"errors": {"": said}, "ranks": 2}
+            assert result["triage"] is None
+        else:
+            assert result["triage"] == {"skipped": said}
+            assert result["insitu"]["errors"] == {} and result["insitu"]["passes"] == 3
+        rows = result["rows"]
+        assert {p: r["status"] for p, r in rows.items() if p != "blocks"} == dict.fromkeys(
+            ["", "head", "after", *(f"blocks.{i}{s}" for i in range(3) for s in ("", ".fc1", ".fc2"))], "ok"
+        ), rank
+        assert result["raised"] is (rank == 1)
+        assert result["seconds"] < 25  # well within lockstep_timeout_s=30: nobody waited for a lost collective
+        assert result["untouched"] is True
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_in_the_in_situ_pass_leaves_the_other_a_report_that_names_it(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CB_DISABLE": ""}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "fsdp_insitu_die", str(tmp_path)], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # rank 1's process ends in the root's 4th forward (the in-situ pass's first timed pass)
+    assert json.loads((tmp_path / "exitcodes.json").read_text()) == [0, 3]
+    result = json.loads((tmp_path / "rank_0.json").read_text())
+    assert "crash" not in result, result.get("crash")
+    # rank 0's collective with the dead rank raised: the ranks are lost, no plan, and every component that
+    # communicates (all of this FSDP2 model's) fails with that said, within seconds
+    lost = result["lost"]
+    assert lost.startswith("lost a rank during the in-situ pass: it died or did not answer ("), lost
+    assert result["insitu"] == {"errors": {"": lost}, "ranks": 2}
+    rows = result["rows"]
+    leaves = ["head", "after", *(f"blocks.{i}.fc{j}" for i in range(3) for j in (1, 2))]
+    assert {p: rows[p]["error"] for p in ["", *leaves]} == dict.fromkeys(["", *leaves], lost) | {
+        "": f"{lost}; no child could be measured to estimate it"
+    }
+    assert result["seconds"] < 20

@@ -13,6 +13,7 @@ run after it, and their counts would differ by order.)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -28,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from cb_callback._engine.collectives import refuse_collectives
 from cb_callback._engine.component import ComponentRun
+from cb_callback._engine.fsdp import has_unit
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.isolate import Replay, flatten_output, unobserved
 from cb_callback._engine.nodeclock import backward_prefix, claim_nodes, input_nodes, next_node_number
@@ -37,7 +39,7 @@ from cb_callback._metrics.flops import _RULES as _FLOP_RULES
 from cb_callback._metrics.traffic import _op_bytes
 from cb_callback._report.model import error_text
 
-__all__ = ["Census", "census_of", "count_step", "with_grad"]
+__all__ = ["Census", "CountsOf", "census_of", "count_step", "with_grad"]
 
 
 @dataclass
@@ -66,6 +68,15 @@ class Census:
 
     def to_metadata(self) -> dict[str, Any]:
         return {"seconds": self.seconds, "tops": list(self.tops), "errors": dict(self.errors)}
+
+
+class CountsOf(dict[str, "tuple[int, int, int] | None"]):
+    """One batch's counts (as :attr:`Census.flops` holds them) named for the triage's messages: ``where``
+    follows the counts in a difference it finds (``" (rank 1)"``: another rank's counts)."""
+
+    def __init__(self, counts: Mapping[str, tuple[int, int, int] | None], where: str) -> None:
+        super().__init__(counts)
+        self.where = where
 
 
 class _Attribution:
@@ -208,7 +219,7 @@ def _view(x: Any) -> Any:
     return x.view_as(x) if isinstance(x, torch.Tensor) and x.requires_grad else x
 
 
-def _count_top(replay: Replay, backward: bool, tracked: Sequence[nn.Module]) -> _Attribution:
+def _count_top(replay: Replay, backward: bool, tracked: Sequence[nn.Module], collectives: bool = False) -> _Attribution:
     """One forward and (``backward``, when there is one) one backward of ``replay``, every op's FLOPs
     attributed to the ``tracked`` modules (by ``id``) that built it."""
     attribution = _Attribution({id(m) for m in tracked})
@@ -218,7 +229,8 @@ def _count_top(replay: Replay, backward: bool, tracked: Sequence[nn.Module]) -> 
         for m in tracked:
             handles.append(m.register_forward_pre_hook(attribution.pre, with_kwargs=True))
             handles.append(m.register_forward_hook(attribution.post, always_call=True))
-        with refuse_collectives(), _CountingMode(attribution):
+        refuse = contextlib.nullcontext if collectives else refuse_collectives
+        with refuse(), _CountingMode(attribution):
             out = replay.forward(inputs)
             # The backward starts from a view of each output (the top's own output is then a node it built).
             leaves = [_view(t) for t in flatten_output(out)[0]]
@@ -246,6 +258,7 @@ def count_step(
     batches: int,
     *,
     backward: bool = True,
+    collectives: bool = False,
 ) -> Census:
     """Count every node's FLOPs in each captured batch: each top replayed whole once, forward and backward.
 
@@ -261,6 +274,10 @@ def count_step(
         modules: each node's module.
         batches: how many captured batches.
         backward: count the backward too.
+        collectives: let the passes communicate (several ranks, every rank
+            counting the same tops: :mod:`cb_callback._engine.ranked_triage`);
+            then a top whose pass raises is not tried again (its second try
+            would issue collectives the other ranks do not) and ends the census.
     """
     out = Census(tops=list(dict.fromkeys(t for mine in tops for t in mine)))
     t0 = time.perf_counter()
@@ -270,13 +287,17 @@ def count_step(
             seen[id(modules[n.path])] = seen.get(id(modules[n.path]), 0) + 1
     shared = {key for key, k in seen.items() if k > 1}  # one module, several nodes: its counts are not one node's
     for b in range(batches):
+        if collectives and out.errors:
+            break
         found: dict[str, tuple[int, int, int] | None] = {}
         for top in tops[b]:
             below = [n.path for n in nodes if top == "" or n.path == top or n.path.startswith(top + ".")]
             tracked = list({id(modules[p]): modules[p] for p in below if p in modules}.values())
-            counted = _counted(top, b, replay_of, model, backward, tracked, out.errors)
+            counted = _counted(top, b, replay_of, model, backward, tracked, out.errors, collectives)
             if counted is None:
                 found.update(dict.fromkeys(below))  # uncounted: never proven equal to anything
+                if collectives:
+                    break
                 continue
             fwd, bwd, moved = counted.flops["fwd"], counted.flops["bwd"], counted.flops["bytes"]
             for path in below:
@@ -297,13 +318,14 @@ def _counted(
     backward: bool,
     tracked: Sequence[nn.Module],
     errors: dict[str, str],
+    collectives: bool = False,
 ) -> _Attribution | None:
-    """``top``'s counts on its call as the step made it, else with its floating inputs requiring grad;
-    ``None`` (the first error in ``errors``) when both raised."""
-    for every_grad in (False, True):
+    """``top``'s counts on its call as the step made it, else (not with ``collectives``) with its
+    floating inputs requiring grad; ``None`` (the first error in ``errors``) when the tries raised."""
+    for every_grad in (False,) if collectives else (False, True):
         try:
             with StateGuard(model):
-                return _count_top(replay_of(top, batch, every_grad), backward, tracked)
+                return _count_top(replay_of(top, batch, every_grad), backward, tracked, collectives)
         except Exception as e:
             if not every_grad:
                 errors.setdefault(top, error_text(e))
@@ -316,12 +338,19 @@ def census_of(
     modules: Mapping[str, nn.Module],
     batches: Sequence[Mapping[str, ComponentInputs]],
     tops: Sequence[Sequence[str]],
+    *,
+    collectives: bool = False,
 ) -> Census:
     """:func:`count_step` of a run: each top replayed as the in-situ pass replays it (``run.inputs_for``:
     its preprocessed call, kept for its own replay; ``run.replay``), as :func:`count_step` says."""
 
     def replay_of(top: str, b: int, every_grad: bool) -> Replay:
         inputs = run.inputs_for(top, modules[top], batches[b], b, keep=True)
-        return run.replay(modules[top], with_grad(inputs) if every_grad else inputs, batches[b][top])
+        accumulate = collectives or has_unit(modules[top])  # every node runs, as in the in-situ pass
+        return run.replay(
+            modules[top], with_grad(inputs) if every_grad else inputs, batches[b][top], accumulate=accumulate
+        )  # fmt: skip
 
-    return count_step(tops, replay_of, run.model, nodes, modules, len(batches), backward=run.cfg.backward)
+    return count_step(
+        tops, replay_of, run.model, nodes, modules, len(batches), backward=run.cfg.backward, collectives=collectives
+    )  # fmt: skip

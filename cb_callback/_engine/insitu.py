@@ -175,6 +175,7 @@ def time_in_situ(
     budget_s: float | None = None,
     backward: bool = True,
     only: set[str] | None = None,
+    collectives: bool = False,
 ) -> InSituTimes:
     """Run each top component whole ``passes + 1`` times (the first a warm-up), every module's calls timed.
 
@@ -195,6 +196,11 @@ def time_in_situ(
             the engine's hooks on it (:class:`cb_callback._engine.nodeclock.NodeClock`,
             which says what that cannot see: the gradient sums, a CUDA device).
         only: the paths to time (default: every node).
+        collectives: let the passes communicate (several ranks, every rank
+            running the same passes: :mod:`cb_callback._engine.ranked_triage`);
+            then the first top whose pass raises ends the pass (a rank that went
+            on would issue collectives the others do not), else a collective
+            raises (on one process it would wait forever).
 
     Notes:
         The pass copies nothing inside the forward: the inputs are fresh before
@@ -218,7 +224,9 @@ def time_in_situ(
             for i in range(passes + 1):
                 nodes = NodeClock() if by_nodes and i > 0 else None
                 try:
-                    spent, seconds = _one_pass(replay, root, clock, only, device, backward, nodes, warm_up=i == 0)
+                    spent, seconds = _one_pass(
+                        replay, root, clock, only, device, backward, nodes, warm_up=i == 0, collectives=collectives
+                    )  # fmt: skip
                     if i == 0:
                         continue
                     if seconds is not None and nodes is not None:
@@ -242,6 +250,8 @@ def time_in_situ(
                     break
         except Exception as e:
             out.errors[top] = error_text(e)
+            if collectives:
+                break
     out.passes = min(done.values(), default=0)
     out.times = _medians(per_pass, bwd_s, node_s, out.passes)
     out.seconds = time.perf_counter() - t_start
@@ -257,6 +267,7 @@ def _one_pass(
     backward: bool,
     nodes: NodeClock | None,
     warm_up: bool,
+    collectives: bool = False,
 ) -> tuple[dict[str, list[float]], float | None]:
     """One forward of a top with every module's calls marked on ``clock`` (their durations), then its
     backward: untimed in the ``warm_up`` (the first backward allocates what later ones reuse), else its
@@ -265,7 +276,8 @@ def _one_pass(
     nodes they build."""
     clock.clear()
     inputs = replay.fresh_inputs()
-    with refuse_collectives(), hook_clock(root, clock, only, nodes):
+    refuse = contextlib.nullcontext if collectives else refuse_collectives
+    with refuse(), hook_clock(root, clock, only, nodes):
         result = replay.forward(inputs)
     spent = clock.durations()
     back = replay.backward(inputs, result) if backward else None
@@ -276,7 +288,7 @@ def _one_pass(
         back.run()
         return spent, None
     claims = hook_clock(root, HookClock(device), only, nodes) if nodes else contextlib.nullcontext()
-    with refuse_collectives(), claims:
+    with refuse(), claims:
         return spent, _timed(back.run, device)
 
 

@@ -140,6 +140,11 @@ class Coordinator:
             return None
         return cls(DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s))
 
+    def agree(self, error: str | None) -> str | None:
+        """An agreement point: every rank's ``error``, the first one (named by its rank when another's),
+        else ``None``; the same on every rank."""
+        return _agree(self, error)
+
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
         out: list[Any] = [None] * self.world
@@ -572,7 +577,12 @@ def plan_of(deferred: Sequence[Sequence[tuple[str, int, str]]], order: Sequence[
 
 
 def phase(schedule: Any, coord: Coordinator) -> None:
-    """The lockstep phase of a run (after every level's rank-local replays; see the module docstring)."""
+    """The lockstep phase of a run (after every level's rank-local replays; see the module docstring).
+    With the ranks already lost (the in-situ pass found a rank gone), every deferred row fails with why."""
+    if coord.lost is not None:
+        for path, batch, _ in schedule.run.deferred:
+            _fail(schedule.row_of(path, batch), coord.lost)
+        return
     every = coord.gather(list(schedule.run.deferred))
     order = [n.path for n in schedule.nodes]
     plan = coord.broadcast(plan_of(every, order, schedule.units) if coord.rank == 0 else None)

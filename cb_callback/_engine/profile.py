@@ -17,13 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from cb_callback._engine import lockstep
+from cb_callback._engine import lockstep, ranked_triage
 from cb_callback._engine.batches import batch_size_of, merged_calls
 from cb_callback._engine.capture import Capture
-from cb_callback._engine.census import census_of
+from cb_callback._engine.census import Census, census_of
 from cb_callback._engine.component import ComponentRun
 from cb_callback._engine.config import BenchmarkConfig
-from cb_callback._engine.fsdp import fsdp1_problem
+from cb_callback._engine.fsdp import fsdp1_problem, has_unit
 from cb_callback._engine.inputs import (
     ComponentInputs,
     InputCopyError,
@@ -223,43 +223,62 @@ def _triage(
     calls: Mapping[str, ComponentInputs],
     cfg: BenchmarkConfig,
     device: torch.device,
-    coord: Any,
+    coord: Coordinator | None,
     meta: dict[str, Any],
 ) -> tuple[list[InSituTimes], Plan | None]:
     """Each batch's in-situ pass, then (``descend="hotspots"``) the triage's plan from its times.
 
-    No in-situ pass with ``insitu_passes=0``, ``max_total_time_s=0`` or several
-    ranks (the passes would communicate; ``metadata["insitu"]`` says so). No
-    plan (``hotspots`` descends level by level on measured shares) when a top
-    component's pass raised or nothing was timed.
+    No in-situ pass with ``insitu_passes=0`` or ``max_total_time_s=0``. Under
+    several ranks every rank runs the passes at once and decides one plan
+    (:mod:`cb_callback._engine.ranked_triage`). No plan (``hotspots`` descends
+    level by level on measured shares) when a top component's pass raised
+    (under several ranks: on any rank), nothing was timed, or the ranks'
+    plans differ.
     """
     if cfg.insitu_passes == 0 or cfg.max_total_time_s == 0:
         return [], None
-    if coord is not None:
-        meta["insitu"] = {"skipped": "several ranks: an in-situ pass of a sharded model communicates"}
-        return [], None
     paths = [n.path for n in nodes]
     only = set(paths)
-    out: list[InSituTimes] = []
-    for b, batch_calls in enumerate(batches):
+    ranked = coord is not None
 
-        def replay_of(top: str, batch_calls: Mapping[str, ComponentInputs] = batch_calls, b: int = b) -> Any:
-            inputs = run.inputs_for(top, modules[top], batch_calls, b, keep=True)
-            return run.replay(modules[top], inputs, batch_calls[top])
+    def passes() -> list[InSituTimes]:
+        out: list[InSituTimes] = []
+        for b, batch_calls in enumerate(batches):
+            if ranked and any(t.errors for t in out):
+                break  # a rank that went on would issue collectives the others do not
 
-        out.append(
-            time_in_situ(
-                top_paths(batch_calls, paths),
-                replay_of,
-                run.model,
-                device,
-                passes=cfg.insitu_passes,
-                budget_s=_insitu_budget(cfg),
-                backward=cfg.backward,
-                only=only,
-            )
-        )
+            def replay_of(top: str, batch_calls: Mapping[str, ComponentInputs] = batch_calls, b: int = b) -> Any:
+                inputs = run.inputs_for(top, modules[top], batch_calls, b, keep=True)
+                # the backward as the step's (every node runs): an FSDP2 unit's own nodes lead to no target
+                accumulate = ranked or has_unit(modules[top])
+                return run.replay(modules[top], inputs, batch_calls[top], accumulate=accumulate)
+
+            out.append(
+                time_in_situ(
+                    top_paths(batch_calls, paths), replay_of, run.model, device, passes=cfg.insitu_passes,
+                    budget_s=None if ranked else _insitu_budget(cfg), backward=cfg.backward, only=only,
+                    collectives=ranked,
+                )
+            )  # fmt: skip
+        return out
+
+    if coord is None:
+        out = passes()
+    else:
+
+        def checked() -> tuple[list[InSituTimes], str | None]:
+            times = passes()
+            errors = [f"{top or 'root'}: {e}" for t in times for top, e in t.errors.items()]
+            return times, f"the in-situ pass of {errors[0]}" if errors else None
+
+        ran, error = ranked_triage.together(coord, run.model, "the in-situ pass", checked)
+        if ran is None:
+            meta["insitu"] = {"errors": {"": error}, "ranks": coord.world}
+            return [], None
+        out = ran
     meta["insitu"] = out[0].to_metadata() if len(out) == 1 else {"batches": [t.to_metadata() for t in out]}
+    if coord is not None:
+        meta["insitu"]["ranks"] = coord.world  # every rank ran it; the triage decided on the max over them
     if cfg.descend != "hotspots" or any(t.errors for t in out) or not all(t.times for t in out):
         return out, None
     costs: dict[str, float | None] = {}
@@ -269,19 +288,32 @@ def _triage(
             if c is not None:
                 costs[path] = (costs.get(path) or 0.0) + c
         step += t.step_ms({p: c.calls for p, c in batch_calls.items()})
+    times = out[0].times
+    if coord is not None:
+        costs, step = ranked_triage.reduce_costs(coord, costs, step)
+        times = ranked_triage.reduce_times(coord, times)
     decide = functools.partial(
         triage, nodes, modules, calls, costs, step, descend_share=cfg.descend_share,
-        representatives=cfg.representatives, insitu=out[0].times, batches=batches,
+        representatives=cfg.representatives, insitu=times, batches=batches,
     )  # fmt: skip
     plan = decide()
     census = None
     # Repeated structure: a copy is proven by the FLOPs each module counted in the step. Rows not replayed
     # (not descended into) take their FLOPs and bytes from it (details["as"] = "insitu").
     if plan.groups or plan.skip:
-        census = census_of(run, nodes, modules, batches, [t.tops for t in out])
+        census, why = _census(run, nodes, modules, batches, [t.tops for t in out], coord)
+        if census is None:
+            meta["triage"] = {"skipped": why}
+            return out, None
         run.instrumented_s += census.seconds  # an observed pass (cost: instrumented_s, of it census_s)
-        plan = decide(census=census.flops) if plan.groups else plan
+        counts: Sequence[Mapping[str, Any]] = census.flops
+        if coord is not None:
+            counts = ranked_triage.every_rank_counts(coord, census.flops)
+        plan = decide(census=counts) if plan.groups else plan
         plan.census_s, plan.census = census.seconds, census.flops
+    if coord is not None and (differs := ranked_triage.plan_difference(coord, plan)) is not None:
+        meta["triage"] = {"skipped": differs}
+        return out, None
     groups = {id(info) for info in plan.groups.values()}
     meta["triage"] = {
         "replayed": plan.replayed, "copied": len(plan.copy), "not_descended": len(plan.skip),
@@ -290,6 +322,28 @@ def _triage(
     if census is not None:
         meta["triage"]["census"] = census.to_metadata()
     return out, plan
+
+
+def _census(
+    run: ComponentRun,
+    nodes: Sequence[Node],
+    modules: Mapping[str, nn.Module],
+    batches: Sequence[Mapping[str, ComponentInputs]],
+    tops: Sequence[Sequence[str]],
+    coord: Coordinator | None,
+) -> tuple[Census | None, str]:
+    """The census of the step's FLOPs (:func:`census_of`); under several ranks every rank's at once
+    (``None`` and why, on every rank, when it raised on any: the triage then has no plan)."""
+    if coord is None:
+        return census_of(run, nodes, modules, batches, tops), ""
+
+    def count() -> tuple[Census, str | None]:
+        census = census_of(run, nodes, modules, batches, tops, collectives=True)
+        errors = [f"{top or 'root'}: {e}" for top, e in census.errors.items()]
+        return census, f"the census of {errors[0]}" if errors else None
+
+    census, error = ranked_triage.together(coord, run.model, "the census", count)
+    return census, f"{error}; the ranks descend level by level instead"
 
 
 def _compiled_net_of_floor(rows: Iterable[ComponentRow]) -> None:

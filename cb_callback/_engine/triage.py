@@ -132,7 +132,7 @@ def _own_difference(p: str, q: str, batches: Sequence[Mapping[str, ComponentInpu
             return why if len(batches) == 1 else f"{why} (batch {b})"
     for b, counts in enumerate(census):
         mine, theirs = counts.get(p), counts.get(q)
-        where = "" if len(census) == 1 else f" (batch {b})"
+        where = getattr(counts, "where", "" if len(census) == 1 else f" (batch {b})")  # CountsOf: its own
         uncounted = [x for x in (p, q) if x in counts and counts[x] is None]
         if uncounted:
             return f"the census of the step's FLOPs could not count {uncounted[0] or 'root'}{where}: not proven equal"

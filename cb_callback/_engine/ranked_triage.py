@@ -1,0 +1,182 @@
+"""The in-situ pass, the census and the triage under several ranks: one plan, the same on every rank.
+
+On one process the triage decides the replays from this process's in-situ
+times (:mod:`cb_callback._engine.triage`). Under a process group of several
+ranks every rank must decide the *same* replays, or the lockstep phase would
+wait for a component another rank never replays. So:
+
+1. Every rank runs the in-situ pass (and later the census) at once, the same
+   tops, the same number of passes (no time budget cuts a rank's passes
+   short), collectives running: an FSDP2 unit all-gathers, a sharded table
+   exchanges its lookups, as in the real step. The in-situ times of a
+   communicating module include its collectives (and what the pass adds to
+   each: one write of it to the process group's store, below).
+2. What could hang is guarded as a lockstep component's first pass is
+   (:mod:`cb_callback._engine.ledger`): every rank writes each collective it
+   issues to the store, and a rank whose pass raises issues the rest of the
+   others' on zeros, so every rank reaches the agreement point, where the
+   error is agreed on (named by its rank). A pass that failed on any rank
+   leaves every rank without in-situ times (``metadata["insitu"]["errors"]``),
+   and the profile descends level by level on measured shares, as it did
+   before the triage ran under several ranks.
+3. The triage's inputs are reduced across ranks before it decides: each
+   component's in-situ cost over the step and the step's are the **max** over
+   the ranks (the slowest rank's share decides), its per-call times the max
+   too (:func:`reduce_costs`, :func:`reduce_times`); the census's counts are
+   every rank's, each rank's compared on its own (:func:`every_rank_counts`: a
+   member copies its representative's rows only when it did the same work on
+   every rank).
+4. Each rank's plan is then compared with rank 0's (:func:`plan_difference`);
+   a difference (a member called otherwise on one rank: the captured calls are
+   each rank's own) leaves every rank without a plan, and says so.
+
+What this cannot see: a rank's rows keep its own in-situ times and counts
+(``details["insitu"]``); the reduction only decides what is replayed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from cb_callback._engine.census import CountsOf
+from cb_callback._engine.comm import CommCounter
+from cb_callback._engine.fsdp import save_fsdp_state
+from cb_callback._engine.insitu import InSitu
+from cb_callback._engine.lockstep import Coordinator
+from cb_callback._engine.triage import Plan
+from cb_callback._report.model import error_text
+
+__all__ = ["every_rank_counts", "plan_difference", "reduce_costs", "reduce_times", "together"]
+
+T = TypeVar("T")
+
+
+def together(
+    coord: Coordinator, model: Any, what: str, work: Callable[[], tuple[T, str | None]]
+) -> tuple[T | None, str | None]:
+    """``work()`` on every rank at once, its collectives written down (:mod:`cb_callback._engine.ledger`);
+    ``work`` returns its value and its error (``None``: it succeeded). ``(the value, None)`` when it
+    succeeded on every rank, else ``(None, the first rank's error)`` on every rank (``what`` names the
+    pass in the message of one that raised).
+
+    A rank whose ``work`` raised or returned an error issues the rest of the
+    others' collectives on zeros, then puts the model's FSDP2 units back as before; one that cannot
+    (an op the ledger cannot write down) marks the ranks lost (:attr:`Coordinator.lost`): nothing
+    more is asked of the others.
+    """
+    restore = save_fsdp_state(model)
+    ledger = coord.ledger()
+    value: T | None = None
+    error: str | None = None
+    try:
+        with CommCounter(ledger=ledger):
+            value, error = work()
+    except Exception as e:
+        error = f"{what} raised {error_text(e)}"
+    finally:
+        ledger.end()
+    if error is not None and _lost_peer(error):  # a rank died: nobody is left to finish the pass for
+        restore()
+        coord.lost = f"lost a rank during {what}: it died or did not answer ({error}); nothing was replayed in lockstep"
+        return None, coord.lost
+    if error is not None:
+        why = ledger.finish_for_others()
+        if why is not None:
+            restore()
+            coord.lost = (
+                f"{what} failed on rank {coord.rank} ({error}) and could not be finished for the other ranks "
+                f"({why}); nothing after it was replayed in lockstep"
+            )
+            return None, coord.lost
+    try:
+        agreed = coord.agree(error)
+    except Exception as e:
+        if not _lost_peer(str(e)):
+            raise
+        restore()
+        coord.lost = (
+            f"lost a rank after {what}: it died or did not answer ({error_text(e)}); nothing was replayed in lockstep"
+        )
+        return None, coord.lost
+    if agreed is not None:
+        restore()
+        return None, agreed
+    return value, None
+
+
+def _lost_peer(text: str) -> bool:
+    """Whether an error's text is a collective's that lost its peers (gloo's "Connection closed by peer",
+    "Timed out waiting ... for send"; as :func:`cb_callback._engine.lockstep` tells them)."""
+    return "Connection closed" in text or "Connection reset" in text or ("gloo" in text and "Timed out" in text)
+
+
+def reduce_costs(
+    coord: Coordinator, costs: Mapping[str, float | None], step_ms: float
+) -> tuple[dict[str, float | None], float]:
+    """Each component's in-situ cost over the step, and the step's, as the max over the ranks (a
+    component one rank did not time: the others' max; none: ``None``)."""
+    every = coord.gather((dict(costs), step_ms))
+    out: dict[str, float | None] = {}
+    for path in dict.fromkeys(p for mine, _ in every for p in mine):
+        seen = [c for mine, _ in every if (c := mine.get(path)) is not None]
+        out[path] = max(seen) if seen else None
+    return out, max(s for _, s in every)
+
+
+def reduce_times(coord: Coordinator, times: Mapping[str, InSitu]) -> dict[str, InSitu]:
+    """Each component's in-situ times per call as the max over the ranks: forward, spread, backward
+    (NaN on any rank: NaN, so that every rank's triage sees the same); its calls this rank's."""
+    every = coord.gather({p: (t.fwd_ms, t.calls, t.spread, t.bwd_ms) for p, t in times.items()})
+    out: dict[str, InSitu] = {}
+    for path in dict.fromkeys(p for mine in every for p in mine):
+        seen = [mine[path] for mine in every if path in mine]
+        calls = times[path].calls if path in times else seen[0][1]
+        fwd, spread, bwd = (_max(s[i] for s in seen) for i in (0, 2, 3))
+        out[path] = InSitu(fwd_ms=fwd, calls=calls, spread=spread, bwd_ms=bwd)
+    return out
+
+
+def _max(values: Any) -> float:
+    """The max; NaN when any is NaN (Python's ``max`` would depend on the order)."""
+    values = list(values)
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
+
+
+def every_rank_counts(coord: Coordinator, flops: Sequence[Mapping[str, tuple[int, int, int] | None]]) -> list[CountsOf]:
+    """Every rank's census counts, per rank and batch (what the triage compares a member's with its
+    representative's in: the same work on every rank, each rank's against its own), each named by its
+    rank (and batch) in the triage's message."""
+    every = coord.gather([dict(c) for c in flops])
+    out: list[CountsOf] = []
+    for rank, mine in enumerate(every):
+        for b, counts in enumerate(mine):
+            out.append(CountsOf(counts, f" (rank {rank})" if len(mine) == 1 else f" (rank {rank}, batch {b})"))
+    return out
+
+
+def _decisions(plan: Plan) -> dict[str, Any]:
+    """What a plan decides (the replays), not the figures it decided them by."""
+    return {
+        "skip": sorted(plan.skip),
+        "copy": sorted(plan.copy.items()),
+        "alone": sorted(plan.alone),
+        "not_copies": sorted(plan.not_copies),
+        "groups": sorted((p, tuple(g["representatives"])) for p, g in plan.groups.items()),
+    }
+
+
+def plan_difference(coord: Coordinator, plan: Plan) -> str | None:
+    """``None`` when every rank's triage decided the same replays as rank 0's, else what differs first."""
+    every = coord.gather(_decisions(plan))
+    for rank, theirs in enumerate(every[1:], start=1):
+        for key, value in every[0].items():
+            if theirs[key] != value:
+                ours, other = set(map(str, value)), set(map(str, theirs[key]))
+                first = sorted(ours ^ other)[:1]
+                return (
+                    f"the triage's plans differ between rank 0 and rank {rank} ({key}: "
+                    f"{first[0] if first else 'the order'}); the ranks descend level by level instead"
+                )
+    return None
