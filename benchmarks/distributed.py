@@ -46,13 +46,15 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-def _profile(model: torch.nn.Module, x: torch.Tensor, settings: str) -> tuple[float, int]:
+def _profile(model: torch.nn.Module, x: torch.Tensor, settings: str) -> tuple[float, int, int]:
+    """The profile's wall, its rows ``ok`` and its rows left in situ (``details["as"] == "insitu"``)."""
     import cb_callback
 
     t0 = time.perf_counter()
     report = cb_callback.profile_components(model, x, load_plugins=False, **SETTINGS[settings])
     wall = time.perf_counter() - t0
-    return wall, sum(1 for r in report.rows if r.status == "ok")
+    insitu = sum(1 for r in report.rows if r.details.get("as") == "insitu")
+    return wall, sum(1 for r in report.rows if r.status == "ok"), insitu
 
 
 def _rank(rank: int, store: str, settings: str, threads: int, out: str) -> None:
@@ -64,8 +66,8 @@ def _rank(rank: int, store: str, settings: str, threads: int, out: str) -> None:
         model(x).sum().backward()  # one real step's forward and backward (FSDP's state as in training)
         for p in model.parameters():
             p.grad = None
-        wall, ok = _profile(model, x, settings)
-        Path(out, f"rank_{rank}.json").write_text(json.dumps({"wall_s": wall, "ok": ok}))
+        wall, ok, insitu = _profile(model, x, settings)
+        Path(out, f"rank_{rank}.json").write_text(json.dumps({"wall_s": wall, "ok": ok, "insitu": insitu}))
     finally:
         dist.destroy_process_group()
 
@@ -76,8 +78,8 @@ def _one_rank(settings: str, threads: int) -> dict[str, Any]:
         "import json, sys, torch; sys.path.insert(0, sys.argv[1]); torch.set_num_threads(int(sys.argv[3]));"
         "from benchmarks.distributed import _profile; from tests._lockstep_script import Net, batch;"
         "torch.manual_seed(0); m = Net(); x = batch(0); m(x).sum().backward();"  # a real step first, as on 2 ranks
-        "[setattr(p, 'grad', None) for p in m.parameters()]; wall, ok = _profile(m, x, sys.argv[2]);"
-        "print(json.dumps({'wall_s': wall, 'ok': ok}))"
+        "[setattr(p, 'grad', None) for p in m.parameters()]; wall, ok, insitu = _profile(m, x, sys.argv[2]);"
+        "print(json.dumps({'wall_s': wall, 'ok': ok, 'insitu': insitu}))"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, str(REPO), settings, str(threads)], capture_output=True, text=True, check=True
@@ -89,7 +91,13 @@ def _two_ranks(settings: str, threads: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_rank, args=(str(Path(tmp) / "store"), settings, threads, tmp), nprocs=2, join=True)
         ranks = [json.loads(Path(tmp, f"rank_{r}.json").read_text()) for r in (0, 1)]
-    return {"wall_s": max(r["wall_s"] for r in ranks), "ok": ranks[0]["ok"], "per_rank_s": [r["wall_s"] for r in ranks]}
+    wall = max(r["wall_s"] for r in ranks)
+    return {
+        "wall_s": wall,
+        "ok": ranks[0]["ok"],
+        "insitu": ranks[0]["insitu"],
+        "per_rank_s": [r["wall_s"] for r in ranks],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,10 +119,12 @@ def main(argv: list[str] | None = None) -> None:
         "unsharded_1_rank_s": [r["wall_s"] for r in one], "fsdp2_2_ranks_s": [r["wall_s"] for r in two],
         "median_unsharded_s": m1, "median_fsdp2_s": m2, "ratio": m2 / m1,
         "rows_ok": {"unsharded": one[0]["ok"], "fsdp2": two[0]["ok"]},
+        "rows_in_situ": {"unsharded": one[0]["insitu"], "fsdp2": two[0]["insitu"]},
     }  # fmt: skip
     print(
         f"settings={args.settings} threads={args.threads}: unsharded 1 rank {m1:.2f} s, FSDP2 2 ranks {m2:.2f} s "
-        f"(median of {args.runs}); ratio {m2 / m1:.2f}; rows ok {one[0]['ok']} / {two[0]['ok']}"
+        f"(median of {args.runs}); ratio {m2 / m1:.2f}; rows ok {one[0]['ok']} / {two[0]['ok']}, in situ "
+        f"{one[0]['insitu']} / {two[0]['insitu']}"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

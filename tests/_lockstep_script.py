@@ -212,6 +212,9 @@ class _Root:
     calls = 0
     raised = False
 
+    def __init__(self) -> None:
+        self.modes: list[int] = []  # per forward of RaiseInRoot: how many dispatch modes were active
+
 
 class _RaiseInBackward(torch.autograd.Function):
     """Identity whose backward raises (on rank 1, once: ``root.raised``)."""
@@ -243,6 +246,9 @@ class RaiseInRoot(nn.Module):
         self.sleep_s = sleep_s  # every forward, on every rank (the triage scenarios' hotspot)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        self.root.modes.append(len(_get_current_dispatch_mode_stack()))  # (on an object: profiling keeps it)
         if dist.get_rank() == 1 and self.root.calls == self.at and not self.root.raised and self.backward:
             return _RaiseInBackward.apply(x, self.root)
         if dist.get_rank() == 1 and self.root.calls == self.at and not self.root.raised and self.die:
@@ -299,7 +305,7 @@ def fsdp_raise(
     result = {
         "rows": rows(report), "seconds": seconds, "raised": counter.raised, "untouched": untouched,
         "lost": (report.metadata.get("ranks") or {}).get("lost"), "insitu": report.metadata.get("insitu"),
-        "triage": report.metadata.get("triage"), "cost": report.metadata.get("cost"),
+        "triage": report.metadata.get("triage"), "cost": report.metadata.get("cost"), "modes": counter.modes,
     }  # fmt: skip
     if identical:  # one training step after the profile, against the same step of an unprofiled twin
         result["identical"] = _step_after(model, x) == _twin_step(rank, x, sleep_s)
@@ -383,8 +389,8 @@ def _worker(rank: int, scenario: str, out: Path) -> None:
             result = fsdp_raise(rank, out, at=-1, sleep_s=0.2, identical=True, **TRIAGE)
         elif scenario == "fsdp_insitu_raise":  # the root's 3rd forward: the in-situ pass's warm-up
             result = fsdp_raise(rank, out, at=3, **TRIAGE)
-        elif scenario == "fsdp_insitu_raise_bwd":  # the 5th: the in-situ pass's second timed pass, its backward
-            result = fsdp_raise(rank, out, at=5, backward=True, **TRIAGE)
+        elif scenario == "fsdp_insitu_raise_bwd":  # the 3rd's backward: the in-situ pass's warm-up's
+            result = fsdp_raise(rank, out, at=3, backward=True, **TRIAGE)
         elif scenario == "fsdp_census_raise":  # the 7th: the census (after the warm-up and 3 passes)
             result = fsdp_raise(rank, out, at=7, **TRIAGE)
         elif scenario == "fsdp_insitu_die":  # rank 1's process ends in the in-situ pass's first timed pass

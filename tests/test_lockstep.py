@@ -283,6 +283,10 @@ def test_fsdp2_the_in_situ_pass_and_the_triage_run_on_every_rank_and_decide_one_
         assert all(r["insitu_ms"] is not None for p, r in rows.items() if p != "blocks"), rows
         assert result["untouched"] is True  # shards as before the profile, no gradient left
         assert result["identical"] is True  # the step after it equals an unprofiled twin's, bit for bit
+        # the root's forwards: 1 the real step, 2 the capture, 3 the in-situ warm-up (its collectives written
+        # down: the ledger's dispatch mode), 4-6 the timed passes with no dispatch mode (nothing added to the
+        # ops they time), 7 the census (its counting mode and the ledger's)
+        assert result["modes"][:7] == [0, 0, 1, 0, 0, 0, 2], result["modes"]
 
 
 #: scenario -> what every rank's metadata says of the in-situ pass or the census that raised on rank 1
@@ -307,8 +311,8 @@ def test_fsdp2_an_in_situ_pass_or_census_that_raises_on_one_rank_leaves_every_ra
     where, expected = INSITU_FAULTS[scenario]
     _same_plan(ranks)
     for rank, result in enumerate(ranks):
-        # RaiseInRoot raises on rank 1 in the root's 3rd forward (the in-situ pass's warm-up), in the 5th's
-        # backward (its second timed pass), or in the 7th (the census, after a warm-up and 3 passes). Rank 1
+        # RaiseInRoot raises on rank 1 in the root's 3rd forward (the in-situ pass's warm-up), in its backward,
+        # or in the 7th forward (the census, after a warm-up and 3 timed passes). Rank 1
         # issues the rest of rank 0's collectives of that pass on zeros (read from the store: the ledger),
         # both agree on the error, and both go on without the triage (level by level): every row measured.
         said = expected if rank == 1 else f"on rank 1: {expected}"

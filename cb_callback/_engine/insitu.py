@@ -176,6 +176,7 @@ def time_in_situ(
     backward: bool = True,
     only: set[str] | None = None,
     collectives: bool = False,
+    warm_up: bool = True,
 ) -> InSituTimes:
     """Run each top component whole ``passes + 1`` times (the first a warm-up), every module's calls timed.
 
@@ -201,6 +202,8 @@ def time_in_situ(
             then the first top whose pass raises ends the pass (a rank that went
             on would issue collectives the others do not), else a collective
             raises (on one process it would wait forever).
+        warm_up: run the untimed warm-up first (``False``: a warm-up ran
+            already, under several ranks a pass of its own).
 
     Notes:
         The pass copies nothing inside the forward: the inputs are fresh before
@@ -221,7 +224,7 @@ def time_in_situ(
         try:
             replay = replay_of(top)
             top_s = 0.0
-            for i in range(passes + 1):
+            for i in range(0 if warm_up else 1, passes + 1):
                 nodes = NodeClock() if by_nodes and i > 0 else None
                 try:
                     spent, seconds = _one_pass(

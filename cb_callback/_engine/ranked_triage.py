@@ -9,16 +9,26 @@ wait for a component another rank never replays. So:
    tops, the same number of passes (no time budget cuts a rank's passes
    short), collectives running: an FSDP2 unit all-gathers, a sharded table
    exchanges its lookups, as in the real step. The in-situ times of a
-   communicating module include its collectives (and what the pass adds to
-   each: one write of it to the process group's store, below).
+   communicating module include its collectives, and the waits for the
+   slowest rank in them (the step's straggler is charged to the module whose
+   collective waits: the root's nodes, under FSDP2, hold its reduce-scatters).
 2. What could hang is guarded as a lockstep component's first pass is
-   (:mod:`cb_callback._engine.ledger`): every rank writes each collective it
-   issues to the store, and a rank whose pass raises issues the rest of the
-   others' on zeros, so every rank reaches the agreement point, where the
-   error is agreed on (named by its rank). A pass that failed on any rank
-   leaves every rank without in-situ times (``metadata["insitu"]["errors"]``),
-   and the profile descends level by level on measured shares, as it did
-   before the triage ran under several ranks.
+   (:mod:`cb_callback._engine.ledger`), in the in-situ pass's warm-up and in
+   the census: every rank writes each collective it issues to the store, and
+   a rank whose pass raises issues the rest of the others' on zeros, so every
+   rank reaches the agreement point, where the error is agreed on (named by
+   its rank). A pass that failed on any rank leaves every rank without
+   in-situ times (``metadata["insitu"]["errors"]``) or without a plan
+   (``metadata["triage"]["skipped"]``), and the profile descends level by
+   level on measured shares, as it did before the triage ran under several
+   ranks. The in-situ pass's *timed* passes run without the ledger: the
+   dispatch mode that writes each collective down sees every op, and its
+   Python call per op would be in every module's in-situ time (a ``Linear``
+   of 16 features read 4× its time). A rank that raises in a timed pass after
+   the warm-up passed on every rank (an allocation that grew) leaves the
+   others in the model's collective until its process group times out; a
+   rank that dies there is found by the others' next collective (gloo:
+   connection closed) and named.
 3. The triage's inputs are reduced across ranks before it decides: each
    component's in-situ cost over the step and the step's are the **max** over
    the ranks (the slowest rank's share decides), its per-call times the max
@@ -36,6 +46,7 @@ What this cannot see: a rank's rows keep its own in-situ times and counts
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -54,7 +65,7 @@ T = TypeVar("T")
 
 
 def together(
-    coord: Coordinator, model: Any, what: str, work: Callable[[], tuple[T, str | None]]
+    coord: Coordinator, model: Any, what: str, work: Callable[[], tuple[T, str | None]], *, ledger: bool = True
 ) -> tuple[T | None, str | None]:
     """``work()`` on every rank at once, its collectives written down (:mod:`cb_callback._engine.ledger`);
     ``work`` returns its value and its error (``None``: it succeeded). ``(the value, None)`` when it
@@ -64,25 +75,29 @@ def together(
     A rank whose ``work`` raised or returned an error issues the rest of the
     others' collectives on zeros, then puts the model's FSDP2 units back as before; one that cannot
     (an op the ledger cannot write down) marks the ranks lost (:attr:`Coordinator.lost`): nothing
-    more is asked of the others.
+    more is asked of the others. Without ``ledger`` nothing is written down (no dispatch mode sees the
+    ops: what ``work`` times is as the step runs it): a rank whose ``work`` raises part way cannot finish
+    the others' collectives, and they wait for it until the model's process group times out (the
+    in-situ pass's timed passes, after a warm-up that ran on every rank with the ledger).
     """
     restore = save_fsdp_state(model)
-    ledger = coord.ledger()
+    book = coord.ledger() if ledger else None
     value: T | None = None
     error: str | None = None
     try:
-        with CommCounter(ledger=ledger):
+        with CommCounter(ledger=book) if book is not None else contextlib.nullcontext():
             value, error = work()
     except Exception as e:
         error = f"{what} raised {error_text(e)}"
     finally:
-        ledger.end()
+        if book is not None:
+            book.end()
     if error is not None and _lost_peer(error):  # a rank died: nobody is left to finish the pass for
         restore()
         coord.lost = f"lost a rank during {what}: it died or did not answer ({error}); nothing was replayed in lockstep"
         return None, coord.lost
-    if error is not None:
-        why = ledger.finish_for_others()
+    if error is not None and book is not None:
+        why = book.finish_for_others()
         if why is not None:
             restore()
             coord.lost = (
