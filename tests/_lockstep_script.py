@@ -339,6 +339,51 @@ def _twin_step(rank: int, x: torch.Tensor, sleep_s: float) -> list[list[float]]:
     return _step_after(model, x)
 
 
+def ddp_raise(rank: int, out: Path, at: int, backward: bool) -> dict[str, Any]:
+    """``DistributedDataParallel`` around ``Net`` and a ``RaiseInRoot`` after its head (raising on rank 1 in
+    the root's ``at``-th forward, or its backward): DDP's reducer all-reduces the gradients from C++ in the
+    backward, on the default group. One SGD step after the profile against an unprofiled twin's."""
+    from cb_callback import profile_components
+
+    def build(raise_at: int) -> tuple[nn.Module, _Root, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        counter = _Root()
+        inner = Net()
+        inner.after = RaiseInRoot(counter, raise_at, backward)
+        forward = inner.forward
+        inner.forward = lambda x: inner.after(forward(x))  # type: ignore[method-assign]
+        model = nn.parallel.DistributedDataParallel(inner)
+
+        def count(module: nn.Module, args: Any) -> None:
+            counter.calls += 1
+
+        model.register_forward_pre_hook(count)
+        return model, counter, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    x = batch(rank)
+    model, counter, opt = build(at)
+    train(model, opt, x)
+    before = [p.detach().clone() for p in model.parameters()]
+    t0 = time.perf_counter()
+    report = profile_components(model, x, lockstep_timeout_s=30, **{**OPTS, **TRIAGE})
+    seconds = time.perf_counter() - t0
+    untouched = all(torch.equal(p, b) and p.grad is None for p, b in zip(model.parameters(), before, strict=True))
+    train(model, opt, x)
+    twin, _, twin_opt = build(-1)
+    train(twin, twin_opt, x)
+    train(twin, twin_opt, x)
+    identical = all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters(), strict=True))
+    return {
+        "rows": rows(report), "seconds": seconds, "raised": counter.raised, "untouched": untouched,
+        "identical": identical, "insitu": report.metadata.get("insitu"), "triage": report.metadata.get("triage"),
+    }  # fmt: skip
+
+
 def unsharded_flops(out: Path) -> None:
     """The same model, not sharded, on one process: the FLOPs the sharded profile must equal."""
     from cb_callback import profile_components
@@ -391,6 +436,12 @@ def _worker(rank: int, scenario: str, out: Path) -> None:
             result = fsdp_raise(rank, out, at=3, **TRIAGE)
         elif scenario == "fsdp_insitu_raise_bwd":  # the 3rd's backward: the in-situ pass's warm-up's
             result = fsdp_raise(rank, out, at=3, backward=True, **TRIAGE)
+        elif scenario == "fsdp_insitu_raise_timed":  # the 5th: the in-situ pass's second timed pass
+            result = fsdp_raise(rank, out, at=5, identical=True, **TRIAGE)
+        elif scenario == "fsdp_insitu_raise_timed_bwd":  # the 4th's backward: the first timed pass's
+            result = fsdp_raise(rank, out, at=4, backward=True, identical=True, **TRIAGE)
+        elif scenario == "ddp_insitu_raise_timed_bwd":  # DDP: the 4th forward's backward (the first timed pass)
+            result = ddp_raise(rank, out, at=4, backward=True)
         elif scenario == "fsdp_census_raise":  # the 7th: the census (after the warm-up and 3 passes)
             result = fsdp_raise(rank, out, at=7, **TRIAGE)
         elif scenario == "fsdp_insitu_die":  # rank 1's process ends in the in-situ pass's first timed pass

@@ -295,6 +295,10 @@ INSITU_FAULTS = {
     "fsdp_insitu_raise_bwd": (
         "insitu", "the in-situ pass of root: RuntimeError: rank 1 runs out of memory in the backward"
     ),
+    "fsdp_insitu_raise_timed": ("insitu", "the in-situ pass of root: RuntimeError: rank 1 runs out of memory"),
+    "fsdp_insitu_raise_timed_bwd": (
+        "insitu", "the in-situ pass of root: RuntimeError: rank 1 runs out of memory in the backward"
+    ),
     "fsdp_census_raise": (
         "triage",
         "the census of root: RuntimeError: rank 1 runs out of memory; the ranks descend level by level instead",
@@ -311,10 +315,15 @@ def test_fsdp2_an_in_situ_pass_or_census_that_raises_on_one_rank_leaves_every_ra
     where, expected = INSITU_FAULTS[scenario]
     _same_plan(ranks)
     for rank, result in enumerate(ranks):
-        # RaiseInRoot raises on rank 1 in the root's 3rd forward (the in-situ pass's warm-up), in its backward,
-        # or in the 7th forward (the census, after a warm-up and 3 timed passes). Rank 1
+        # RaiseInRoot raises on rank 1 in the root's 3rd forward (the in-situ pass's warm-up) or its backward, in
+        # the 5th forward (its second timed pass) or the 4th's backward (the first's), or in the 7th forward (the
+        # census, after a warm-up and 3 timed passes). In the warm-up and the census rank 1
         # issues the rest of rank 0's collectives of that pass on zeros (read from the store: the ledger),
-        # both agree on the error, and both go on without the triage (level by level): every row measured.
+        # both agree on the error, and both go on without the triage (level by level): every row measured. In a
+        # timed pass (no ledger: nothing may add to what it times) rank 1 counts the collectives it issued by its
+        # groups' sequence numbers and issues the rest of the warm-up's record on zeros; both agree after the
+        # pass. Before, rank 1 gave up after lockstep_timeout_s while rank 0 still waited in an all-gather, and
+        # the next training step mismatched its collectives (gloo aborted the process).
         said = expected if rank == 1 else f"on rank 1: {expected}"
         if where == "insitu":
             assert result["insitu"] == {"errors": {"": said}, "ranks": 2}
@@ -329,6 +338,23 @@ def test_fsdp2_an_in_situ_pass_or_census_that_raises_on_one_rank_leaves_every_ra
         assert result["raised"] is (rank == 1)
         assert result["seconds"] < 25  # well within lockstep_timeout_s=30: nobody waited for a lost collective
         assert result["untouched"] is True
+        if "identical" in result:  # the step after the profile: its collectives match, its weights a twin's
+            assert result["identical"] is True
+
+
+@pytest.mark.slow
+def test_ddp_a_timed_in_situ_pass_whose_backward_raises_on_one_rank_is_drained_and_agreed_on(tmp_path: Path) -> None:
+    ranks = _run("ddp_insitu_raise_timed_bwd", tmp_path, timeout=240)
+    expected = "the in-situ pass of root: RuntimeError: rank 1 runs out of memory in the backward"
+    _same_plan(ranks)
+    for rank, result in enumerate(ranks):
+        # DDP's reducer all-reduces its buckets from C++ in the backward; rank 1 raises in the first timed
+        # pass's backward, before its all-reduce: it counts what it issued by the group's sequence number,
+        # issues the rest of the warm-up's record on zeros, and both ranks agree after the pass
+        assert result["insitu"] == {"errors": {"": expected if rank == 1 else f"on rank 1: {expected}"}, "ranks": 2}
+        assert {r["status"] for p, r in result["rows"].items() if p != "module.blocks"} == {"ok"}, result["rows"]
+        assert result["seconds"] < 25 and result["raised"] is (rank == 1)
+        assert result["untouched"] is True and result["identical"] is True
 
 
 @pytest.mark.slow

@@ -92,8 +92,8 @@ class BenchmarkConfig:
             *total* share reaches it, the other members getting a row at their
             own level (the representative's, or replayed alone when its in-situ
             time differs from the representative's beyond noise: ``details["as"]``), and all replays are timed in
-            one interleaving. Without in-situ times (``insitu_passes=0``, several
-            ranks, a top component whose pass raised) it goes level by level on
+            one interleaving. Without in-situ times (``insitu_passes=0``, a top
+            component whose pass raised, on any rank) it goes level by level on
             the measured ``share`` (``total_ms * calls`` over the root's). The
             subtrees not descended into become ``skipped``, the note naming the
             ancestor and its share. A component without a time of its own (a
@@ -109,8 +109,9 @@ class BenchmarkConfig:
         insitu_passes: timed passes of the in-situ pass (after one warm-up): the
             captured step's outermost called components run whole with a clock
             hook on every module, giving ``insitu_ms`` and the triage's times.
-            ``0``: no in-situ pass. Off under several ranks (those passes would
-            communicate).
+            ``0``: no in-situ pass. Under several ranks every rank runs it at
+            once, collectives running, and the triage decides on the max over
+            the ranks (docs/distributed.md).
         harness_floor: measure the replay harness's fixed cost per run (an
             identity component on the component's inputs, timed alike) and
             subtract it from ``fwd_ms``/``bwd_ms`` (``details["floor_ms"]``);

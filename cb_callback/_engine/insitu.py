@@ -10,7 +10,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -165,6 +165,21 @@ def hook_clock(
             h.remove()
 
 
+class PassGuard(Protocol):
+    """What :func:`time_in_situ` tells of each pass of a top (under several ranks:
+    :class:`cb_callback._engine.ranked_triage.PassGuard`)."""
+
+    def begin(self, top: str) -> None:
+        """A pass of ``top`` starts."""
+
+    def failed(self) -> None:
+        """This rank's pass raised (before :meth:`end`)."""
+
+    def end(self, error: str | None) -> str | None:
+        """The pass ended (``error``: this rank's, or ``None``); returns the error that stops the pass
+        (``None``: go on)."""
+
+
 def time_in_situ(
     tops: Sequence[str],
     replay_of: Callable[[str], Replay],
@@ -177,6 +192,7 @@ def time_in_situ(
     only: set[str] | None = None,
     collectives: bool = False,
     warm_up: bool = True,
+    guard: PassGuard | None = None,
 ) -> InSituTimes:
     """Run each top component whole ``passes + 1`` times (the first a warm-up), every module's calls timed.
 
@@ -204,6 +220,9 @@ def time_in_situ(
             raises (on one process it would wait forever).
         warm_up: run the untimed warm-up first (``False``: a warm-up ran
             already, under several ranks a pass of its own).
+        guard: told of each pass (:class:`PassGuard`): under several ranks,
+            what lets a rank whose pass raised finish the others' collectives
+            and every rank stop at the same pass.
 
     Notes:
         The pass copies nothing inside the forward: the inputs are fresh before
@@ -221,40 +240,50 @@ def time_in_situ(
     node_s: dict[str, list[tuple[float, int]]] = {}  # per pass: a module's nodes' seconds, its calls
     by_nodes = backward and device.type == "cpu"  # on CUDA a node's hooks see its launch, not its kernels
     for top in tops:
-        try:
-            replay = replay_of(top)
-            top_s = 0.0
-            for i in range(0 if warm_up else 1, passes + 1):
-                nodes = NodeClock() if by_nodes and i > 0 else None
-                try:
-                    spent, seconds = _one_pass(
-                        replay, root, clock, only, device, backward, nodes, warm_up=i == 0, collectives=collectives
-                    )  # fmt: skip
-                    if i == 0:
-                        continue
-                    if seconds is not None and nodes is not None:
-                        seconds = max(seconds - nodes.hooks_s, 0.0)  # the top's whole backward, less the hooks'
-                        for path, took in nodes.seconds.items():
-                            if spent.get(path):
-                                node_s.setdefault(path, []).append((took, len(spent[path])))
-                finally:
-                    if nodes is not None:
-                        nodes.close()
-                measured = sum(spent.get(top, [])) + (seconds or 0.0)
-                record_timed(measured)  # measured work, as a timed run's
-                out.timed_s += measured
-                for path, each in spent.items():
-                    per_pass.setdefault(path, []).append((math.fsum(each), len(each)))
-                if seconds is not None:
-                    bwd_s.setdefault(top, []).append(seconds)
-                done[top] = i
-                top_s += measured
-                if budget_s is not None and top_s >= budget_s:
-                    break
-        except Exception as e:
-            out.errors[top] = error_text(e)
-            if collectives:
+        replay: Replay | None = None
+        top_s = 0.0
+        for i in range(0 if warm_up else 1, passes + 1):
+            nodes = NodeClock() if by_nodes and i > 0 else None
+            error: str | None = None
+            if guard is not None:
+                guard.begin(top)
+            try:
+                replay = replay_of(top) if replay is None else replay
+                spent, seconds = _one_pass(
+                    replay, root, clock, only, device, backward, nodes, warm_up=i == 0, collectives=collectives
+                )  # fmt: skip
+            except Exception as e:
+                error = error_text(e)
+                if guard is not None:
+                    guard.failed()
+            finally:
+                if nodes is not None:
+                    nodes.close()
+            if guard is not None:
+                error = guard.end(error)
+            if error is not None:
+                out.errors[top] = error
                 break
+            if i == 0:
+                continue
+            if seconds is not None and nodes is not None:
+                seconds = max(seconds - nodes.hooks_s, 0.0)  # the top's whole backward, less the hooks'
+                for path, took in nodes.seconds.items():
+                    if spent.get(path):
+                        node_s.setdefault(path, []).append((took, len(spent[path])))
+            measured = sum(spent.get(top, [])) + (seconds or 0.0)
+            record_timed(measured)  # measured work, as a timed run's
+            out.timed_s += measured
+            for path, each in spent.items():
+                per_pass.setdefault(path, []).append((math.fsum(each), len(each)))
+            if seconds is not None:
+                bwd_s.setdefault(top, []).append(seconds)
+            done[top] = i
+            top_s += measured
+            if budget_s is not None and top_s >= budget_s:
+                break
+        if collectives and top in out.errors:
+            break
     out.passes = min(done.values(), default=0)
     out.times = _medians(per_pass, bwd_s, node_s, out.passes)
     out.seconds = time.perf_counter() - t_start

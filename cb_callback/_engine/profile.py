@@ -241,11 +241,13 @@ def _triage(
     only = set(paths)
     ranked = coord is not None
 
-    def passes(n: int, warm_up: bool = True) -> list[InSituTimes]:
+    def passes(n: int, warm_up: bool = True, guard: ranked_triage.PassGuard | None = None) -> list[InSituTimes]:
         out: list[InSituTimes] = []
         for b, batch_calls in enumerate(batches):
             if ranked and any(t.errors for t in out):
                 break  # a rank that went on would issue collectives the others do not
+            if guard is not None:
+                guard.batch = b
 
             def replay_of(top: str, batch_calls: Mapping[str, ComponentInputs] = batch_calls, b: int = b) -> Any:
                 inputs = run.inputs_for(top, modules[top], batch_calls, b, keep=True)
@@ -257,7 +259,7 @@ def _triage(
                 time_in_situ(
                     top_paths(batch_calls, paths), replay_of, run.model, device, passes=n,
                     budget_s=None if ranked else _insitu_budget(cfg), backward=cfg.backward, only=only,
-                    collectives=ranked, warm_up=warm_up,
+                    collectives=ranked, warm_up=warm_up, guard=guard,
                 )
             )  # fmt: skip
         return out
@@ -265,7 +267,7 @@ def _triage(
     if coord is None:
         out = passes(cfg.insitu_passes)
     else:
-        ran, error = _ranked_passes(coord, run.model, passes, cfg.insitu_passes)
+        ran, error = ranked_triage.in_situ(coord, run.model, passes, cfg.insitu_passes)
         if ran is None:
             meta["insitu"] = {"errors": {"": error}, "ranks": coord.world}
             return [], None
@@ -316,28 +318,6 @@ def _triage(
     if census is not None:
         meta["triage"]["census"] = census.to_metadata()
     return out, plan
-
-
-def _ranked_passes(
-    coord: Coordinator, model: nn.Module, passes: Callable[..., list[InSituTimes]], n: int
-) -> tuple[list[InSituTimes] | None, str | None]:
-    """The in-situ pass on every rank at once (:mod:`cb_callback._engine.ranked_triage`): its warm-up
-    with every collective written down (a rank whose warm-up raises finishes the others'), then the
-    ``n`` timed passes plain (the ledger's dispatch mode would add its Python call to every op timed)."""
-
-    def checked(times: list[InSituTimes]) -> tuple[list[InSituTimes], str | None]:
-        errors = [f"{top or 'root'}: {e}" for t in times for top, e in t.errors.items()]
-        return times, f"the in-situ pass of {errors[0]}" if errors else None
-
-    warm, error = ranked_triage.together(coord, model, "the in-situ pass", lambda: checked(passes(0)))
-    if warm is None:
-        return None, error
-    out, error = ranked_triage.together(
-        coord, model, "the in-situ pass", lambda: checked(passes(n, False)), ledger=False
-    )  # fmt: skip
-    for timed, first in zip(out or [], warm, strict=False):
-        timed.seconds += first.seconds  # what the pass cost, its warm-up included
-    return out, error
 
 
 def _census(

@@ -51,21 +51,63 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import torch
+
 from cb_callback._engine.census import CountsOf
-from cb_callback._engine.comm import CommCounter
+from cb_callback._engine.comm import CommCounter, drain
 from cb_callback._engine.fsdp import save_fsdp_state
-from cb_callback._engine.insitu import InSitu
+from cb_callback._engine.insitu import InSitu, InSituTimes
 from cb_callback._engine.lockstep import Coordinator
 from cb_callback._engine.triage import Plan
 from cb_callback._report.model import error_text
 
-__all__ = ["every_rank_counts", "plan_difference", "reduce_costs", "reduce_times", "together"]
+__all__ = ["PassGuard", "every_rank_counts", "in_situ", "plan_difference", "reduce_costs", "reduce_times", "together"]
 
 T = TypeVar("T")
 
 
+def in_situ(
+    coord: Coordinator, model: Any, passes: Callable[[int, bool, PassGuard], list[InSituTimes]], n: int
+) -> tuple[list[InSituTimes] | None, str | None]:
+    """The in-situ pass on every rank at once: ``passes(0, True, guard)`` (the warm-up, its collectives
+    written down: :func:`together` with the ledger, the guard keeping each top's record), then
+    ``passes(n, False, guard)`` (the timed passes, no dispatch mode; the guard drains a pass that
+    raises and stops every rank at the same one). ``(each batch's times, None)``, or ``(None, the
+    error)`` on every rank (the first rank's, named by its rank when another's)."""
+    guard = PassGuard(coord)
+
+    def checked(times: list[InSituTimes]) -> tuple[list[InSituTimes], str | None]:
+        errors = [f"{top or 'root'}: {e}" for t in times for top, e in t.errors.items()]
+        if not errors:
+            return times, None
+        if coord.lost is not None:
+            return times, coord.lost
+        text = f"the in-situ pass of {errors[0]}"
+        return times, text if guard.source == coord.rank else f"on rank {guard.source}: {text}"
+
+    warm, error = together(
+        coord, model, "the in-situ pass", lambda: checked(passes(0, True, guard)), watch=guard.record
+    )
+    if warm is None:
+        return None, error
+    guard.timed()
+    restore = save_fsdp_state(model)
+    out, error = checked(passes(n, False, guard))  # every rank stopped at the same pass, its error agreed on
+    if error is not None:
+        restore()
+        return None, error
+    for timed, first in zip(out, warm, strict=False):
+        timed.seconds += first.seconds  # what the pass cost, its warm-up included
+    return out, None
+
+
 def together(
-    coord: Coordinator, model: Any, what: str, work: Callable[[], tuple[T, str | None]], *, ledger: bool = True
+    coord: Coordinator,
+    model: Any,
+    what: str,
+    work: Callable[[], tuple[T, str | None]],
+    *,
+    watch: Callable[[CommCounter], None] | None = None,
 ) -> tuple[T | None, str | None]:
     """``work()`` on every rank at once, its collectives written down (:mod:`cb_callback._engine.ledger`);
     ``work`` returns its value and its error (``None``: it succeeded). ``(the value, None)`` when it
@@ -75,28 +117,28 @@ def together(
     A rank whose ``work`` raised or returned an error issues the rest of the
     others' collectives on zeros, then puts the model's FSDP2 units back as before; one that cannot
     (an op the ledger cannot write down) marks the ranks lost (:attr:`Coordinator.lost`): nothing
-    more is asked of the others. Without ``ledger`` nothing is written down (no dispatch mode sees the
-    ops: what ``work`` times is as the step runs it): a rank whose ``work`` raises part way cannot finish
-    the others' collectives, and they wait for it until the model's process group times out (the
-    in-situ pass's timed passes, after a warm-up that ran on every rank with the ledger).
+    more is asked of the others. ``watch`` is given the counter that writes the collectives down (it
+    keeps each one's op and arguments: :class:`PassGuard`'s record) before ``work`` runs.
     """
     restore = save_fsdp_state(model)
-    book = coord.ledger() if ledger else None
+    book = coord.ledger()
     value: T | None = None
     error: str | None = None
     try:
-        with CommCounter(ledger=book) if book is not None else contextlib.nullcontext():
+        counter = CommCounter(keep=watch is not None, ledger=book)
+        if watch is not None:
+            watch(counter)
+        with counter:
             value, error = work()
     except Exception as e:
         error = f"{what} raised {error_text(e)}"
     finally:
-        if book is not None:
-            book.end()
+        book.end()
     if error is not None and _lost_peer(error):  # a rank died: nobody is left to finish the pass for
         restore()
         coord.lost = f"lost a rank during {what}: it died or did not answer ({error}); nothing was replayed in lockstep"
         return None, coord.lost
-    if error is not None and book is not None:
+    if error is not None:
         why = book.finish_for_others()
         if why is not None:
             restore()
@@ -119,6 +161,92 @@ def together(
         restore()
         return None, agreed
     return value, None
+
+
+def _issued(coord: Coordinator) -> int | None:
+    """The collectives this rank issued so far on every process group but the coordinator's (each
+    group's sequence number: gloo and NCCL count every collective); ``None``: a group cannot say."""
+    total = 0
+    try:
+        for group in list(torch.distributed.distributed_c10d._world.pg_map):
+            if group is not coord.group:
+                total += int(group._get_sequence_number_for_group())  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    return total
+
+
+class PassGuard:
+    """The in-situ pass's passes under several ranks (:class:`cb_callback._engine.insitu.PassGuard`).
+
+    In the warm-up (:meth:`record`) it keeps each top's collectives as the ledger's counter saw them
+    (:class:`~cb_callback._engine.comm.CommCounter`, ``keep``); the warm-up itself is guarded by the
+    ledger. In the timed passes (:meth:`timed`) no dispatch mode runs: a rank whose pass raises
+    counts the collectives it issued in that pass by its process groups' sequence numbers and issues
+    the rest of the warm-up's record of that top on zeros (:func:`cb_callback._engine.comm.drain`), so
+    the others finish the pass; every rank then agrees after each pass (the first rank's error, named
+    by its rank), and all stop at the same one.
+    """
+
+    def __init__(self, coord: Coordinator) -> None:
+        self.coord = coord
+        self.batch = 0
+        self.counter: CommCounter | None = None
+        self.records: dict[tuple[int, str], list[tuple[Any, Any, Any]]] = {}
+        #: The rank whose error :meth:`end` returned last (this rank's own, or another's).
+        self.source = coord.rank
+        self._top = ""
+        self._start = 0
+        self._issued: int | None = None
+
+    def record(self, counter: CommCounter) -> None:
+        """The warm-up: keep each top's collectives from ``counter`` (a ``keep`` counter)."""
+        self.counter = counter
+
+    def timed(self) -> None:
+        """The timed passes: no counter; a pass that raises is drained from the warm-up's record."""
+        self.counter = None
+
+    def begin(self, top: str) -> None:
+        self._top = top
+        if self.counter is not None:
+            self._start = len(self.counter.kept)
+        else:
+            self._issued = _issued(self.coord)
+
+    def failed(self) -> None:
+        if self.counter is not None:
+            return  # the warm-up: the ledger finishes the others' pass
+        now = _issued(self.coord)
+        kept = self.records.get((self.batch, self._top))
+        if now is None or self._issued is None or kept is None:
+            return  # cannot tell what the others still wait for: their collective finds it at their timeout
+        issuing = [k for k in kept if k[0].overloadpacket.__name__ != "wait_tensor"]  # what a sequence counts
+        with contextlib.suppress(Exception):  # a lost rank: the agreement finds it
+            drain(issuing[now - self._issued :])
+
+    def end(self, error: str | None) -> str | None:
+        if self.counter is not None:  # the warm-up: agreed on after it (together)
+            if error is None:
+                self.records[(self.batch, self._top)] = list(self.counter.kept[self._start :])
+            self.source = self.coord.rank
+            return error
+        try:
+            every = self.coord.gather(error)
+        except Exception as e:
+            if not _lost_peer(str(e)):
+                raise
+            self.source = self.coord.rank
+            self.coord.lost = (
+                f"lost a rank during the in-situ pass: it died or did not answer ({error_text(e)}); nothing was "
+                "replayed in lockstep"
+            )
+            return self.coord.lost
+        first = next(((r, e) for r, e in enumerate(every) if e is not None), None)
+        if first is None:
+            return None
+        self.source, text = first
+        return text
 
 
 def _lost_peer(text: str) -> bool:
