@@ -74,6 +74,18 @@ def test_insitu_ms_is_each_module_forward_per_call_inside_the_real_forward() -> 
     assert ratio["path"] == "" and 0.5 < ratio["fwd"] < 2.0
 
 
+def test_a_modules_own_pre_hooks_are_in_its_in_situ_time_as_in_its_replay() -> None:
+    # a user's forward pre-hook on a.lin sleeps 15 ms (registered before the in-situ pass's own, as an FSDP2
+    # unit's all-gather is): the call's in-situ time spans it, as its isolated replay does (lin(x) runs its
+    # hooks); before, the clock started after it and the 15 ms read as a's own work.
+    model = TwoSleepy()
+    model.a.lin.register_forward_pre_hook(lambda module, args: time.sleep(0.015))
+    report = profile_components(model, torch.randn(2, 4), descend="all", **TIMED)
+    lin, a = report.row("a.lin"), report.row("a")
+    assert lin.insitu_ms >= 15.0 and lin.fwd_ms >= 15.0, (lin.insitu_ms, lin.fwd_ms)
+    assert a.insitu_ms >= 20.0 + 15.0  # a holds its own 20 ms sleep and its child's call
+
+
 def test_a_top_whose_passes_outrun_the_budget_stops_after_one() -> None:
     # min_run_time_s=0: a budget of 0 s, spent by the first timed pass: one pass, no spread.
     report = profile_components(TwoSleepy(), torch.randn(2, 4), descend="all", **FAST)

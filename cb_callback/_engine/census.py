@@ -227,7 +227,8 @@ def _count_top(replay: Replay, backward: bool, tracked: Sequence[nn.Module], col
     handles = []
     try:
         for m in tracked:
-            handles.append(m.register_forward_pre_hook(attribution.pre, with_kwargs=True))
+            # first of its pre-hooks, as the in-situ clock's: a hook's ops are the module's call (its replay runs them)
+            handles.append(m.register_forward_pre_hook(attribution.pre, with_kwargs=True, prepend=True))
             handles.append(m.register_forward_hook(attribution.post, always_call=True))
         refuse = contextlib.nullcontext if collectives else refuse_collectives
         with refuse(), _CountingMode(attribution):

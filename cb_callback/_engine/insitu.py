@@ -157,7 +157,10 @@ def hook_clock(
     handles = []
     try:
         for key, module in modules.items():
-            handles.append(module.register_forward_pre_hook(pre(places[key]), with_kwargs=True))
+            # first of the module's pre-hooks (and, registered last, last of its forward hooks): a call's time
+            # spans every hook of it, as its isolated replay runs them (an FSDP2 unit's all-gather, in its
+            # pre-forward hook, and the gradients' reduce-scatter its pre-forward registers are the unit's)
+            handles.append(module.register_forward_pre_hook(pre(places[key]), with_kwargs=True, prepend=True))
             handles.append(module.register_forward_hook(post, always_call=True))
         yield
     finally:
