@@ -384,6 +384,32 @@ def ddp_raise(rank: int, out: Path, at: int, backward: bool) -> dict[str, Any]:
     }  # fmt: skip
 
 
+class Routed(nn.Module):
+    """Two experts of one shape, each given a slice of the batch: on rank 0 both get 4 rows, on rank 1 the
+    first gets 2 and the second 6 (what a router does with another rank's tokens)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList([nn.Linear(FEATURES, FEATURES) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = 4 if dist.get_rank() == 0 else 2
+        return torch.cat([self.experts[0](x[:k]), self.experts[1](x[k:])])
+
+
+def routed(rank: int, out: Path) -> dict[str, Any]:
+    """A router's two experts, alike on rank 0 and called on other rows on rank 1 (no collective: every
+    replay rank-local, the in-situ pass and the triage on both ranks); descend_share=0."""
+    from cb_callback import profile_components
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(FEATURES, FEATURES), Routed(), nn.Linear(FEATURES, CLASSES))
+    report = profile_components(model, batch(rank), **{**OPTS, **TRIAGE, "descend_share": 0.0})
+    result = {"rows": rows(report), "triage": report.metadata.get("triage")}
+    result["not_copy"] = {r.path: r.details.get("not_copy") for r in report.rows if r.details.get("not_copy")}
+    return result
+
+
 def unsharded_flops(out: Path) -> None:
     """The same model, not sharded, on one process: the FLOPs the sharded profile must equal."""
     from cb_callback import profile_components
@@ -440,6 +466,8 @@ def _worker(rank: int, scenario: str, out: Path) -> None:
             result = fsdp_raise(rank, out, at=5, identical=True, **TRIAGE)
         elif scenario == "fsdp_insitu_raise_timed_bwd":  # the 4th's backward: the first timed pass's
             result = fsdp_raise(rank, out, at=4, backward=True, identical=True, **TRIAGE)
+        elif scenario == "routed":
+            result = routed(rank, out)
         elif scenario == "ddp_insitu_raise_timed_bwd":  # DDP: the 4th forward's backward (the first timed pass)
             result = ddp_raise(rank, out, at=4, backward=True)
         elif scenario == "fsdp_census_raise":  # the 7th: the census (after the warm-up and 3 passes)

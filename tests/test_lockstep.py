@@ -343,6 +343,21 @@ def test_fsdp2_an_in_situ_pass_or_census_that_raises_on_one_rank_leaves_every_ra
 
 
 @pytest.mark.slow
+def test_members_called_alike_on_one_rank_only_are_not_copies_on_any_and_the_ranks_keep_one_plan(
+    tmp_path: Path,
+) -> None:
+    ranks = _run("routed", tmp_path, timeout=240)
+    _same_plan(ranks)
+    for rank, result in enumerate(ranks):
+        # experts 0 and 1 are alike on rank 0 (4 rows each) and not on rank 1 (2 and 6 rows): they are no
+        # group on either rank, both replayed (descend_share=0). Before, rank 0 copied expert 1 from expert 0,
+        # rank 1 did not, the plans differed and both ranks dropped the triage.
+        assert result["triage"]["groups"] == 0 and "skipped" not in result["triage"], (rank, result["triage"])
+        for path in ("1.experts.0", "1.experts.1"):
+            assert result["rows"][path]["status"] == "ok" and result["rows"][path]["as"] is None, (rank, path)
+
+
+@pytest.mark.slow
 def test_ddp_a_timed_in_situ_pass_whose_backward_raises_on_one_rank_is_drained_and_agreed_on(tmp_path: Path) -> None:
     ranks = _run("ddp_insitu_raise_timed_bwd", tmp_path, timeout=240)
     expected = "the in-situ pass of root: RuntimeError: rank 1 runs out of memory in the backward"

@@ -80,3 +80,22 @@ def _decisions_of(plan: Plan) -> dict[str, Any]:
     from cb_callback._engine.ranked_triage import _decisions
 
     return _decisions(plan)
+
+
+def test_another_ranks_calls_tell_members_apart_and_are_named_by_rank() -> None:
+    from cb_callback._engine.groups import ViewsOf
+
+    # call views (call count, grad mode, training, wrapper, reach of the loss, calls with a backward, other
+    # calls, input signature): p and q alike here, on rank 1 called on 2 and 6 rows
+    def view(rows: int) -> tuple[Any, ...]:
+        return (1, True, True, None, True, 1, (), ((("float32", (rows, 16)),), (False,), (), "spec"))
+
+    rank1 = ViewsOf({"p": view(2), "q": view(6)}, " (rank 1)")
+    assert _own_difference("p", "q", [{}], (), [rank1]) == (
+        "called on (('float32', (2, 16)),) where its counterpart on (('float32', (6, 16)),) (rank 1)"
+    )
+    assert _own_difference("p", "q", [{}], (), [ViewsOf({"p": view(4), "q": view(4)}, " (rank 1)")]) is None
+    # not called on rank 1: a difference too
+    assert _own_difference("p", "q", [{}], (), [ViewsOf({"q": view(4)}, " (rank 1)")]) == (
+        "not called in the step (rank 1)"
+    )

@@ -108,18 +108,45 @@ _FIELDS: tuple[tuple[str, Any], ...] = (
 )
 
 
+def call_view(inputs: ComponentInputs | None) -> tuple[Any, ...] | None:
+    """What :func:`call_difference` compares of one call, as plain values (``None``: not called): what
+    another rank gathers of its calls, so that every rank compares members on every rank's calls."""
+    if inputs is None:
+        return None
+    if inputs.capture_error is not None:
+        return (_UNCAPTURED,)
+    return tuple(read(inputs) for _, read in _FIELDS)
+
+
+#: A call's view when its capture failed.
+_UNCAPTURED = "a call that could not be captured"
+
+
+class ViewsOf(dict[str, "tuple[Any, ...] | None"]):
+    """Another rank's :func:`call_view` of each path in one batch, named (``where``: ``" (rank 1)"``) in
+    the difference a member's comparison finds in them."""
+
+    def __init__(self, views: Mapping[str, tuple[Any, ...] | None], where: str) -> None:
+        super().__init__(views)
+        self.where = where
+
+
 def call_difference(mine: ComponentInputs | None, theirs: ComponentInputs | None) -> str | None:
     """How a member's descendant was called unlike the representative's at the same relative path
     (``None``: alike, or neither called): called or not, call count, grad mode, flags, autograd wrapper,
     whether its output reached the loss, its calls with a backward, its other calls, its arguments."""
+    return view_difference(call_view(mine), call_view(theirs))
+
+
+def view_difference(mine: tuple[Any, ...] | None, theirs: tuple[Any, ...] | None) -> str | None:
+    """:func:`call_difference` on two calls' views (:func:`call_view`)."""
     if mine is None or theirs is None:
         if mine is theirs:
             return None
         return "called in the step where its counterpart was not" if theirs is None else "not called in the step"
-    if mine.capture_error is not None or theirs.capture_error is not None:
-        return "a call that could not be captured"
-    for name, read in _FIELDS:
-        a, b = read(mine), read(theirs)
+    if mine == (_UNCAPTURED,) or theirs == (_UNCAPTURED,):
+        return _UNCAPTURED
+    for (name, _), a, b in zip(_FIELDS, mine, theirs, strict=True):
         if a != b:
             if name == "input signature":
                 return f"called on {a[0]} where its counterpart on {b[0]}" if a[0] != b[0] else "other arguments"
@@ -134,6 +161,7 @@ def sibling_groups(
     modules: Mapping[str, nn.Module],
     calls: Mapping[str, ComponentInputs],
     batches: Sequence[Mapping[str, ComponentInputs]] = (),
+    others: Sequence[Mapping[str, Any]] = (),
 ) -> list[list[str]]:
     """``node``'s children partitioned into groups, in the children's order (a group of one: no repetition).
 
@@ -141,7 +169,9 @@ def sibling_groups(
     a child that shares its module with another node (``shared_with``) stays
     alone, and so does one whose key cannot be computed. With several captured
     ``batches``, members also ran in the same batches on the same input
-    signatures (two experts each routed one batch are not one group).
+    signatures (two experts each routed one batch are not one group). With
+    ``others`` (every other rank's :class:`ViewsOf` each batch), members were
+    also called alike on every rank.
     """
     by_key: dict[tuple[Any, ...], list[str]] = {}
     out: list[list[str]] = []
@@ -157,6 +187,7 @@ def sibling_groups(
             key = group_key(module, inputs, child, calls)
             if len(batches) > 1:
                 key += tuple(call_signature(b[child]) if child in b else None for b in batches)
+            key += tuple(views.get(child) for views in others)
         except Exception:
             out.append([child])
             continue

@@ -275,7 +275,10 @@ def _triage(
     meta["insitu"] = out[0].to_metadata() if len(out) == 1 else {"batches": [t.to_metadata() for t in out]}
     if coord is not None:
         meta["insitu"]["ranks"] = coord.world  # every rank ran it; the triage decided on the max over them
-    if cfg.descend != "hotspots" or any(t.errors for t in out) or not all(t.times for t in out):
+    untimed = any(t.errors for t in out) or not all(t.times for t in out)
+    if coord is not None:  # every rank decides, or none (the triage's agreements are collectives)
+        untimed = any(coord.gather(untimed))
+    if cfg.descend != "hotspots" or untimed:
         return out, None
     costs: dict[str, float | None] = {}
     step = 0.0
@@ -285,18 +288,23 @@ def _triage(
                 costs[path] = (costs.get(path) or 0.0) + c
         step += t.step_ms({p: c.calls for p, c in batch_calls.items()})
     times = out[0].times
+    others: list[Mapping[str, Any]] = []
     if coord is not None:
         costs, step = ranked_triage.reduce_costs(coord, costs, step)
         times = ranked_triage.reduce_times(coord, times)
+        others = list(ranked_triage.every_rank_calls(coord, batches))
     decide = functools.partial(
         triage, nodes, modules, calls, costs, step, descend_share=cfg.descend_share,
-        representatives=cfg.representatives, insitu=times, batches=batches,
+        representatives=cfg.representatives, insitu=times, batches=batches, others=others,
     )  # fmt: skip
     plan = decide()
     census = None
     # Repeated structure: a copy is proven by the FLOPs each module counted in the step. Rows not replayed
     # (not descended into) take their FLOPs and bytes from it (details["as"] = "insitu").
-    if plan.groups or plan.skip:
+    counted = bool(plan.groups or plan.skip)
+    if coord is not None:  # every rank counts, or none (the census communicates); the plans are compared below
+        counted = any(coord.gather(counted))
+    if counted:
         census, why = _census(run, nodes, modules, batches, [t.tops for t in out], coord)
         if census is None:
             meta["triage"] = {"skipped": why}

@@ -32,13 +32,14 @@ wait for a component another rank never replays. So:
 3. The triage's inputs are reduced across ranks before it decides: each
    component's in-situ cost over the step and the step's are the **max** over
    the ranks (the slowest rank's share decides), its per-call times the max
-   too (:func:`reduce_costs`, :func:`reduce_times`); the census's counts are
-   every rank's, each rank's compared on its own (:func:`every_rank_counts`: a
-   member copies its representative's rows only when it did the same work on
-   every rank).
+   too (:func:`reduce_costs`, :func:`reduce_times`); the census's counts and
+   the captured calls are every rank's, each rank's compared on its own
+   (:func:`every_rank_counts`, :func:`every_rank_calls`: siblings group, and a
+   member copies its representative's rows, only when they were called alike
+   and did the same work on every rank).
 4. Each rank's plan is then compared with rank 0's (:func:`plan_difference`);
-   a difference (a member called otherwise on one rank: the captured calls are
-   each rank's own) leaves every rank without a plan, and says so.
+   a difference (which nothing above should leave) leaves every rank without a
+   plan, and says so.
 
 What this cannot see: a rank's rows keep its own in-situ times and counts
 (``details["insitu"]``); the reduction only decides what is replayed.
@@ -56,12 +57,22 @@ import torch
 from cb_callback._engine.census import CountsOf
 from cb_callback._engine.comm import CommCounter, drain
 from cb_callback._engine.fsdp import save_fsdp_state
+from cb_callback._engine.groups import ViewsOf, call_view
 from cb_callback._engine.insitu import InSitu, InSituTimes
 from cb_callback._engine.lockstep import Coordinator
 from cb_callback._engine.triage import Plan
 from cb_callback._report.model import error_text
 
-__all__ = ["PassGuard", "every_rank_counts", "in_situ", "plan_difference", "reduce_costs", "reduce_times", "together"]
+__all__ = [
+    "PassGuard",
+    "every_rank_calls",
+    "every_rank_counts",
+    "in_situ",
+    "plan_difference",
+    "reduce_costs",
+    "reduce_times",
+    "together",
+]
 
 T = TypeVar("T")
 
@@ -296,6 +307,22 @@ def every_rank_counts(coord: Coordinator, flops: Sequence[Mapping[str, tuple[int
     for rank, mine in enumerate(every):
         for b, counts in enumerate(mine):
             out.append(CountsOf(counts, f" (rank {rank})" if len(mine) == 1 else f" (rank {rank}, batch {b})"))
+    return out
+
+
+def every_rank_calls(coord: Coordinator, batches: Sequence[Mapping[str, Any]]) -> list[ViewsOf]:
+    """Every other rank's calls of each batch, as their views (plain values: shapes, flags, counts:
+    :func:`cb_callback._engine.groups.call_view`), named by rank (and batch): the triage groups members, and copies
+    one onto another, only when they were called alike on every rank (an MoE expert routed tokens on
+    one rank and none on another is not its sibling's copy there)."""
+    mine = [{p: call_view(c) for p, c in calls.items()} for calls in batches]
+    every = coord.gather(mine)
+    out: list[ViewsOf] = []
+    for rank, theirs in enumerate(every):
+        if rank == coord.rank:
+            continue
+        for b, views in enumerate(theirs):
+            out.append(ViewsOf(views, f" (rank {rank})" if len(theirs) == 1 else f" (rank {rank}, batch {b})"))
     return out
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from cb_callback._engine.groups import call_difference, corresponding, sibling_groups, subtree
+from cb_callback._engine.groups import call_difference, corresponding, sibling_groups, subtree, view_difference
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.insitu import InSitu
 from cb_callback._engine.tree import Node
@@ -123,13 +123,24 @@ def _representatives(members: Sequence[str], k: int, insitu: Mapping[str, InSitu
     return [members[i] for i in sorted(nearest)]
 
 
-def _own_difference(p: str, q: str, batches: Sequence[Mapping[str, ComponentInputs]], census: Counts) -> str | None:
+def _own_difference(
+    p: str,
+    q: str,
+    batches: Sequence[Mapping[str, ComponentInputs]],
+    census: Counts,
+    others: Sequence[Mapping[str, Any]] = (),
+) -> str | None:
     """How node ``p`` itself (not its subtree) worked unlike ``q`` in the step: its calls in each batch
-    (:func:`cb_callback._engine.groups.call_difference`), then the FLOPs and bytes the census counted for it."""
+    (:func:`cb_callback._engine.groups.call_difference`), then on every other rank (``others``: their
+    :class:`~cb_callback._engine.groups.ViewsOf`), then the FLOPs and bytes the census counted for it."""
     for b, calls in enumerate(batches):
         why = call_difference(calls.get(p), calls.get(q))
         if why is not None:
             return why if len(batches) == 1 else f"{why} (batch {b})"
+    for views in others:
+        why = view_difference(views.get(p), views.get(q))
+        if why is not None:
+            return f"{why}{getattr(views, 'where', '')}"
     for b, counts in enumerate(census):
         mine, theirs = counts.get(p), counts.get(q)
         where = getattr(counts, "where", "" if len(census) == 1 else f" (batch {b})")  # CountsOf: its own
@@ -153,6 +164,7 @@ def first_difference(
     batches: Sequence[Mapping[str, ComponentInputs]],
     census: Counts = (),
     memo: dict[str, tuple[str, str] | None] | None = None,
+    others: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[str, str] | None:
     """The first node of ``p``'s subtree (parents first) that worked unlike its counterpart under ``q``:
     ``(its path, why)``; ``None`` when every node of the subtree did the same work as its counterpart
@@ -160,14 +172,14 @@ def first_difference(
     memo = {} if memo is None else memo
     if p in memo:
         return memo[p]
-    why = _own_difference(p, q, batches, census)
+    why = _own_difference(p, q, batches, census, others)
     found: tuple[str, str] | None = (p, why) if why is not None else None
     for child in by_path[p].children if found is None else ():
         other = corresponding(child, p, q)
         if other not in by_path:
             found = (child, f"no counterpart {other} under the representative")
         else:
-            found = first_difference(child, other, by_path, batches, census, memo)
+            found = first_difference(child, other, by_path, batches, census, memo, others)
         if found is not None:
             break
     memo[p] = found
@@ -186,6 +198,7 @@ def triage(
     insitu: Mapping[str, InSitu] | None = None,
     batches: Sequence[Mapping[str, ComponentInputs]] = (),
     census: Counts = (),
+    others: Sequence[Mapping[str, Any]] = (),
 ) -> Plan:
     """Decide the run's replays from the in-situ costs (:func:`insitu_costs`), breadth-first from the root.
 
@@ -232,6 +245,9 @@ def triage(
             the same batches, and their nodes alike in each).
         census: per batch, each node's FLOPs in the step
             (:func:`cb_callback._engine.census.count_step`); empty: not counted.
+        others: under several ranks, every other rank's calls (its
+            :class:`~cb_callback._engine.groups.ViewsOf` each batch): members
+            group, and copy, only when called alike on every rank.
     """
     shares: dict[str, float | None] = {}
     for n in nodes:
@@ -244,7 +260,7 @@ def triage(
     def walk(toward_top: set[str]) -> _Planner:
         planner = _Planner(
             Plan(shares=dict(shares)), by_path, modules, calls, descend_share, representatives, insitu or {},
-            list(batches), census, toward_top,
+            list(batches), census, toward_top, others=list(others),
         )  # fmt: skip
         planner.descend(nodes[0], 1.0, shares.get(nodes[0].path))
         return planner
@@ -293,6 +309,8 @@ class _Planner:
     batches: list[Mapping[str, ComponentInputs]]
     census: Counts
     toward_top: set[str]
+    #: Every other rank's calls (:class:`~cb_callback._engine.groups.ViewsOf`), under several ranks.
+    others: list[Mapping[str, Any]] = field(default_factory=list)
     #: ``{path: the members it stands for}`` of every node the walk reached, replayed or left (and the
     #: nodes below one left or not descended into).
     stands: dict[str, float] = field(default_factory=dict)
@@ -340,7 +358,7 @@ class _Planner:
             self.skip_below(node, effective)
             return
         groups = (
-            sibling_groups(node, self.modules, self.calls, self.batches)
+            sibling_groups(node, self.modules, self.calls, self.batches, self.others)
             if self.representatives > 0
             else [[c] for c in node.children]
         )
@@ -369,7 +387,7 @@ class _Planner:
         its subtree when that did the same work, else replayed and its children compared in turn."""
         plan, by_path = self.plan, self.by_path
         every = self.batches or [self.calls]
-        diff = first_difference(p, q, by_path, every, self.census, memo)
+        diff = first_difference(p, q, by_path, every, self.census, memo, self.others)
         if diff is None:
             measured = p == top and differs(self.times.get(p), self.times.get(q))
             if measured:
