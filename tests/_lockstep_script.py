@@ -339,10 +339,13 @@ def _twin_step(rank: int, x: torch.Tensor, sleep_s: float) -> list[list[float]]:
     return _step_after(model, x)
 
 
-def ddp_raise(rank: int, out: Path, at: int, backward: bool) -> dict[str, Any]:
+def ddp_raise(rank: int, out: Path, at: int, backward: bool, mid: bool = False) -> dict[str, Any]:
     """``DistributedDataParallel`` around ``Net`` and a ``RaiseInRoot`` after its head (raising on rank 1 in
     the root's ``at``-th forward, or its backward): DDP's reducer all-reduces the gradients from C++ in the
-    backward, on the default group. One SGD step after the profile against an unprofiled twin's."""
+    backward, on the default group. With ``mid``, the ``RaiseInRoot`` sits after the first block and the
+    buckets are one parameter each: its backward raises after the later blocks' buckets were all-reduced
+    (the reducer part way through an iteration). One SGD step after the profile against an unprofiled
+    twin's."""
     from cb_callback import profile_components
 
     def build(raise_at: int) -> tuple[nn.Module, _Root, torch.optim.Optimizer]:
@@ -351,8 +354,18 @@ def ddp_raise(rank: int, out: Path, at: int, backward: bool) -> dict[str, Any]:
         inner = Net()
         inner.after = RaiseInRoot(counter, raise_at, backward)
         forward = inner.forward
-        inner.forward = lambda x: inner.after(forward(x))  # type: ignore[method-assign]
-        model = nn.parallel.DistributedDataParallel(inner)
+
+        def after_first(x: torch.Tensor) -> torch.Tensor:
+            x = inner.after(inner.blocks[0](x))
+            for block in inner.blocks[1:]:
+                x = block(x)
+            return inner.head(x)
+
+        if mid:
+            inner.forward = after_first  # type: ignore[method-assign]
+        else:
+            inner.forward = lambda x: inner.after(forward(x))  # type: ignore[method-assign]
+        model = nn.parallel.DistributedDataParallel(inner, bucket_cap_mb=1e-6 if mid else 25)
 
         def count(module: nn.Module, args: Any) -> None:
             counter.calls += 1
@@ -466,6 +479,8 @@ def _worker(rank: int, scenario: str, out: Path) -> None:
             result = fsdp_raise(rank, out, at=5, identical=True, **TRIAGE)
         elif scenario == "fsdp_insitu_raise_timed_bwd":  # the 4th's backward: the first timed pass's
             result = fsdp_raise(rank, out, at=4, backward=True, identical=True, **TRIAGE)
+        elif scenario == "ddp_insitu_raise_mid_bwd":  # DDP: the 4th's backward, after some buckets' all-reduce
+            result = ddp_raise(rank, out, at=4, backward=True, mid=True)
         elif scenario == "routed":
             result = routed(rank, out)
         elif scenario == "ddp_insitu_raise_timed_bwd":  # DDP: the 4th forward's backward (the first timed pass)

@@ -230,7 +230,7 @@ def test_fork_of_a_class_defined_in_a_function_falls_back_to_pause(tmp_path: Pat
     class LocalModule(MLPModule):
         pass
 
-    cb = ComponentBenchmark(capture_step=1, mode="fork", **OPTS)
+    cb = ComponentBenchmark(capture_step=1, mode="fork", **OPTS, descend_share=0.0)  # head replayed, not in situ
     with pytest.warns(UserWarning, match=r"mode='fork'.*LocalModule is defined inside a function.*mode='pause'"):
         run_fit(tmp_path, [cb], model_cls=LocalModule, max_steps=2, logger=False)
     assert cb.mode == "pause"

@@ -24,11 +24,13 @@ wait for a component another rank never replays. So:
    ranks. The in-situ pass's *timed* passes run without the ledger: the
    dispatch mode that writes each collective down sees every op, and its
    Python call per op would be in every module's in-situ time (a ``Linear``
-   of 16 features read 4× its time). A rank that raises in a timed pass after
-   the warm-up passed on every rank (an allocation that grew) leaves the
-   others in the model's collective until its process group times out; a
-   rank that dies there is found by the others' next collective (gloo:
-   connection closed) and named.
+   of 16 features read 4× its time). A rank whose timed pass raises counts
+   what it issued by its process groups' sequence numbers and issues the rest
+   of the warm-up's record of that top on zeros (:class:`PassGuard`); the
+   ranks agree after every pass. After any failed pass every rank puts its
+   FSDP2 units back and resets each ``DistributedDataParallel`` reducer. A
+   rank that dies is found by the others' next collective (gloo: connection
+   closed) and named.
 3. The triage's inputs are reduced across ranks before it decides: each
    component's in-situ cost over the step and the step's are the **max** over
    the ranks (the slowest rank's share decides), its per-call times the max
@@ -105,7 +107,7 @@ def in_situ(
     restore = save_fsdp_state(model)
     out, error = checked(passes(n, False, guard))  # every rank stopped at the same pass, its error agreed on
     if error is not None:
-        restore()
+        _after_failure(model, restore)
         return None, error
     for timed, first in zip(out, warm, strict=False):
         timed.seconds += first.seconds  # what the pass cost, its warm-up included
@@ -169,9 +171,21 @@ def together(
         )
         return None, coord.lost
     if agreed is not None:
-        restore()
+        _after_failure(model, restore)
         return None, agreed
     return value, None
+
+
+def _after_failure(model: Any, restore: Callable[[], None]) -> None:
+    """Every rank, after a pass that failed on one: the model's FSDP2 units back as before (``restore``),
+    and each ``DistributedDataParallel``'s reducer reset: a backward that raised after some of its
+    gradient hooks fired leaves the reducer expecting that iteration's reduction to finish, and the next
+    forward (a replay, the next training step) raises. Reset on every rank alike (it rebuilds its
+    buckets at the next iteration, which broadcasts their order: one rank alone would wait for it)."""
+    restore()
+    for m in model.modules() if isinstance(model, torch.nn.Module) else ():
+        if isinstance(m, torch.nn.parallel.DistributedDataParallel):
+            m.reducer._reset_state()
 
 
 def _issued(coord: Coordinator) -> int | None:
