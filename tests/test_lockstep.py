@@ -212,19 +212,25 @@ def test_a_first_pass_that_cannot_be_finished_for_the_others_names_the_rank_and_
         assert result["seconds"] < 25 and result["untouched"] is True
 
 
-@pytest.mark.slow
-def test_a_rank_that_dies_leaves_the_others_a_report_that_names_it(tmp_path: Path) -> None:
+def _survivor(scenario: str, tmp_path: Path) -> dict[str, Any]:
+    """Rank 0's result of a scenario whose rank 1 process ends (exit code 3) part way; rank 0 exits cleanly."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "CB_DISABLE": ""}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "fsdp_die", str(tmp_path)], cwd=REPO, env=env, capture_output=True,
+        [sys.executable, str(SCRIPT), scenario, str(tmp_path)], cwd=REPO, env=env, capture_output=True,
         text=True, timeout=180,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # rank 1's process ends (exit code 3) in the root's first timed run; rank 0 finishes and exits cleanly
     assert json.loads((tmp_path / "exitcodes.json").read_text()) == [0, 3]
     assert not (tmp_path / "rank_1.json").exists()
-    result = json.loads((tmp_path / "rank_0.json").read_text())
+    result: dict[str, Any] = json.loads((tmp_path / "rank_0.json").read_text())
     assert "crash" not in result, result.get("crash")
+    return result
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_leaves_the_others_a_report_that_names_it(tmp_path: Path) -> None:
+    # rank 1's process ends in the root's first timed run
+    result = _survivor("fsdp_die", tmp_path)
     # Rank 0's collective with the dead rank raised (gloo: connection reset or closed); the profile returns
     # a report within seconds, not at lockstep_timeout_s=30: every lockstep row not measured before fails
     # with the lost rank named, and metadata["ranks"]["lost"] says the same.
@@ -380,16 +386,8 @@ def test_ddp_a_timed_in_situ_pass_whose_backward_raises_on_one_rank_is_drained_a
 
 @pytest.mark.slow
 def test_a_rank_that_dies_in_the_in_situ_pass_leaves_the_other_a_report_that_names_it(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CB_DISABLE": ""}
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "fsdp_insitu_die", str(tmp_path)], cwd=REPO, env=env, capture_output=True,
-        text=True, timeout=180,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # rank 1's process ends in the root's 4th forward (the in-situ pass's first timed pass)
-    assert json.loads((tmp_path / "exitcodes.json").read_text()) == [0, 3]
-    result = json.loads((tmp_path / "rank_0.json").read_text())
-    assert "crash" not in result, result.get("crash")
+    result = _survivor("fsdp_insitu_die", tmp_path)
     # rank 0's collective with the dead rank raised: the ranks are lost, no plan, and every component that
     # communicates (all of this FSDP2 model's) fails with that said, within seconds
     lost = result["lost"]
