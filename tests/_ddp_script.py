@@ -24,7 +24,8 @@ def main(out: Path) -> None:
     from tests._callback_models import LossRecorder, MLPModule
     from tests.conftest import FAST
 
-    opts: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10}
+    # the in-situ pass and the triage run on every rank; descend_share=0: every row replayed
+    opts: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10, "descend_share": 0.0}
     zero = ComponentBenchmark(capture_step=1, ranks="zero", output_dir=str(out / "zero"), **opts)
     every = ComponentBenchmark(capture_step=2, ranks="all", output_dir=str(out / "all"), **opts)
     # two captures (a series) in the same run: rank 0 profiles each, the other rank waits at each barrier

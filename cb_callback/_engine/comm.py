@@ -194,6 +194,53 @@ def drain(kept: Sequence[tuple[Any, Any, Any]]) -> None:
             work.wait()
 
 
+def issued_collectives(exclude: Any = None) -> int | None:
+    """The collectives this process issued so far on every process group but ``exclude`` (the sum of
+    each group's sequence number: gloo and NCCL count every collective as it is issued, no dispatch
+    mode needed); ``None`` when a group cannot say."""
+    total = 0
+    try:
+        for group in list(torch.distributed.distributed_c10d._world.pg_map):
+            if group is not exclude:
+                total += int(group._get_sequence_number_for_group())  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    return total
+
+
+class RunCount:
+    """How many collectives one run issued, to drain the rest of a reference record after it raised
+    (:meth:`rest`): by the process groups' sequence numbers (:func:`issued_collectives`; nothing is
+    added to the run's ops, whose time is being measured), or, where a group cannot say, by a counting
+    :class:`CommCounter` around the run (a Python call on every op).
+
+    Args:
+        exclude: a group whose collectives are not the run's (the lockstep coordinator's).
+    """
+
+    def __init__(self, exclude: Any = None) -> None:
+        self._exclude = exclude
+        self._start = issued_collectives(exclude)
+        self._counter = CommCounter() if self._start is None else None
+
+    def __enter__(self) -> RunCount:
+        if self._counter is not None:
+            self._counter.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._counter is not None:
+            self._counter.__exit__(*exc)
+
+    def rest(self, kept: Sequence[tuple[Any, Any, Any]]) -> list[tuple[Any, Any, Any]]:
+        """What of ``kept`` (a reference run's record) the run did not issue."""
+        if self._counter is not None:
+            return list(kept[len(self._counter.calls) :])
+        now = issued_collectives(self._exclude)
+        issuing = [k for k in kept if k[0].overloadpacket.__name__ != "wait_tensor"]  # what a sequence counts
+        return issuing[now - self._start :] if now is not None and self._start is not None else issuing
+
+
 def comm_table(calls: Sequence[CollectiveCall]) -> list[dict[str, Any]]:
     """One row per collective op and phase: ``op``, ``phase``, ``count``, ``bytes`` (total), ``ms`` (total)."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}

@@ -31,9 +31,10 @@ default process group's timeout, 15 min):
    and broadcasts it; every rank runs that many, in ``rounds`` slices
    with an agreement point after each (a long component stops at the first
    where every rank's runs agree, :func:`_timed_runs`). A rank whose run raises issues the rest
-   of that run's collectives on zero tensors (:func:`cb_callback._engine.comm.drain`)
-   so the others finish it, and every later run of that slice only as its
-   collectives on zeros (running a component that raised part way again would
+   of that run's collectives on zero tensors (:func:`cb_callback._engine.comm.drain`; what it
+   issued counted by its process groups' sequence numbers, :class:`cb_callback._engine.comm.RunCount`,
+   so that no dispatch mode adds to the timed ops) so the others finish it, and every later
+   run of that slice only as its collectives on zeros (running a component that raised part way again would
    issue other collectives: an FSDP2 unit left unsharded skips its all-gather);
    then every rank fails the component at the next agreement point, puts its
    FSDP2 units back as before it, and goes on. The same holds in the warm-up
@@ -76,7 +77,7 @@ import torch
 from torch import nn
 
 from cb_callback._engine.collectives import CollectiveInReplay, distributed_world_size, refuse_collectives
-from cb_callback._engine.comm import CommCounter, comm_table, drain
+from cb_callback._engine.comm import CommCounter, RunCount, comm_table, drain
 from cb_callback._engine.component import ComponentRun, Pending
 from cb_callback._engine.fsdp import is_unit, save_fsdp_state, unsharded
 from cb_callback._engine.inputs import ComponentInputs
@@ -390,13 +391,13 @@ def _warm(coord: Coordinator, pending: Pending, n: int, kept: Sequence[tuple[Any
     for _ in range(n):
         if _drained(error, kept):
             continue
-        counter = CommCounter()
+        count = RunCount(coord.group)
         try:
-            with counter:
+            with count:
                 pending.sampler()
         except Exception as e:
             error = error or f"a warm-up run raised {_error_text(e)}"
-            drain(kept[len(counter.calls) :])
+            drain(count.rest(kept))
     return _agree(coord, error)
 
 
@@ -442,13 +443,13 @@ def _timed_runs(
         for i in range(n + (1 if n >= 2 else 0)):  # a slice of two or more starts with an untimed run
             if _drained(error, kept):
                 continue
-            counter = CommCounter()
+            count = RunCount(coord.group)  # no dispatch mode on the timed ops (sequence numbers)
             try:
-                with counter:
+                with count:
                     sample = pending.sampler()
             except Exception as e:
                 error = error or f"a timed run raised {_error_text(e)}"
-                drain(kept[len(counter.calls) :])
+                drain(count.rest(kept))
                 continue
             if i > 0 or n < 2:
                 samples.samples.append(sample)

@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 import torch
 
 from cb_callback._engine.census import CountsOf
-from cb_callback._engine.comm import CommCounter, drain
+from cb_callback._engine.comm import CommCounter, drain, issued_collectives
 from cb_callback._engine.fsdp import save_fsdp_state
 from cb_callback._engine.groups import ViewsOf, call_view
 from cb_callback._engine.insitu import InSitu, InSituTimes
@@ -188,19 +188,6 @@ def _after_failure(model: Any, restore: Callable[[], None]) -> None:
             m.reducer._reset_state()
 
 
-def _issued(coord: Coordinator) -> int | None:
-    """The collectives this rank issued so far on every process group but the coordinator's (each
-    group's sequence number: gloo and NCCL count every collective); ``None``: a group cannot say."""
-    total = 0
-    try:
-        for group in list(torch.distributed.distributed_c10d._world.pg_map):
-            if group is not coord.group:
-                total += int(group._get_sequence_number_for_group())  # type: ignore[attr-defined]
-    except Exception:
-        return None
-    return total
-
-
 class PassGuard:
     """The in-situ pass's passes under several ranks (:class:`cb_callback._engine.insitu.PassGuard`).
 
@@ -237,12 +224,12 @@ class PassGuard:
         if self.counter is not None:
             self._start = len(self.counter.kept)
         else:
-            self._issued = _issued(self.coord)
+            self._issued = issued_collectives(self.coord.group)
 
     def failed(self) -> None:
         if self.counter is not None:
             return  # the warm-up: the ledger finishes the others' pass
-        now = _issued(self.coord)
+        now = issued_collectives(self.coord.group)
         kept = self.records.get((self.batch, self._top))
         if now is None or self._issued is None or kept is None:
             return  # cannot tell what the others still wait for: their collective finds it at their timeout
