@@ -87,7 +87,7 @@ from cb_callback._engine.timing import Sample, SampleSet, runs_settled
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.model import error_text as _error_text
 
-__all__ = ["COMM_PASSES", "DEFAULT_TIMEOUT_S", "Coordinator", "Step", "check_plan", "run_plan"]
+__all__ = ["COMM_PASSES", "DEFAULT_TIMEOUT_S", "Coordinator", "Step", "check_plan", "lost_peer", "run_plan"]
 
 #: The coordinator's timeout without ``lockstep_timeout_s``: half the default process group's (30 min).
 DEFAULT_TIMEOUT_S = 900.0
@@ -253,7 +253,7 @@ def run_plan(
         except Exception as e:  # a component's own errors are agreed on inside: the ranks stopped answering
             if isinstance(e, _Stuck):
                 coord.lost = str(e)
-            elif _lost_peer(e):
+            elif lost_peer(e):
                 coord.lost = coord.lost_message(step.path, e)
             else:
                 raise
@@ -274,9 +274,15 @@ class _Stuck(Exception):
     collectives (:meth:`cb_callback._engine.ledger.Ledger.finish_for_others`): the lockstep phase ends."""
 
 
-def _lost_peer(error: BaseException) -> bool:
+def lost_peer(error: BaseException | str) -> bool:
     """Whether ``error`` is a collective's that lost its peers (torch's ``DistError``, or gloo's
-    ``RuntimeError``: "Connection closed by peer", "Timed out waiting ... for send"), not a bug of ours."""
+    ``RuntimeError``: "Connection closed by peer", "Timed out waiting ... for send"), not a bug of ours.
+
+    Given only an error's text (a pass that recorded it, :func:`cb_callback._report.model.error_text`), only
+    gloo's own words count: "Connection closed", "Connection reset", or a gloo "Timed out" (a model's
+    error that merely names a connection is not a lost rank)."""
+    if isinstance(error, str):
+        return "Connection closed" in error or "Connection reset" in error or ("gloo" in error and "Timed out" in error)
     dist_error = getattr(torch.distributed, "DistError", None)
     if dist_error is not None and isinstance(error, dist_error):
         return True

@@ -237,56 +237,15 @@ def _triage(
     """
     if cfg.insitu_passes == 0 or cfg.max_total_time_s == 0:
         return [], None
-    paths = [n.path for n in nodes]
-    only = set(paths)
-    ranked = coord is not None
-
-    def passes(n: int, warm_up: bool = True, guard: ranked_triage.PassGuard | None = None) -> list[InSituTimes]:
-        out: list[InSituTimes] = []
-        for b, batch_calls in enumerate(batches):
-            if ranked and any(t.errors for t in out):
-                break  # a rank that went on would issue collectives the others do not
-            if guard is not None:
-                guard.batch = b
-
-            def replay_of(top: str, batch_calls: Mapping[str, ComponentInputs] = batch_calls, b: int = b) -> Any:
-                inputs = run.inputs_for(top, modules[top], batch_calls, b, keep=True)
-                # the backward as the step's (every node runs): an FSDP2 unit's own nodes lead to no target
-                accumulate = ranked or has_unit(modules[top])
-                return run.replay(modules[top], inputs, batch_calls[top], accumulate=accumulate)
-
-            out.append(
-                time_in_situ(
-                    top_paths(batch_calls, paths), replay_of, run.model, device, passes=n,
-                    budget_s=None if ranked else _insitu_budget(cfg), backward=cfg.backward, only=only,
-                    collectives=ranked, warm_up=warm_up, guard=guard,
-                )
-            )  # fmt: skip
-        return out
-
-    if coord is None:
-        out = passes(cfg.insitu_passes)
-    else:
-        ran, error = ranked_triage.in_situ(coord, run.model, passes, cfg.insitu_passes)
-        if ran is None:
-            meta["insitu"] = {"errors": {"": error}, "ranks": coord.world}
-            return [], None
-        out = ran
-    meta["insitu"] = out[0].to_metadata() if len(out) == 1 else {"batches": [t.to_metadata() for t in out]}
-    if coord is not None:
-        meta["insitu"]["ranks"] = coord.world  # every rank ran it; the triage decided on the max over them
+    out = _insitu_times(run, nodes, modules, batches, cfg, device, coord, meta)
+    if out is None:
+        return [], None
     untimed = any(t.errors for t in out) or not all(t.times for t in out)
     if coord is not None:  # every rank decides, or none (the triage's agreements are collectives)
         untimed = any(coord.gather(untimed))
     if cfg.descend != "hotspots" or untimed:
         return out, None
-    costs: dict[str, float | None] = {}
-    step = 0.0
-    for t, batch_calls in zip(out, batches, strict=True):
-        for path, c in insitu_costs(nodes, {p: t.cost_ms(p) for p in t.times}, batch_calls).items():
-            if c is not None:
-                costs[path] = (costs.get(path) or 0.0) + c
-        step += t.step_ms({p: c.calls for p, c in batch_calls.items()})
+    costs, step = _step_costs(nodes, out, batches)
     times = out[0].times
     others: list[Mapping[str, Any]] = []
     if coord is not None:
@@ -326,6 +285,74 @@ def _triage(
     if census is not None:
         meta["triage"]["census"] = census.to_metadata()
     return out, plan
+
+
+def _insitu_times(
+    run: ComponentRun,
+    nodes: Sequence[Node],
+    modules: Mapping[str, nn.Module],
+    batches: Sequence[Mapping[str, ComponentInputs]],
+    cfg: BenchmarkConfig,
+    device: torch.device,
+    coord: Coordinator | None,
+    meta: dict[str, Any],
+) -> list[InSituTimes] | None:
+    """Each batch's in-situ pass (:func:`time_in_situ`; ``metadata["insitu"]``); under several ranks on
+    every rank at once (:func:`cb_callback._engine.ranked_triage.in_situ`), ``None`` when it failed on one."""
+    paths = [n.path for n in nodes]
+    only = set(paths)
+    ranked = coord is not None
+
+    def passes(n: int, warm_up: bool = True, guard: ranked_triage.PassGuard | None = None) -> list[InSituTimes]:
+        out: list[InSituTimes] = []
+        for b, batch_calls in enumerate(batches):
+            if ranked and any(t.errors for t in out):
+                break  # a rank that went on would issue collectives the others do not
+            if guard is not None:
+                guard.batch = b
+
+            def replay_of(top: str, batch_calls: Mapping[str, ComponentInputs] = batch_calls, b: int = b) -> Any:
+                inputs = run.inputs_for(top, modules[top], batch_calls, b, keep=True)
+                # the backward as the step's (every node runs): an FSDP2 unit's own nodes lead to no target
+                accumulate = ranked or has_unit(modules[top])
+                return run.replay(modules[top], inputs, batch_calls[top], accumulate=accumulate)
+
+            out.append(
+                time_in_situ(
+                    top_paths(batch_calls, paths), replay_of, run.model, device, passes=n,
+                    budget_s=None if ranked else _insitu_budget(cfg), backward=cfg.backward, only=only,
+                    collectives=ranked, warm_up=warm_up, guard=guard,
+                )
+            )  # fmt: skip
+        return out
+
+    if coord is None:
+        out = passes(cfg.insitu_passes)
+    else:
+        ran, error = ranked_triage.in_situ(coord, run.model, passes, cfg.insitu_passes)
+        if ran is None:
+            meta["insitu"] = {"errors": {"": error}, "ranks": coord.world}
+            return None
+        out = ran
+    meta["insitu"] = out[0].to_metadata() if len(out) == 1 else {"batches": [t.to_metadata() for t in out]}
+    if coord is not None:
+        meta["insitu"]["ranks"] = coord.world  # every rank ran it; the triage decided on the max over them
+    return out
+
+
+def _step_costs(
+    nodes: Sequence[Node], out: Sequence[InSituTimes], batches: Sequence[Mapping[str, ComponentInputs]]
+) -> tuple[dict[str, float | None], float]:
+    """Each node's in-situ cost over the step (:func:`insitu_costs`, summed over the batches) and the
+    step's (the tops'), what the triage's shares divide."""
+    costs: dict[str, float | None] = {}
+    step = 0.0
+    for t, batch_calls in zip(out, batches, strict=True):
+        for path, c in insitu_costs(nodes, {p: t.cost_ms(p) for p in t.times}, batch_calls).items():
+            if c is not None:
+                costs[path] = (costs.get(path) or 0.0) + c
+        step += t.step_ms({p: c.calls for p, c in batch_calls.items()})
+    return costs, step
 
 
 def _census(

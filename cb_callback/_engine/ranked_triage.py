@@ -61,7 +61,7 @@ from cb_callback._engine.comm import CommCounter, drain, issued_collectives
 from cb_callback._engine.fsdp import save_fsdp_state
 from cb_callback._engine.groups import ViewsOf, call_view
 from cb_callback._engine.insitu import InSitu, InSituTimes
-from cb_callback._engine.lockstep import Coordinator
+from cb_callback._engine.lockstep import Coordinator, lost_peer
 from cb_callback._engine.triage import Plan
 from cb_callback._report.model import error_text
 
@@ -147,7 +147,7 @@ def together(
         error = f"{what} raised {error_text(e)}"
     finally:
         book.end()
-    if error is not None and _lost_peer(error):  # a rank died: nobody is left to finish the pass for
+    if error is not None and lost_peer(error):  # a rank died: nobody is left to finish the pass for
         restore()
         coord.lost = f"lost a rank during {what}: it died or did not answer ({error}); nothing was replayed in lockstep"
         return None, coord.lost
@@ -163,7 +163,7 @@ def together(
     try:
         agreed = coord.agree(error)
     except Exception as e:
-        if not _lost_peer(str(e)):
+        if not lost_peer(e):
             raise
         restore()
         coord.lost = (
@@ -246,7 +246,7 @@ class PassGuard:
         try:
             every = self.coord.gather(error)
         except Exception as e:
-            if not _lost_peer(str(e)):
+            if not lost_peer(e):
                 raise
             self.source = self.coord.rank
             self.coord.lost = (
@@ -259,12 +259,6 @@ class PassGuard:
             return None
         self.source, text = first
         return text
-
-
-def _lost_peer(text: str) -> bool:
-    """Whether an error's text is a collective's that lost its peers (gloo's "Connection closed by peer",
-    "Timed out waiting ... for send"; as :func:`cb_callback._engine.lockstep` tells them)."""
-    return "Connection closed" in text or "Connection reset" in text or ("gloo" in text and "Timed out" in text)
 
 
 def reduce_costs(
