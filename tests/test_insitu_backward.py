@@ -239,3 +239,49 @@ def test_a_call_claims_no_node_built_before_it_whatever_holds_its_input() -> Non
         }  # fmt: skip
     finally:
         nodes.close()
+
+
+def _forwards(model: nn.Module) -> tuple[list[int], Any]:
+    calls = [0]
+
+    def count(*_: Any) -> None:
+        calls[0] += 1
+
+    return calls, model.register_forward_pre_hook(count)
+
+
+def test_a_top_the_census_warmed_runs_no_warm_up_of_its_own() -> None:
+    """Issue 24 §1: the census's forward and backward of a top is the in-situ pass's warm-up. A top named in
+    ``warmed`` runs its timed passes only (2 forwards for 2 passes); another runs one more, its warm-up."""
+    model = Pair(0.0, 0.0)
+    x = torch.randn(2, 4)
+    cpu = torch.device("cpu")
+    for warmed, want in (({""}, 2), (set(), 3)):
+        calls, handle = _forwards(model)
+        try:
+            times = time_in_situ(
+                [""], lambda top: Replay(model, _inputs(x), device=cpu), model, cpu, passes=2, warmed=warmed
+            )
+        finally:
+            handle.remove()
+        assert calls[0] == want and times.passes == 2, (warmed, calls[0], times.passes)
+
+
+def test_the_default_profile_runs_the_census_once_as_its_in_situ_warm_up() -> None:
+    """In a default profile the root runs forward once in the census and ``insitu_passes`` times in the
+    in-situ pass, which needs no warm-up of its own; under ``descend="all"`` (no census) the in-situ pass
+    runs its own warm-up. Everything else (the root's replay: the same options) is alike, so the root's
+    forwards are as many in both: 1 + 2 + the replay's. (Before, the default ran 1 + 1 + 2 + the replay's.)"""
+    counted = {}
+    for descend in ("hotspots", "all"):
+        model = Pair(0.0, 0.0)
+        calls, handle = _forwards(model)
+        try:
+            opts = FAST | dict(rounds=1, insitu_passes=2, harness_floor=False, min_run_time_s=1.0)
+            report = profile_components(model, (torch.randn(2, 4),), descend=descend, **opts)
+        finally:
+            handle.remove()
+        assert report.metadata["insitu"]["passes"] == 2, report.metadata["insitu"]
+        assert ("census" in report.metadata.get("triage", {})) == (descend == "hotspots")
+        counted[descend] = calls[0]
+    assert counted["hotspots"] == counted["all"], counted

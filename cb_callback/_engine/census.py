@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,9 +35,11 @@ from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.isolate import Replay, flatten_output, unobserved
 from cb_callback._engine.nodeclock import backward_prefix, claim_nodes, input_nodes, next_node_number
 from cb_callback._engine.state import StateGuard
+from cb_callback._engine.storage import storage_key
 from cb_callback._engine.tree import Node
+from cb_callback._metrics.flops import _NO_COMPUTE
 from cb_callback._metrics.flops import _RULES as _FLOP_RULES
-from cb_callback._metrics.traffic import _op_bytes
+from cb_callback._metrics.traffic import _op_bytes, _storage_bytes
 from cb_callback._report.model import error_text
 
 __all__ = ["Census", "CountsOf", "census_of", "count_step", "with_grad"]
@@ -62,6 +65,14 @@ class Census:
     """
 
     flops: list[dict[str, tuple[int, int, int] | None]] = field(default_factory=list)
+    #: Per captured batch, ``{path: values}`` of each node the census counted as its replay alone would
+    #: (called once in the pass, not shared, no :attr:`Tally.inexact` reason): the values the built-in
+    #: FLOPs and bytes metrics give a row (``fwd_flops``, ``bwd_flops``, ``uncounted_ops``, ``bytes``,
+    #: ``fwd_bytes``, ``bwd_bytes``, ``top_bytes_ops``, ``working_set_bytes``), so that its replay only
+    #: times (:meth:`cb_callback._engine.component.ComponentRun.start`).
+    values: list[dict[str, dict[str, Any]]] = field(default_factory=list)
+    #: Per captured batch, ``{path: why}`` of each counted node whose counts its replay would not repeat.
+    inexact: list[dict[str, str]] = field(default_factory=list)
     seconds: float = 0.0
     tops: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
@@ -111,11 +122,26 @@ class _Attribution:
         self.calls = 0
         #: ``{"fwd" | "bwd" | "bytes": {module id: count}}``; bytes over both passes.
         self.flops: dict[str, dict[int, int]] = {"fwd": {}, "bwd": {}, "bytes": {}}
+        #: Each module's work in detail (what its replay's instrumented pass would observe).
+        self.tally: dict[int, Tally] = {}
+
+    def _tally(self, key: int) -> Tally:
+        mine = self.tally.get(key)
+        if mine is None:
+            mine = self.tally[key] = Tally()
+        return mine
 
     def pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         if id(module) not in self.tracked:
             return
         self.calls += 1
+        mine = self._tally(id(module))
+        if torch._C._current_graph_task_id() == -1:  # not a checkpoint's recompute in the backward
+            mine.calls += 1
+        if mine.inexact is None:
+            with unobserved():
+                if any(_not_own(t) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)):
+                    mine.inexact = "an input is a view into a larger storage (or expanded); its replay gets a copy"
         self.stack.append((id(module), self.calls, input_nodes(args, kwargs), next_node_number()))
 
     def post(self, module: nn.Module, args: Any, output: Any) -> None:
@@ -123,8 +149,23 @@ class _Attribution:
             return
         _, _, stop, since = self.stack[-1]
         chain = backward_prefix(self.owner) + tuple((m, c) for m, c, _, _ in self.stack)
-        claim_nodes(flatten_output(output)[0], stop, self.owner, chain, self._watch, since)
+        outputs = flatten_output(output)[0]
+        claim_nodes(outputs, stop, self.owner, chain, self._watch, since)
         self.stack.pop()
+        if torch._C._current_graph_task_id() != -1:
+            return  # a recompute (already marked) inside the backward
+        mine = self._tally(id(module))
+        for t in outputs:
+            if isinstance(t, torch.Tensor) and t.requires_grad and mine.inexact is None:
+                self.handles.append(t.register_hook(functools.partial(self._gradient, mine)))
+
+    @staticmethod
+    def _gradient(mine: Tally, grad: torch.Tensor | None) -> None:
+        """An output's gradient as the step gives it: a view into a larger storage (a slice of ``cat``'s,
+        ``sum``'s expanded one) is read as that storage by the bytes rule, where a replay alone gets a
+        contiguous gradient."""
+        if grad is not None and mine.inexact is None and _not_own(grad):
+            mine.inexact = "an output's gradient in the step is a view into a larger storage (or expanded)"
 
     def _watch(self, node: Any) -> None:
         self.handles.append(node.register_hook(functools.partial(self._ran, node)))
@@ -160,9 +201,12 @@ class _Attribution:
             outer = outer[: outer.index(running[0])]
         return tuple(dict.fromkeys(outer + running))
 
-    def count(self, flops: int, moved: int) -> None:
-        """One op's FLOPs and bytes, to every module it belongs to."""
-        if torch._C._current_graph_task_id() == -1:
+    def count(self, flops: int, moved: int, op: str = "", uncounted: bool = False, touched: Any = ()) -> None:
+        """One op's FLOPs and bytes, to every module it belongs to (``op``: its name, ``uncounted``: no
+        FLOP formula, ``touched``: ``(storage, bytes)`` of the tensors it moved, for the working set)."""
+        forward = torch._C._current_graph_task_id() == -1
+        recompute = False
+        if forward:
             modules: tuple[int, ...] = tuple(m for m, *_ in self.stack)
             phase = self.flops["fwd"]
         else:
@@ -170,15 +214,18 @@ class _Attribution:
             owned = self.owner.get(node)
             if self.stack:  # an activation checkpoint's recompute: a forward inside the backward
                 modules = self._recomputing(owned or ())
+                recompute = True  # for the modules it runs (whose forward, alone, calls no checkpoint)
             elif node is not None and node is self.done:
                 modules = self._summing(node)
             else:
                 modules = tuple(m for m, _ in owned) if owned is not None else ()
             phase = self.flops["bwd"]
         traffic = self.flops["bytes"]
+        running = {m for m, *_ in self.stack} if recompute else set()
         for m in set(modules):
             phase[m] = phase.get(m, 0) + flops
             traffic[m] = traffic.get(m, 0) + moved
+            self._tally(m).add(forward, moved, op, uncounted, touched, m in running)
 
 
 class _CountingMode(TorchDispatchMode):
@@ -193,13 +240,69 @@ class _CountingMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        formula = self.registry.get(func.overloadpacket)
+        packet = func.overloadpacket
+        formula = self.registry.get(packet)
         with unobserved():  # a rule's own tensor ops are not the step's
             flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
             moved = int(_op_bytes(func, args, kwargs, out))
-        if flops or moved:
-            self.attribution.count(flops, moved)
+            name = str(packet)
+            uncounted = formula is None and name not in _NO_COMPUTE
+            touched = _touched((args, kwargs, out)) if moved else ()
+        if flops or moved or uncounted:
+            self.attribution.count(flops, moved, name, uncounted, touched)
         return out
+
+
+def _touched(tree: Any) -> list[tuple[object, int]]:
+    """``(storage, bytes)`` of each tensor an op that moves data touched (as the ``bytes`` metric's working
+    set keys them)."""
+    out: list[tuple[object, int]] = []
+    for t in pytree.tree_leaves(tree):
+        if isinstance(t, torch.Tensor):
+            key = storage_key(t)
+            out.append((("tensor", id(t)) if key is None else key, _storage_bytes(t)))
+    return out
+
+
+def _not_own(t: torch.Tensor) -> bool:
+    """Whether ``t`` is not the whole of its own storage (a view into a larger one, an expanded tensor): a
+    replay's copy of it (``clone``) would be, and the bytes rule counts the two differently."""
+    try:
+        return t.untyped_storage().nbytes() != t.numel() * t.element_size()
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+@dataclass(slots=True)
+class Tally:
+    """One module's work in the census, over its calls in the pass: what its replay's instrumented pass
+    observes (:class:`cb_callback._metrics.flops.FlopsMetric`, :class:`cb_callback._metrics.traffic.TrafficMetric`),
+    counted inside the step.
+
+    ``inexact`` says why these counts are not what the module replayed alone would count (an input or an
+    output's gradient is a view into a larger storage, its forward recomputed by an activation
+    checkpoint inside the backward); ``None``: they are."""
+
+    calls: int = 0
+    fwd_bytes: int = 0
+    bwd_bytes: int = 0
+    by_op: dict[str, int] = field(default_factory=dict)
+    uncounted: set[str] = field(default_factory=set)
+    storages: dict[object, int] = field(default_factory=dict)
+    inexact: str | None = None
+
+    def add(self, forward: bool, moved: int, op: str, uncounted: bool, touched: Any, recompute: bool) -> None:
+        if forward:
+            self.fwd_bytes += moved
+        else:
+            self.bwd_bytes += moved
+        if moved:
+            self.by_op[op] = self.by_op.get(op, 0) + moved
+            self.storages.update(touched)
+        if uncounted:
+            self.uncounted.add(op)
+        if recompute and self.inexact is None:
+            self.inexact = "an activation checkpoint recomputes its forward inside the step's backward"
 
 
 def with_grad(inputs: ComponentInputs) -> ComponentInputs:
@@ -291,6 +394,8 @@ def count_step(
         if collectives and out.errors:
             break
         found: dict[str, tuple[int, int, int] | None] = {}
+        values: dict[str, dict[str, Any]] = {}
+        inexact: dict[str, str] = {}
         for top in tops[b]:
             below = [n.path for n in nodes if top == "" or n.path == top or n.path.startswith(top + ".")]
             tracked = list({id(modules[p]): modules[p] for p in below if p in modules}.values())
@@ -305,10 +410,39 @@ def count_step(
                 module = modules.get(path)
                 if module is not None and id(module) not in shared:
                     key = id(module)
-                    found[path] = (fwd.get(key, 0), bwd.get(key, 0), moved.get(key, 0))
+                    mine = found[path] = (fwd.get(key, 0), bwd.get(key, 0), moved.get(key, 0))
+                    tally = counted.tally.get(key)
+                    why = _why_inexact(tally)
+                    if why is not None:
+                        inexact[path] = why
+                    elif tally is not None:
+                        values[path] = _values(mine, tally, backward)
         out.flops.append(found)
+        out.values.append(values)
+        out.inexact.append(inexact)
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _why_inexact(tally: Tally | None) -> str | None:
+    if tally is None or tally.calls == 0:
+        return "not called in the census's pass"
+    if tally.calls > 1:
+        return f"called {tally.calls} times in the census's pass (its replay times one call, or a call set)"
+    return tally.inexact
+
+
+def _values(counts: tuple[int, int, int], tally: Tally, backward: bool) -> dict[str, Any]:
+    """A node's row values, as :class:`~cb_callback._metrics.flops.FlopsMetric` and
+    :class:`~cb_callback._metrics.traffic.TrafficMetric` give them from one call's instrumented pass."""
+    fwd, bwd, _ = counts
+    top = dict(sorted(tally.by_op.items(), key=lambda kv: -kv[1])[:5])
+    return {
+        "fwd_flops": float(fwd), "bwd_flops": float(bwd) if backward else math.nan,
+        "uncounted_ops": sorted(tally.uncounted),
+        "bytes": float(tally.fwd_bytes + tally.bwd_bytes), "fwd_bytes": tally.fwd_bytes,
+        "bwd_bytes": tally.bwd_bytes, "top_bytes_ops": top, "working_set_bytes": sum(tally.storages.values()),
+    }  # fmt: skip
 
 
 def _counted(

@@ -245,6 +245,12 @@ class ComponentRun:
         self._kept: dict[tuple[str, int], ComponentInputs] = {}  # preprocessed by the in-situ pass
         #: Seconds of the instrumented passes (FLOPs, bytes, memory observed).
         self.instrumented_s = 0.0
+        #: ``{(path, batch): values}``: what the step's census counted of a component as its replay's own pass
+        #: would (:attr:`cb_callback._engine.census.Census.values`); metrics with ``from_census`` take their
+        #: values from it, and its replay's pass observes the rest (memory).
+        self.counted: dict[tuple[str, int], Mapping[str, Any]] = {}
+        #: ``{(path, batch): why}``: a component the census counted, but not as its replay would.
+        self.not_counted: dict[tuple[str, int], str] = {}
 
     def inputs_for(
         self,
@@ -336,8 +342,17 @@ class ComponentRun:
         ctx = MeasureContext(
             row.path, module, replay, self.cfg, self.device, {}, artifact_dir=artifact_dir(self.cfg, row.path)
         )
+        counted = self._counted_values(row.path, batch, captured, collectives)
+        given: dict[str, Any] = {}
+        observing = []
+        for plugin in self.observing:
+            mine = plugin.from_census(counted) if counted is not None and hasattr(plugin, "from_census") else None
+            if mine is None:
+                observing.append(plugin)
+            else:
+                given.update(mine)
         try:
-            instruments = [p.instrument(ctx) for p in self.observing]
+            instruments = [p.instrument(ctx) for p in observing]
             pass0 = time.perf_counter()
             # Under DDP, on one rank: a collective would wait forever for the other ranks.
             restore = None if collectives else save_fsdp_state(module)  # a refused one leaves FSDP half way
@@ -372,13 +387,18 @@ class ComponentRun:
             row.status, row.error = "failed", f"instrumented pass raised {_error_text(e)}"
             return None
         values: dict[str, Any] = {}
-        for plugin, ins in zip(self.observing, instruments, strict=True):
+        for plugin, ins in zip(observing, instruments, strict=True):
             try:
                 values.update(checked_values(plugin, ins.values()))
             except Exception as e:
                 if self._plugin_error(row, plugin, e):
                     return None
         values = per_call(values, replay.replayed_calls)
+        if given:  # one call's, counted in the step
+            values.update(given)
+            values["counted"] = "census"
+        elif (why := self._own_pass(row.path, batch, captured, collectives)) is not None:
+            values["counted"] = f"own pass: {why}"
         values["mutates_inputs"] = result.mutates_inputs
         del result  # holds a forward-only pass's output (and its graph)
         _describe_calls(row, replay)
@@ -397,6 +417,27 @@ class ComponentRun:
         # The instrumented pass runs under counting modes (slower than a plain run): an upper estimate.
         committed = max(budget, max(self.cfg.min_repeats, 1) * pass_s)
         return Pending(row, ctx, values, sampler, budget, committed, batch, pass_s, floor=floor)
+
+    def _counted_values(
+        self, path: str, batch: int, captured: ComponentInputs, collectives: bool
+    ) -> Mapping[str, Any] | None:
+        """The step's census of ``path`` on ``batch`` (:attr:`counted`) when it is what the component's replay
+        would count: a component called once in the step, replayed on one rank; else ``None`` (its replay's
+        pass counts)."""
+        if collectives or captured.calls != 1 or captured.variants:
+            return None
+        return self.counted.get((path, batch))
+
+    def _own_pass(self, path: str, batch: int, captured: ComponentInputs, collectives: bool) -> str | None:
+        """Why a component the census ran over counts its FLOPs and bytes in a pass of its own (``None``: the
+        census's counts were taken, or no census ran)."""
+        if not self.counted and not self.not_counted:
+            return None
+        if collectives:
+            return "replayed on every rank at once"
+        if captured.calls != 1 or captured.variants:
+            return f"called {captured.calls} times in the step"
+        return self.not_counted.get((path, batch), "not counted by the census")
 
     def floor(self, replay: Replay) -> Floor | None:
         """The harness's fixed cost of one run on ``replay``'s inputs (:mod:`cb_callback._engine.floor`).

@@ -8,7 +8,7 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -196,6 +196,7 @@ def time_in_situ(
     collectives: bool = False,
     warm_up: bool = True,
     guard: PassGuard | None = None,
+    warmed: Collection[str] = (),
 ) -> InSituTimes:
     """Run each top component whole ``passes + 1`` times (the first a warm-up), every module's calls timed.
 
@@ -223,6 +224,9 @@ def time_in_situ(
             raises (on one process it would wait forever).
         warm_up: run the untimed warm-up first (``False``: a warm-up ran
             already, under several ranks a pass of its own).
+        warmed: the tops that need no warm-up of their own: a pass of theirs
+            ran just before (the census, one forward and backward of each top
+            on the same call: :mod:`cb_callback._engine.census`).
         guard: told of each pass (:class:`PassGuard`): under several ranks,
             what lets a rank whose pass raised finish the others' collectives
             and every rank stop at the same pass.
@@ -245,7 +249,7 @@ def time_in_situ(
     for top in tops:
         replay: Replay | None = None
         top_s = 0.0
-        for i in range(0 if warm_up else 1, passes + 1):
+        for i in range(0 if warm_up and top not in warmed else 1, passes + 1):
             nodes = NodeClock() if by_nodes and i > 0 else None
             error: str | None = None
             if guard is not None:

@@ -237,7 +237,12 @@ def _triage(
     """
     if cfg.insitu_passes == 0 or cfg.max_total_time_s == 0:
         return [], None
-    out = _insitu_times(run, nodes, modules, batches, cfg, device, coord, meta)
+    census: Census | None = None
+    if coord is None and cfg.descend == "hotspots":
+        # The census first: its forward and backward of each top is the in-situ pass's warm-up too.
+        paths = [n.path for n in nodes]
+        census = census_of(run, nodes, modules, batches, [top_paths(b, paths) for b in batches])
+    out = _insitu_times(run, nodes, modules, batches, cfg, device, coord, meta, census)
     if out is None:
         return [], None
     untimed = any(t.errors for t in out) or not all(t.times for t in out)
@@ -257,23 +262,24 @@ def _triage(
         representatives=cfg.representatives, insitu=times, batches=batches, others=others,
     )  # fmt: skip
     plan = decide()
-    census = None
-    # Repeated structure: a copy is proven by the FLOPs each module counted in the step. Rows not replayed
-    # (not descended into) take their FLOPs and bytes from it (details["as"] = "insitu").
-    counted = bool(plan.groups or plan.skip)
-    if coord is not None:  # every rank counts, or none (the census communicates); the plans are compared below
-        counted = any(coord.gather(counted))
-    if counted:
+    # The census: every module's FLOPs and bytes in the step, in one instrumented pass of each top. A copy is
+    # proven by them (repeated structure); rows not replayed take theirs from it (details["as"] = "insitu"),
+    # and so do replayed rows on one rank, whose replays then only time (and observe memory). Under several
+    # ranks every rank counts (the census communicates); the plans are compared below.
+    if census is None:
         census, why = _census(run, nodes, modules, batches, [t.tops for t in out], coord)
         if census is None:
             meta["triage"] = {"skipped": why}
             return out, None
-        run.instrumented_s += census.seconds  # an observed pass (cost: instrumented_s, of it census_s)
-        counts: Sequence[Mapping[str, Any]] = census.flops
-        if coord is not None:
-            counts = ranked_triage.every_rank_counts(coord, census.flops)
-        plan = decide(census=counts) if plan.groups else plan
-        plan.census_s, plan.census = census.seconds, census.flops
+    run.instrumented_s += census.seconds  # an observed pass (cost: instrumented_s, of it census_s)
+    counts: Sequence[Mapping[str, Any]] = census.flops
+    if coord is not None:
+        counts = ranked_triage.every_rank_counts(coord, census.flops)
+    plan = decide(census=counts) if plan.groups else plan
+    plan.census_s, plan.census = census.seconds, census.flops
+    if coord is None:  # a rank-local replay under several ranks counts its own (an FSDP2 unit's children)
+        run.counted = {(path, b): v for b, values in enumerate(census.values) for path, v in values.items()}
+        run.not_counted = {(path, b): why for b, whys in enumerate(census.inexact) for path, why in whys.items()}
     if coord is not None and (differs := ranked_triage.plan_difference(coord, plan)) is not None:
         meta["triage"] = {"skipped": differs}
         return out, None
@@ -282,8 +288,7 @@ def _triage(
         "replayed": plan.replayed, "copied": len(plan.copy), "not_descended": len(plan.skip),
         "groups": len(groups), "measured_alone": len(plan.alone), "not_copies": len(plan.not_copies),
     }  # fmt: skip
-    if census is not None:
-        meta["triage"]["census"] = census.to_metadata()
+    meta["triage"]["census"] = census.to_metadata()
     return out, plan
 
 
@@ -296,12 +301,19 @@ def _insitu_times(
     device: torch.device,
     coord: Coordinator | None,
     meta: dict[str, Any],
+    census: Census | None = None,
 ) -> list[InSituTimes] | None:
     """Each batch's in-situ pass (:func:`time_in_situ`; ``metadata["insitu"]``); under several ranks on
-    every rank at once (:func:`cb_callback._engine.ranked_triage.in_situ`), ``None`` when it failed on one."""
+    every rank at once (:func:`cb_callback._engine.ranked_triage.in_situ`), ``None`` when it failed on one.
+    A top the ``census`` counted (a forward and backward on the same call, just before) needs no warm-up."""
     paths = [n.path for n in nodes]
     only = set(paths)
     ranked = coord is not None
+
+    def warmed(b: int) -> set[str]:
+        if census is None or b >= len(census.flops):
+            return set()
+        return {top for top in census.tops if top not in census.errors and top in batches[b]}
 
     def passes(n: int, warm_up: bool = True, guard: ranked_triage.PassGuard | None = None) -> list[InSituTimes]:
         out: list[InSituTimes] = []
@@ -321,7 +333,7 @@ def _insitu_times(
                 time_in_situ(
                     top_paths(batch_calls, paths), replay_of, run.model, device, passes=n,
                     budget_s=None if ranked else _insitu_budget(cfg), backward=cfg.backward, only=only,
-                    collectives=ranked, warm_up=warm_up, guard=guard,
+                    collectives=ranked, warm_up=warm_up, guard=guard, warmed=warmed(b),
                 )
             )  # fmt: skip
         return out

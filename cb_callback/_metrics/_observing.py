@@ -25,6 +25,12 @@ class ObservingMetric:
         """The observer of one pass; see :class:`cb_callback.Instrument`."""
         raise NotImplementedError
 
+    def from_census(self, counted: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """This metric's values of a component from the step's census (:attr:`cb_callback._engine.census.Census.values`:
+        the component's work counted inside the step, as its own pass would count it), or ``None``: it
+        observes the component's replay. The engine then leaves this metric out of the replay's pass."""
+        return None
+
     def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
         """Run an instrumented pass of its own and return what it observed."""
         ins = self.instrument(ctx)

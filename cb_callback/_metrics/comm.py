@@ -6,6 +6,8 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import torch
+
 from cb_callback._engine.comm import CollectiveCall, CommCounter, comm_table
 from cb_callback._engine.isolate import PassContext, Phase
 from cb_callback._engine.plugins import MeasureContext
@@ -57,3 +59,9 @@ class CommMetric(ObservingMetric):
     def instrument(self, ctx: MeasureContext) -> _CommInstrument:
         """An observer of the engine's shared instrumented pass."""
         return _CommInstrument()
+
+    def from_census(self, counted: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Without a process group nothing communicates: no payload. With one, it observes the replay."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return None
+        return {"comm_bytes": 0.0, "comm_ms": 0.0}

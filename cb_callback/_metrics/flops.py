@@ -232,3 +232,7 @@ class FlopsMetric(ObservingMetric):
     def instrument(self, ctx: MeasureContext) -> _FlopsInstrument:
         """An observer of the engine's shared instrumented pass."""
         return _FlopsInstrument()
+
+    def from_census(self, counted: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The census counts with this metric's formulas: its values of the component, as counted in the step."""
+        return {k: counted[k] for k in ("fwd_flops", "bwd_flops", "uncounted_ops")}

@@ -294,3 +294,8 @@ class TrafficMetric(ObservingMetric):
     def instrument(self, ctx: MeasureContext) -> _TrafficInstrument:
         """An observer of the engine's shared instrumented pass."""
         return _TrafficInstrument()
+
+    def from_census(self, counted: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The census counts with this metric's per-op rule: its values of the component, as counted in the step."""
+        keys = ("bytes", "fwd_bytes", "bwd_bytes", "top_bytes_ops", "working_set_bytes")
+        return {k: counted[k] for k in keys}
