@@ -270,10 +270,19 @@ def test_a_plugin_returning_status_or_path_is_rejected_by_name() -> None:
     )
 
 
-def test_a_builtin_returning_a_structural_key_fails_the_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = flops_module._FlopsInstrument.values
-    monkeypatch.setattr(flops_module._FlopsInstrument, "values", lambda self: {**real(self), "share": 1.0})
-    report = profile_components(nn.Linear(4, 2), (torch.randn(2, 4),), **FAST)
+@pytest.mark.parametrize("source", ["its own pass", "the census"])
+def test_a_builtin_returning_a_structural_key_fails_the_row(monkeypatch: pytest.MonkeyPatch, source: str) -> None:
+    """The same check on a built-in's values whether they come from the row's own instrumented pass
+    (``descend="all"``) or from the step's census (the default; ``from_census``)."""
+    if source == "its own pass":
+        real = flops_module._FlopsInstrument.values
+        monkeypatch.setattr(flops_module._FlopsInstrument, "values", lambda self: {**real(self), "share": 1.0})
+    else:
+        census = flops_module.FlopsMetric.from_census
+        monkeypatch.setattr(flops_module.FlopsMetric, "from_census", lambda self, c: {**census(self, c), "share": 1.0})
+    model = nn.Sequential(nn.Linear(4, 2), nn.ReLU())
+    descend = "all" if source == "its own pass" else "hotspots"
+    report = profile_components(model, (torch.randn(2, 4),), descend=descend, **FAST)
     row = report.row("")
     assert row.status == "failed"
     assert row.error is not None and row.error.startswith(

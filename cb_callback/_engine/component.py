@@ -343,14 +343,14 @@ class ComponentRun:
             row.path, module, replay, self.cfg, self.device, {}, artifact_dir=artifact_dir(self.cfg, row.path)
         )
         counted = self._counted_values(row.path, batch, captured, collectives)
-        given: dict[str, Any] = {}
+        given: list[tuple[Any, Mapping[str, Any]]] = []  # (plugin, its values from the census)
         observing = []
         for plugin in self.observing:
             mine = plugin.from_census(counted) if counted is not None and hasattr(plugin, "from_census") else None
             if mine is None:
                 observing.append(plugin)
             else:
-                given.update(mine)
+                given.append((plugin, mine))
         try:
             instruments = [p.instrument(ctx) for p in observing]
             pass0 = time.perf_counter()
@@ -394,8 +394,13 @@ class ComponentRun:
                 if self._plugin_error(row, plugin, e):
                     return None
         values = per_call(values, replay.replayed_calls)
-        if given:  # one call's, counted in the step
-            values.update(given)
+        for plugin, mine in given:  # one call's, counted in the step
+            try:
+                values.update(checked_values(plugin, mine))
+            except Exception as e:
+                if self._plugin_error(row, plugin, e):
+                    return None
+        if given:
             values["counted"] = "census"
         elif (why := self._own_pass(row.path, batch, captured, collectives)) is not None:
             values["counted"] = f"own pass: {why}"
