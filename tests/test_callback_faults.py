@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,10 @@ def test_training_step_returning_none_at_the_capture_step(tmp_path: Path) -> Non
     ]
     assert trainer.global_step == 6
     assert cb.report is not None
-    assert {r.status for r in cb.report.rows} == {"ok"}
+    # Every row measured, or left in situ with its time there (the triage follows in-situ times, and they
+    # follow the machine's load: which small rows stay unreplayed varies).
+    left = [r for r in cb.report.rows if r.status != "ok"]
+    assert all(r.details.get("as") == "insitu" and math.isfinite(r.insitu_ms) for r in left), left
 
 
 def test_a_step_that_calls_no_module_reports_every_component_not_run(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import math
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,8 +38,8 @@ from cb_callback._engine.nodeclock import backward_prefix, claim_nodes, input_no
 from cb_callback._engine.state import StateGuard
 from cb_callback._engine.storage import storage_key
 from cb_callback._engine.tree import Node
+from cb_callback._metrics import flops as _flops
 from cb_callback._metrics.flops import _NO_COMPUTE
-from cb_callback._metrics.flops import _RULES as _FLOP_RULES
 from cb_callback._metrics.traffic import _op_bytes, _storage_bytes
 from cb_callback._report.model import error_text
 
@@ -124,6 +125,9 @@ class _Attribution:
         self.flops: dict[str, dict[int, int]] = {"fwd": {}, "bwd": {}, "bytes": {}}
         #: Each module's work in detail (what its replay's instrumented pass would observe).
         self.tally: dict[int, Tally] = {}
+        self.outputs: list[tuple[Tally, Any]] = []  # (its module's tally, a weak reference to an output)
+        self.autocast = _autocast()  # the top's (set at its call): its replay's and every component's
+        self.hooks_on: dict[int, int] = {}  # id of an output tensor -> the census's own hooks on it
 
     def _tally(self, key: int) -> Tally:
         mine = self.tally.get(key)
@@ -135,14 +139,29 @@ class _Attribution:
         if id(module) not in self.tracked:
             return
         self.calls += 1
+        forward = torch._C._current_graph_task_id() == -1  # not a checkpoint's recompute in the backward
+        if not self.stack and forward:  # the top's own call: its autocast (a forward context's) is every replay's
+            self.autocast = _autocast()
         mine = self._tally(id(module))
-        if torch._C._current_graph_task_id() == -1:  # not a checkpoint's recompute in the backward
+        if forward:
             mine.calls += 1
         if mine.inexact is None:
             with unobserved():
-                if any(_not_own(t) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)):
-                    mine.inexact = "an input is a view into a larger storage (or expanded); its replay gets a copy"
+                mine.inexact = self._call_differs(args, kwargs)
         self.stack.append((id(module), self.calls, input_nodes(args, kwargs), next_node_number()))
+
+    def _call_differs(self, args: Any, kwargs: Any) -> str | None:
+        """Why this call's inputs, or its context, are not what its replay gets (``None``: they are): the
+        replay gets a copy of each tensor (``clone``: each its own storage, dense) under the top's autocast."""
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if any(not _own_dense(t) for t in tensors):
+            return "an input is a view into a larger storage, expanded or overlapping; its replay gets a copy"
+        keys = [k for k in (storage_key(t) for t in tensors) if k is not None]
+        if len(set(keys)) < len(keys):
+            return "two of its inputs share a storage; its replay copies each"
+        if self.stack and _autocast() != self.autocast:
+            return "called under an autocast its parent entered; its replay runs without it"
+        return None
 
     def post(self, module: nn.Module, args: Any, output: Any) -> None:
         if id(module) not in self.tracked or not self.stack or self.stack[-1][0] != id(module):
@@ -158,14 +177,39 @@ class _Attribution:
         for t in outputs:
             if isinstance(t, torch.Tensor) and t.requires_grad and mine.inexact is None:
                 self.handles.append(t.register_hook(functools.partial(self._gradient, mine)))
+                self.outputs.append((mine, weakref.ref(t)))
+                self.hooks_on[id(t)] = self.hooks_on.get(id(t), 0) + 1
 
     @staticmethod
     def _gradient(mine: Tally, grad: torch.Tensor | None) -> None:
-        """An output's gradient as the step gives it: a view into a larger storage (a slice of ``cat``'s,
-        ``sum``'s expanded one) is read as that storage by the bytes rule, where a replay alone gets a
-        contiguous gradient."""
-        if grad is not None and mine.inexact is None and _not_own(grad):
-            mine.inexact = "an output's gradient in the step is a view into a larger storage (or expanded)"
+        """An output's gradient as the step gives it, against the replay's (a contiguous tensor of its own
+        for each output): a view into a larger storage (a slice of ``cat``'s, ``sum``'s expanded one), a
+        transposed one (the parent transposed the output: the backward copies it), or one tensor given to
+        two outputs (the bytes rule counts it once) would be counted otherwise."""
+        if grad is None or mine.inexact is not None:
+            return
+        with unobserved():
+            if not grad.is_contiguous() or not _own_dense(grad):
+                mine.inexact = "an output's gradient in the step is not contiguous, or a view into a larger storage"
+                return
+            key = storage_key(grad)
+            if key is not None and key in mine.grads:
+                mine.inexact = "two of its outputs get one gradient tensor in the step; its replay gives each its own"
+            elif key is not None:
+                mine.grads.add(key)
+
+    def hooked_outputs(self) -> None:
+        """After the forward: an output the step hooks (``register_hook``, ``retain_grad``: the parent's, or
+        the module's own) runs that hook inside the module's backward; its replay alone has none."""
+        for mine, ref in self.outputs:
+            t = ref()
+            ours = self.hooks_on.get(id(t), 0) if t is not None else 0
+            if t is not None and mine.inexact is None and (t.retains_grad or len(t._backward_hooks or {}) > ours):
+                mine.inexact = (
+                    "its output has a gradient hook in the step (register_hook, retain_grad); its replay has none"
+                )
+        self.outputs.clear()
+        self.hooks_on.clear()
 
     def _watch(self, node: Any) -> None:
         self.handles.append(node.register_hook(functools.partial(self._ran, node)))
@@ -235,7 +279,7 @@ class _CountingMode(TorchDispatchMode):
     def __init__(self, attribution: _Attribution) -> None:
         super().__init__()
         self.attribution = attribution
-        self.registry = FlopCounterMode(display=False, custom_mapping=dict(_FLOP_RULES)).flop_registry
+        self.registry = FlopCounterMode(display=False, custom_mapping=dict(_flops._RULES)).flop_registry
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -264,13 +308,29 @@ def _touched(tree: Any) -> list[tuple[object, int]]:
     return out
 
 
-def _not_own(t: torch.Tensor) -> bool:
-    """Whether ``t`` is not the whole of its own storage (a view into a larger one, an expanded tensor): a
-    replay's copy of it (``clone``) would be, and the bytes rule counts the two differently."""
+def _own_dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` is the whole of its own storage, laid out densely without overlap: a replay's copy of
+    it (``clone``, which keeps such strides) is then alike, and the bytes rule counts the two alike. Not
+    so: a view into a larger storage, an expanded tensor (stride 0), an overlapping one."""
     try:
-        return t.untyped_storage().nbytes() != t.numel() * t.element_size()
+        if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            return False
     except (RuntimeError, NotImplementedError):
-        return False
+        return True  # no storage to compare (a subclass): nothing to tell
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _autocast() -> tuple[Any, ...]:
+    """The autocast state a call runs under (CPU and CUDA: enabled, dtype)."""
+    return tuple(
+        (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d) if torch.is_autocast_enabled(d) else None)
+        for d in ("cpu", "cuda")
+    )
 
 
 @dataclass(slots=True)
@@ -289,6 +349,7 @@ class Tally:
     by_op: dict[str, int] = field(default_factory=dict)
     uncounted: set[str] = field(default_factory=set)
     storages: dict[object, int] = field(default_factory=dict)
+    grads: set[int] = field(default_factory=set)  # its outputs' gradients' storages
     inexact: str | None = None
 
     def add(self, forward: bool, moved: int, op: str, uncounted: bool, touched: Any, recompute: bool) -> None:
@@ -336,6 +397,7 @@ def _count_top(replay: Replay, backward: bool, tracked: Sequence[nn.Module], col
         refuse = contextlib.nullcontext if collectives else refuse_collectives
         with refuse(), _CountingMode(attribution):
             out = replay.forward(inputs)
+            attribution.hooked_outputs()
             # The backward starts from a view of each output (the top's own output is then a node it built).
             leaves = [_view(t) for t in flatten_output(out)[0]]
             del out

@@ -266,8 +266,10 @@ class ComponentRun:
         replay, which takes it instead of preprocessing again: each call is
         preprocessed once per run.
         """
-        kept = self._kept.pop((path, batch), None)
-        if kept is not None and not keep:
+        kept = self._kept.get((path, batch))
+        if kept is not None:  # preprocessed already (the census, the in-situ pass): each call once per run
+            if not keep:
+                del self._kept[(path, batch)]
             return kept
         inputs = (self.calls if calls is None else calls)[path]
         ctx = dataclasses.replace(self.prepare_ctx, path=path, module=module)
