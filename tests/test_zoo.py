@@ -16,6 +16,7 @@ session and shared by its tests.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterable
@@ -525,3 +526,45 @@ def test_a_row_whose_step_differs_from_its_replay_keeps_its_own_pass(case: str) 
     bad, n = census_diff(default, full)
     assert not bad, "\n".join(bad)
     assert n >= 1  # the rest (at least the root) still census-counted
+
+
+@pytest.mark.parametrize("case", ["gpt", "bn_cnn", "moe"])
+def test_a_top_observed_in_its_census_pass_has_its_own_pass_numbers(case: str) -> None:
+    """The census replays each top whole on its call, as the top's replay would: the memory metric observes
+    that pass (``details["observed_in"] == "census"``) and the top runs no instrumented pass of its own. Its
+    saved activations and allocator peak equal the root's own pass under ``descend="all"``, and so do
+    its FLOPs and bytes (``census_diff``)."""
+    p = _profiled(case)
+    root, own = p.default.row(""), p.full.row("")
+    assert root.details.get("observed_in") == "census" and "observed_in" not in own.details
+    assert root.activation_mb == own.activation_mb and root.activation_mb > 0
+    assert root.peak_mem_mb == own.peak_mem_mb and root.peak_mem_mb > 0
+    assert root.details["mutates_inputs"] is own.details["mutates_inputs"] is False
+
+
+def test_a_users_instrument_gets_the_tops_own_pass() -> None:
+    """A user's InstrumentingMetric observes the replay, not the census: the top then keeps its own pass."""
+    from cb_callback import MeasureContext
+
+    class Ops:
+        name = "ops"
+
+        def instrument(self, ctx: MeasureContext) -> Any:
+            class Seen:
+                def __init__(self) -> None:
+                    self.n = 0
+
+                @contextlib.contextmanager
+                def observe(self, pctx: Any) -> Any:
+                    self.n += 1
+                    yield
+
+                def values(self) -> dict[str, Any]:
+                    return {"phases_seen": self.n}
+
+            return Seen()
+
+    model, args = BUILDERS["gpt"]()
+    report = profile_components(model, args, metrics=[Ops()], **SETTINGS)
+    root = report.row("")
+    assert "observed_in" not in root.details and root.details["phases_seen"] == 3  # pass, forward, backward

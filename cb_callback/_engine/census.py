@@ -19,9 +19,9 @@ import functools
 import math
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,10 +30,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from cb_callback._engine.collectives import refuse_collectives
-from cb_callback._engine.component import ComponentRun
 from cb_callback._engine.fsdp import has_unit
 from cb_callback._engine.inputs import ComponentInputs
-from cb_callback._engine.isolate import Replay, flatten_output, unobserved
+from cb_callback._engine.isolate import (
+    PassContext,
+    PassResult,
+    Phase,
+    Replay,
+    flatten_output,
+    no_collection,
+    unobserved,
+    versions,
+)
 from cb_callback._engine.nodeclock import backward_prefix, claim_nodes, input_nodes, next_node_number
 from cb_callback._engine.state import StateGuard
 from cb_callback._engine.storage import storage_key
@@ -43,7 +51,10 @@ from cb_callback._metrics.flops import _NO_COMPUTE
 from cb_callback._metrics.traffic import _op_bytes, _storage_bytes
 from cb_callback._report.model import error_text
 
-__all__ = ["Census", "CountsOf", "census_of", "count_step", "with_grad"]
+if TYPE_CHECKING:
+    from cb_callback._engine.component import ComponentRun
+
+__all__ = ["COUNTED_KEYS", "Census", "CountsOf", "TopPass", "census_of", "count_step", "with_grad"]
 
 
 @dataclass
@@ -74,6 +85,9 @@ class Census:
     values: list[dict[str, dict[str, Any]]] = field(default_factory=list)
     #: Per captured batch, ``{path: why}`` of each counted node whose counts its replay would not repeat.
     inexact: list[dict[str, str]] = field(default_factory=list)
+    #: ``{batch: {top: its pass}}``: a top whose census pass the row's other instruments observed
+    #: (:class:`TopPass`); its replay then needs no instrumented pass of its own.
+    tops_observed: dict[int, dict[str, TopPass]] = field(default_factory=dict)
     seconds: float = 0.0
     tops: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
@@ -383,20 +397,52 @@ def _view(x: Any) -> Any:
     return x.view_as(x) if isinstance(x, torch.Tensor) and x.requires_grad else x
 
 
-def _count_top(replay: Replay, backward: bool, tracked: Sequence[nn.Module], collectives: bool = False) -> _Attribution:
+@dataclass
+class TopPass:
+    """A top's census pass as its own instrumented pass: the census replays the top whole on its call, as
+    the top's replay does, so the instruments that observed it (memory) hold the top's values.
+
+    Attributes:
+        instruments: ``(plugin, its instrument)`` of each observer (their ``values()`` the top's).
+        mutates_inputs: whether the forward changed an input in place (its timed runs then copy them).
+        seconds: what the pass took (under the counters: an upper bound of one run).
+    """
+
+    instruments: list[tuple[Any, Any]]
+    mutates_inputs: bool
+    seconds: float
+
+
+def _count_top(
+    replay: Replay,
+    backward: bool,
+    tracked: Sequence[nn.Module],
+    collectives: bool = False,
+    observers: Sequence[tuple[Any, Any]] = (),
+    path: str = "",
+) -> tuple[_Attribution, TopPass]:
     """One forward and (``backward``, when there is one) one backward of ``replay``, every op's FLOPs
-    attributed to the ``tracked`` modules (by ``id``) that built it."""
+    attributed to the ``tracked`` modules (by ``id``) that built it; ``observers`` (``(plugin,
+    instrument)``) observe it as :func:`cb_callback._engine.isolate.instrumented_pass` would."""
     attribution = _Attribution({id(m) for m in tracked})
     inputs = replay.fresh_inputs()
     handles = []
+    whole = PassContext(Phase.PASS, path, replay.module, replay.device, inputs, backward)
+    fwd_ctx, bwd_ctx = dataclasses.replace(whole, phase=Phase.FORWARD), dataclasses.replace(whole, phase=Phase.BACKWARD)
+    observing = [ins for _, ins in observers]
+    t0 = time.perf_counter()
+    mutated = False
     try:
         for m in tracked:
             # first of its pre-hooks, as the in-situ clock's: a hook's ops are the module's call (its replay runs them)
             handles.append(m.register_forward_pre_hook(attribution.pre, with_kwargs=True, prepend=True))
             handles.append(m.register_forward_hook(attribution.post, always_call=True))
         refuse = contextlib.nullcontext if collectives else refuse_collectives
-        with refuse(), _CountingMode(attribution):
-            out = replay.forward(inputs)
+        with refuse(), _CountingMode(attribution), _observed(observing, whole):
+            before = versions(inputs)
+            with _observed(observing, fwd_ctx):
+                out = replay.forward(inputs)
+            mutated = versions(inputs) != before
             attribution.hooked_outputs()
             # The backward starts from a view of each output (the top's own output is then a node it built).
             leaves = [_view(t) for t in flatten_output(out)[0]]
@@ -404,7 +450,11 @@ def _count_top(replay: Replay, backward: bool, tracked: Sequence[nn.Module], col
             bwd = replay.backward(inputs, leaves) if backward else None
             del leaves
             if bwd is not None:
-                bwd.run()
+                with _observed(observing, bwd_ctx):
+                    bwd.run()
+            result = PassResult(mutates_inputs=mutated, backward_ran=bwd is not None, output=None)
+            for ctx in (whole, fwd_ctx, bwd_ctx):
+                ctx.result = result
             del bwd
     finally:
         for h in [*handles, *attribution.handles]:
@@ -412,7 +462,22 @@ def _count_top(replay: Replay, backward: bool, tracked: Sequence[nn.Module], col
         attribution.owner.clear()  # the step's graph nodes
         attribution.readers.clear()
         attribution.done = None
-    return attribution
+    return attribution, TopPass(list(observers), mutated, time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def _observed(instruments: Sequence[Any], ctx: PassContext) -> Iterator[None]:
+    """Every instrument entered around one phase of the pass (none: nothing; the garbage collector held
+    off around the whole pass, as in an instrumented pass, so that no other work's memory is freed in it)."""
+    if not instruments:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        if ctx.phase is Phase.PASS:
+            stack.enter_context(no_collection())
+        for ins in instruments:
+            stack.enter_context(ins.observe(ctx))
+        yield
 
 
 def count_step(
@@ -425,6 +490,7 @@ def count_step(
     *,
     backward: bool = True,
     collectives: bool = False,
+    observers_of: Callable[[str, nn.Module, Replay], Sequence[tuple[Any, Any]] | None] | None = None,
 ) -> Census:
     """Count every node's FLOPs in each captured batch: each top replayed whole once, forward and backward.
 
@@ -461,7 +527,11 @@ def count_step(
         for top in tops[b]:
             below = [n.path for n in nodes if top == "" or n.path == top or n.path.startswith(top + ".")]
             tracked = list({id(modules[p]): modules[p] for p in below if p in modules}.values())
-            counted = _counted(top, b, replay_of, model, backward, tracked, out.errors, collectives)
+            observers = (lambda replay, top=top: observers_of(top, modules[top], replay)) if observers_of else None
+            ran = _counted(top, b, replay_of, model, backward, tracked, out.errors, collectives, observers)
+            counted = ran[0] if ran is not None else None
+            if ran is not None and ran[1] is not None:
+                out.tops_observed.setdefault(b, {})[top] = ran[1]
             if counted is None:
                 found.update(dict.fromkeys(below))  # uncounted: never proven equal to anything
                 if collectives:
@@ -494,6 +564,12 @@ def _why_inexact(tally: Tally | None) -> str | None:
     return tally.inexact
 
 
+#: The values of a row the census gives (:attr:`Census.values`), for metrics' ``from_census``.
+COUNTED_KEYS = (
+    "fwd_flops", "bwd_flops", "uncounted_ops", "bytes", "fwd_bytes", "bwd_bytes", "top_bytes_ops", "working_set_bytes",
+)  # fmt: skip
+
+
 def _values(counts: tuple[int, int, int], tally: Tally, backward: bool) -> dict[str, Any]:
     """A node's row values, as :class:`~cb_callback._metrics.flops.FlopsMetric` and
     :class:`~cb_callback._metrics.traffic.TrafficMetric` give them from one call's instrumented pass."""
@@ -516,13 +592,18 @@ def _counted(
     tracked: Sequence[nn.Module],
     errors: dict[str, str],
     collectives: bool = False,
-) -> _Attribution | None:
+    observers: Callable[[Replay], Sequence[tuple[Any, Any]] | None] | None = None,
+) -> tuple[_Attribution, TopPass | None] | None:
     """``top``'s counts on its call as the step made it, else (not with ``collectives``) with its
-    floating inputs requiring grad; ``None`` (the first error in ``errors``) when the tries raised."""
+    floating inputs requiring grad; ``None`` (the first error in ``errors``) when the tries raised. On its
+    call as the step made it, ``observers(replay)`` (if any) observe the pass: its :class:`TopPass`."""
     for every_grad in (False,) if collectives else (False, True):
         try:
             with StateGuard(model):
-                return _count_top(replay_of(top, batch, every_grad), backward, tracked, collectives)
+                replay = replay_of(top, batch, every_grad)
+                mine = observers(replay) if observers is not None and not every_grad else None
+                counted, seen = _count_top(replay, backward, tracked, collectives, mine or (), top)
+                return counted, seen if mine is not None else None
         except Exception as e:
             if not every_grad:
                 errors.setdefault(top, error_text(e))
@@ -549,5 +630,6 @@ def census_of(
         )  # fmt: skip
 
     return count_step(
-        tops, replay_of, run.model, nodes, modules, len(batches), backward=run.cfg.backward, collectives=collectives
+        tops, replay_of, run.model, nodes, modules, len(batches), backward=run.cfg.backward, collectives=collectives,
+        observers_of=None if collectives else run.top_observers,
     )  # fmt: skip

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from cb_callback._engine.census import COUNTED_KEYS
 from cb_callback._engine.collectives import CollectiveInReplay, refuse_collectives
 from cb_callback._engine.config import BenchmarkConfig
 from cb_callback._engine.estimate import ADDITIVE
@@ -251,6 +252,9 @@ class ComponentRun:
         self.counted: dict[tuple[str, int], Mapping[str, Any]] = {}
         #: ``{(path, batch): why}``: a component the census counted, but not as its replay would.
         self.not_counted: dict[tuple[str, int], str] = {}
+        #: ``{(path, batch): its census pass}`` of a top the census observed as its own pass would
+        #: (:class:`cb_callback._engine.census.TopPass`).
+        self.tops_seen: dict[tuple[str, int], Any] = {}
 
     def inputs_for(
         self,
@@ -353,6 +357,9 @@ class ComponentRun:
                 observing.append(plugin)
             else:
                 given.append((plugin, mine))
+        seen = self._seen_in_census(row.path, batch, observing) if given else None
+        if seen is not None:  # a top: the census's pass of it was its instrumented pass
+            return self._after_census(row, ctx, replay, inputs, given, seen, batch, warm)
         try:
             instruments = [p.instrument(ctx) for p in observing]
             pass0 = time.perf_counter()
@@ -424,6 +431,74 @@ class ComponentRun:
         # The instrumented pass runs under counting modes (slower than a plain run): an upper estimate.
         committed = max(budget, max(self.cfg.min_repeats, 1) * pass_s)
         return Pending(row, ctx, values, sampler, budget, committed, batch, pass_s, floor=floor)
+
+    def top_observers(self, path: str, module: nn.Module, replay: Replay) -> list[tuple[Any, Any]] | None:
+        """The instruments that observe a top's census pass as its own instrumented pass (the metrics the
+        census gives no values of: memory), or ``None`` (a user's instrument: its own pass observes it)."""
+        probe = dict.fromkeys(COUNTED_KEYS, 0)  # which metrics would take a census's values
+        rest = [p for p in self.observing if not hasattr(p, "from_census") or p.from_census(probe) is None]
+        if any(not any(p is b for b in self.builtin) for p in rest):
+            return None
+        ctx = MeasureContext(path, module, replay, self.cfg, self.device, {}, artifact_dir=artifact_dir(self.cfg, path))
+        try:
+            return [(p, p.instrument(ctx)) for p in rest]
+        except Exception:
+            return None
+
+    def _seen_in_census(self, path: str, batch: int, observing: Sequence[Any]) -> Any:
+        """The census's pass of a top (:class:`cb_callback._engine.census.TopPass`) when it observed every
+        metric this row still needs observed, else ``None``."""
+        seen = self.tops_seen.get((path, batch))
+        if seen is None or {id(p) for p, _ in seen.instruments} != {id(p) for p in observing}:
+            return None
+        return seen
+
+    def _after_census(
+        self,
+        row: ComponentRow,
+        ctx: MeasureContext,
+        replay: Replay,
+        inputs: ComponentInputs,
+        given: Sequence[tuple[Any, Mapping[str, Any]]],
+        seen: Any,
+        batch: int,
+        warm: bool,
+    ) -> Pending | None:
+        """:meth:`start` of a top whose census pass was its instrumented pass: its values from the census
+        (counts) and from the instruments that observed that pass (memory); no pass of its own. Its warm-up
+        was the in-situ pass, which ran it whole on the same call just before."""
+        values: dict[str, Any] = {}
+        for plugin, ins in seen.instruments:
+            try:
+                values.update(checked_values(plugin, ins.values()))
+            except Exception as e:
+                if self._plugin_error(row, plugin, e):
+                    return None
+        values = per_call(values, replay.replayed_calls)
+        for plugin, mine in given:
+            try:
+                values.update(checked_values(plugin, mine))
+            except Exception as e:
+                if self._plugin_error(row, plugin, e):
+                    return None
+        values["counted"] = "census"
+        values["observed_in"] = "census"
+        values["mutates_inputs"] = seen.mutates_inputs
+        replay.reuse_inputs = not seen.mutates_inputs
+        _describe_calls(row, replay)
+        if inputs.unknown_leaves:
+            values["unknown_leaves"] = inputs.unknown_leaves
+        try:
+            sampler = self.timing.sampler(ctx)
+            for _ in range(max(self.cfg.warmup - 1, 0) if warm else 0):
+                sampler()
+            budget = self.timing.budget_s(ctx)
+        except Exception as e:
+            self._plugin_error(row, self.timing, e)
+            return None
+        floor = self.floor(replay)
+        committed = max(budget, max(self.cfg.min_repeats, 1) * seen.seconds)
+        return Pending(row, ctx, values, sampler, budget, committed, batch, seen.seconds, floor=floor)
 
     def _counted_values(
         self, path: str, batch: int, captured: ComponentInputs, collectives: bool

@@ -33,9 +33,11 @@ __all__ = [
     "ReplayInputs",
     "flatten_output",
     "instrumented_pass",
+    "no_collection",
     "register_grad_targets",
     "register_output_resolver",
     "unobserved",
+    "versions",
 ]
 
 _GRAD_TARGETS: list[Callable[[nn.Module], Iterable[torch.Tensor]]] = []
@@ -649,7 +651,7 @@ def flatten_output(out: Any, _seen: frozenset[int] = frozenset()) -> tuple[list[
     return flat, (spec, tuple(opened))
 
 
-def _versions(inputs: ReplayInputs) -> tuple[Any, list[tuple[int, int]]]:
+def versions(inputs: ReplayInputs) -> tuple[Any, list[tuple[int, int]]]:
     """What an in-place change of the inputs changes: the pytree's structure (a list
     appended to), its leaves and the tensors' version counters."""
     leaves, spec = pytree.tree_flatten((inputs.args, inputs.kwargs))
@@ -672,12 +674,12 @@ def instrumented_pass(
     Raises:
         What the component raises.
     """
-    with _no_collection():
+    with no_collection():
         return _observed_pass(replay, instruments, backward, path)
 
 
 @contextlib.contextmanager
-def _no_collection() -> Iterator[None]:
+def no_collection() -> Iterator[None]:
     """The garbage collector held off during an observed pass: a cycle of earlier work (the user's, torch's,
     a graph of an earlier pass) collected inside it would free tensors that are not this component's, and
     read as its memory going down, its peak too low. (No collection before it: a full one costs tens of ms
@@ -697,7 +699,7 @@ def _observed_pass(replay: Replay, instruments: Sequence[Instrument], backward: 
     whole_ctx = PassContext(Phase.PASS, path, replay.module, replay.device, inputs, backward)
     fwd_ctx = dataclasses.replace(whole_ctx, phase=Phase.FORWARD)
     bwd_ctx = dataclasses.replace(whole_ctx, phase=Phase.BACKWARD)
-    before = _versions(inputs)
+    before = versions(inputs)
     with contextlib.ExitStack() as whole:
         for ins in observers:
             whole.enter_context(ins.observe(whole_ctx))
@@ -705,7 +707,7 @@ def _observed_pass(replay: Replay, instruments: Sequence[Instrument], backward: 
             for ins in observers:
                 fwd.enter_context(ins.observe(fwd_ctx))
             out = replay.forward(inputs)
-        mutated = _versions(inputs) != before
+        mutated = versions(inputs) != before
         bwd = replay.backward(inputs, out) if backward else None
         if bwd is not None:
             out = None  # freed before the backward, as in the timed runs: the same memory is observed

@@ -212,6 +212,11 @@ class ReducedTableMetric:
 
     name = "torchrec_hash_size"
 
+    def from_census(self, counted: Any) -> dict[str, Any] | None:
+        """Nothing to add to a row the census counted while no table is reduced (``{}``); with reduced
+        tables, ``None``: it observes each row's own pass."""
+        return None if ACTIVE else {}
+
     def instrument(self, ctx: cb_callback.MeasureContext) -> Any:
         """Observe the pass of a row that holds a reduced (remapped) table; nothing for any other row."""
         if not ACTIVE:

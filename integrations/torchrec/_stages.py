@@ -380,6 +380,11 @@ class ShardedEmbeddingMetric:
         self.topology = topology
         self.constraints = dict(constraints) if constraints else None
 
+    def from_census(self, counted: Any) -> dict[str, Any] | None:
+        """Nothing to add to a row the census counted without a process group (``{}``: no module is
+        sharded); with one, ``None``: it observes each row's own pass."""
+        return None if torch.distributed.is_available() and torch.distributed.is_initialized() else {}
+
     def instrument(self, ctx: cb_callback.MeasureContext) -> Any:
         """Observe the pass of a sharded embedding module; nothing for any other row."""
         if not is_sharded_embedding(ctx.module):
