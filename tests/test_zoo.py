@@ -542,6 +542,17 @@ def test_a_top_observed_in_its_census_pass_has_its_own_pass_numbers(case: str) -
     assert root.details["mutates_inputs"] is own.details["mutates_inputs"] is False
 
 
+def test_a_top_with_a_discarded_branch_keeps_its_own_pass() -> None:
+    """The zoo's ``probe``: a module whose output only feeds ``.item()``. The census keeps the autograd
+    nodes that branch built (its attribution's), so its pass holds their saved tensors past the point
+    where the step frees them, and its peak would read high (0.148 MiB against 0.133): the root keeps
+    its own pass, and its peak is that pass's."""
+    p = _profiled("probe")
+    root, own = p.default.row(""), p.full.row("")
+    assert "observed_in" not in root.details and root.details["counted"] == "census"
+    assert root.peak_mem_mb == own.peak_mem_mb
+
+
 def test_a_users_instrument_gets_the_tops_own_pass() -> None:
     """A user's InstrumentingMetric observes the replay, not the census: the top then keeps its own pass."""
     from cb_callback import MeasureContext

@@ -21,7 +21,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from cb_callback._engine.collectives import refuse_collectives
+from cb_callback._engine.component import ComponentRun
 from cb_callback._engine.fsdp import has_unit
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.isolate import (
@@ -51,10 +52,7 @@ from cb_callback._metrics.flops import _NO_COMPUTE
 from cb_callback._metrics.traffic import _op_bytes, _storage_bytes
 from cb_callback._report.model import error_text
 
-if TYPE_CHECKING:
-    from cb_callback._engine.component import ComponentRun
-
-__all__ = ["COUNTED_KEYS", "Census", "CountsOf", "TopPass", "census_of", "count_step", "with_grad"]
+__all__ = ["Census", "CountsOf", "TopPass", "census_of", "count_step", "with_grad"]
 
 
 @dataclass
@@ -211,6 +209,19 @@ class _Attribution:
                 mine.inexact = "two of its outputs get one gradient tensor in the step; its replay gives each its own"
             elif key is not None:
                 mine.grads.add(key)
+
+    def discarded(self, outputs: Sequence[Any]) -> bool:
+        """Whether a node a call claimed leads to none of the top's ``outputs`` (a branch whose result was
+        dropped): the census holds it, and what it saved, where the step would have freed it."""
+        reached: set[Any] = set()
+        todo: list[Any] = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        while todo:
+            node = todo.pop()
+            if node is None or node in reached:
+                continue
+            reached.add(node)
+            todo.extend(nxt for nxt, _ in node.next_functions)
+        return any(node not in reached for node in self.owner)
 
     def hooked_outputs(self) -> None:
         """After the forward: an output the step hooks (``register_hook``, ``retain_grad``: the parent's, or
@@ -411,6 +422,10 @@ class TopPass:
     instruments: list[tuple[Any, Any]]
     mutates_inputs: bool
     seconds: float
+    #: A branch of the forward led to no output (a probe logged with ``.item()``): the census kept its
+    #: autograd nodes (its attribution's), so the pass held their saved tensors longer than the top's own
+    #: pass would, and its peak is not the top's. Its own pass then observes it.
+    discarded: bool = False
 
 
 def _count_top(
@@ -431,7 +446,7 @@ def _count_top(
     fwd_ctx, bwd_ctx = dataclasses.replace(whole, phase=Phase.FORWARD), dataclasses.replace(whole, phase=Phase.BACKWARD)
     observing = [ins for _, ins in observers]
     t0 = time.perf_counter()
-    mutated = False
+    mutated = dead = False
     try:
         for m in tracked:
             # first of its pre-hooks, as the in-situ clock's: a hook's ops are the module's call (its replay runs them)
@@ -444,6 +459,7 @@ def _count_top(
                 out = replay.forward(inputs)
             mutated = versions(inputs) != before
             attribution.hooked_outputs()
+            dead = attribution.discarded(flatten_output(out)[0])
             # The backward starts from a view of each output (the top's own output is then a node it built).
             leaves = [_view(t) for t in flatten_output(out)[0]]
             del out
@@ -462,7 +478,7 @@ def _count_top(
         attribution.owner.clear()  # the step's graph nodes
         attribution.readers.clear()
         attribution.done = None
-    return attribution, TopPass(list(observers), mutated, time.perf_counter() - t0)
+    return attribution, TopPass(list(observers), mutated, time.perf_counter() - t0, discarded=dead)
 
 
 @contextlib.contextmanager
@@ -564,12 +580,6 @@ def _why_inexact(tally: Tally | None) -> str | None:
     return tally.inexact
 
 
-#: The values of a row the census gives (:attr:`Census.values`), for metrics' ``from_census``.
-COUNTED_KEYS = (
-    "fwd_flops", "bwd_flops", "uncounted_ops", "bytes", "fwd_bytes", "bwd_bytes", "top_bytes_ops", "working_set_bytes",
-)  # fmt: skip
-
-
 def _values(counts: tuple[int, int, int], tally: Tally, backward: bool) -> dict[str, Any]:
     """A node's row values, as :class:`~cb_callback._metrics.flops.FlopsMetric` and
     :class:`~cb_callback._metrics.traffic.TrafficMetric` give them from one call's instrumented pass."""
@@ -603,7 +613,7 @@ def _counted(
                 replay = replay_of(top, batch, every_grad)
                 mine = observers(replay) if observers is not None and not every_grad else None
                 counted, seen = _count_top(replay, backward, tracked, collectives, mine or (), top)
-                return counted, seen if mine is not None else None
+                return counted, seen if mine is not None and not seen.discarded else None
         except Exception as e:
             if not every_grad:
                 errors.setdefault(top, error_text(e))

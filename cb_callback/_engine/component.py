@@ -17,7 +17,6 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from cb_callback._engine.census import COUNTED_KEYS
 from cb_callback._engine.collectives import CollectiveInReplay, refuse_collectives
 from cb_callback._engine.config import BenchmarkConfig
 from cb_callback._engine.estimate import ADDITIVE
@@ -26,6 +25,7 @@ from cb_callback._engine.fsdp import has_unit, save_fsdp_state
 from cb_callback._engine.inputs import ComponentInputs
 from cb_callback._engine.isolate import Replay, instrumented_pass
 from cb_callback._engine.plugins import (
+    COUNTED_KEYS,
     ArtifactMetric,
     InstrumentingMetric,
     MeasureContext,
@@ -569,6 +569,11 @@ class ComponentRun:
     def finish(self, pending: Pending, samples: SampleSet) -> None:
         """Fill the row from its samples, then run the plugins that replay on their own."""
         row, ctx, values = pending.row, pending.ctx, pending.values
+        if samples.error is not None and values.get("observed_in") == "census":
+            # No pass of its own ran before (the census's was its pass): its first run is a timed one.
+            self._after_error(samples.error)
+            row.status, row.error = "failed", f"replay raised {_error_text(samples.error)}"
+            return
         if samples.error is not None:
             self._plugin_error(row, self.timing, samples.error)
             return

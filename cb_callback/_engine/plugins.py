@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from cb_callback._engine.timing import Sample, SampleSet
 
 __all__ = [
+    "COUNTED_KEYS",
     "ENTRY_POINT_GROUP",
     "MEASURED_COLUMNS",
     "RESERVED_KEYS",
@@ -202,6 +203,13 @@ RESERVED_KEYS: frozenset[str] = frozenset(
     {c for c in COLUMNS if c not in MEASURED_COLUMNS}
     | {"details", "artifacts", "metric_errors", "flags", "floor_ms", "insitu", "group", "as", "from"}
 )
+
+
+#: The values of a row the step's census gives (:attr:`cb_callback._engine.census.Census.values`), what an
+#: :class:`InstrumentingMetric`'s optional ``from_census(counted)`` reads (docs/plugins.md).
+COUNTED_KEYS = (
+    "fwd_flops", "bwd_flops", "uncounted_ops", "bytes", "fwd_bytes", "bwd_bytes", "top_bytes_ops", "working_set_bytes",
+)  # fmt: skip
 
 
 def checked_values(plugin: Any, values: Mapping[str, Any]) -> Mapping[str, Any]:
