@@ -256,15 +256,24 @@ def test_leaves_of_a_small_mlp_sum_to_at_most_the_root_once_the_floor_is_off() -
     # 8 × (Linear(64, 64), ReLU) on 32 rows: each leaf's own work is tens of µs, the harness's fixed
     # cost per replay about as much. Raw, the 16 leaves summed to 1.48-1.66 of the root; net of the
     # floor, to about half (the rest is the root's own Python and autograd between its children).
+    # A timing claim on a shared 2-vCPU machine: one profile in about three read over 1 + noise on a busy
+    # one (the floor measured in a quiet moment, the leaves in a busy one). Without the floor every profile
+    # reads over it (1.48-1.66), so the claim holds when one of three profiles shows it.
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(8):
         layers += [nn.Linear(64, 64), nn.ReLU()]
-    report = profile_components(nn.Sequential(*layers), torch.randn(32, 64), descend="all", min_run_time_s=0.02)
-    leaves = [r for r in report.rows if r.path and r.status == "ok"]
-    assert len(leaves) == 16
-    noise = max(r.noise for r in [*leaves, report.rows[0]])
-    assert sum(r.share for r in leaves) <= 1.0 + noise
+    sums = []
+    for _ in range(3):
+        report = profile_components(nn.Sequential(*layers), torch.randn(32, 64), descend="all", min_run_time_s=0.02)
+        leaves = [r for r in report.rows if r.path and r.status == "ok"]
+        assert len(leaves) == 16
+        assert all(r.details["floor_ms"]["fwd"] > 0 for r in leaves)  # the floor was measured and subtracted
+        noise = max(r.noise for r in [*leaves, report.rows[0]])
+        sums.append((sum(r.share for r in leaves), noise))
+        if sums[-1][0] <= 1.0 + noise:
+            break
+    assert any(total <= 1.0 + noise for total, noise in sums), sums
 
 
 class SlowCopy:

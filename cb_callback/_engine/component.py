@@ -395,23 +395,11 @@ class ComponentRun:
                 return None
             row.status, row.error = "failed", f"instrumented pass raised {_error_text(e)}"
             return None
-        values: dict[str, Any] = {}
-        for plugin, ins in zip(observing, instruments, strict=True):
-            try:
-                values.update(checked_values(plugin, ins.values()))
-            except Exception as e:
-                if self._plugin_error(row, plugin, e):
-                    return None
-        values = per_call(values, replay.replayed_calls)
-        for plugin, mine in given:  # one call's, counted in the step
-            try:
-                values.update(checked_values(plugin, mine))
-            except Exception as e:
-                if self._plugin_error(row, plugin, e):
-                    return None
-        if given:
-            values["counted"] = "census"
-        elif (why := self._own_pass(row.path, batch, captured, collectives)) is not None:
+        found = self._values_of(row, list(zip(observing, instruments, strict=True)), given, replay.replayed_calls)
+        if found is None:
+            return None
+        values = found
+        if not given and (why := self._own_pass(row.path, batch, captured, collectives)) is not None:
             values["counted"] = f"own pass: {why}"
         values["mutates_inputs"] = result.mutates_inputs
         del result  # holds a forward-only pass's output (and its graph)
@@ -431,6 +419,34 @@ class ComponentRun:
         # The instrumented pass runs under counting modes (slower than a plain run): an upper estimate.
         committed = max(budget, max(self.cfg.min_repeats, 1) * pass_s)
         return Pending(row, ctx, values, sampler, budget, committed, batch, pass_s, floor=floor)
+
+    def _values_of(
+        self,
+        row: ComponentRow,
+        observed: Sequence[tuple[Any, Any]],
+        given: Sequence[tuple[Any, Mapping[str, Any]]],
+        calls: int,
+    ) -> dict[str, Any] | None:
+        """A row's values: each ``(plugin, instrument)`` that observed its pass (over the ``calls`` it
+        replayed: per call), then each ``(plugin, values)`` from the census (one call's); ``None`` when a
+        built-in's values failed the contract (the row says why)."""
+        values: dict[str, Any] = {}
+        for plugin, ins in observed:
+            try:
+                values.update(checked_values(plugin, ins.values()))
+            except Exception as e:
+                if self._plugin_error(row, plugin, e):
+                    return None
+        values = per_call(values, calls)
+        for plugin, mine in given:
+            try:
+                values.update(checked_values(plugin, mine))
+            except Exception as e:
+                if self._plugin_error(row, plugin, e):
+                    return None
+        if given:
+            values["counted"] = "census"
+        return values
 
     def top_observers(self, path: str, module: nn.Module, replay: Replay) -> list[tuple[Any, Any]] | None:
         """The instruments that observe a top's census pass as its own instrumented pass (the metrics the
@@ -467,21 +483,9 @@ class ComponentRun:
         """:meth:`start` of a top whose census pass was its instrumented pass: its values from the census
         (counts) and from the instruments that observed that pass (memory); no pass of its own. Its warm-up
         was the in-situ pass, which ran it whole on the same call just before."""
-        values: dict[str, Any] = {}
-        for plugin, ins in seen.instruments:
-            try:
-                values.update(checked_values(plugin, ins.values()))
-            except Exception as e:
-                if self._plugin_error(row, plugin, e):
-                    return None
-        values = per_call(values, replay.replayed_calls)
-        for plugin, mine in given:
-            try:
-                values.update(checked_values(plugin, mine))
-            except Exception as e:
-                if self._plugin_error(row, plugin, e):
-                    return None
-        values["counted"] = "census"
+        values = self._values_of(row, seen.instruments, given, replay.replayed_calls)
+        if values is None:
+            return None
         values["observed_in"] = "census"
         values["mutates_inputs"] = seen.mutates_inputs
         replay.reuse_inputs = not seen.mutates_inputs
