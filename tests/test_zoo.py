@@ -290,6 +290,8 @@ _REASONS = (
     "an output's gradient in the step",
     "an input is a view",
     "two of its",
+    "its call in the census differs",
+    "a backward ran for it",
     "its output has a gradient hook",
     "called under an autocast",
 )
@@ -579,3 +581,107 @@ def test_a_users_instrument_gets_the_tops_own_pass() -> None:
     report = profile_components(model, args, metrics=[Ops()], **SETTINGS)
     root = report.row("")
     assert "observed_in" not in root.details and root.details["phases_seen"] == 3  # pass, forward, backward
+
+
+class _Flattening(nn.Module):
+    """Flattens its input before its ``inner`` Linear: under ``batch_size=`` the top's input is tiled, this
+    child's ``(B·T, D)`` input (its first dimension not the batch size) is not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.reshape(-1, 32))
+
+
+def test_a_child_whose_census_call_is_tiled_and_its_replay_not_keeps_its_own_pass() -> None:
+    """The breaker's F1: with ``batch_size=8`` the census replays the top on its tiled (8, 6, 32) input, so
+    ``1.inner`` counted 48 rows in it, while its own replay runs its captured 24 (4 · 6): census FLOPs twice
+    the replay's, against the replay's time. The census's call of each module is now compared with its
+    replay's (shapes, dtypes, what requires grad): ``1.inner`` keeps its own pass, 2 · 24 · 32 · 32 FLOPs."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(32, 32), _Flattening()), torch.randn(4, 6, 32)
+    default = profile_components(model, (x,), batch_size=8, **SETTINGS)
+    full = profile_components(model, (x,), batch_size=8, descend="all", **SETTINGS)
+    inner = default.row("1.inner")
+    assert str(inner.details["counted"]).startswith("own pass: its call in the census differs"), inner.details
+    assert inner.fwd_flops == 2 * 24 * 32 * 32
+    bad, n = census_diff(default, full)
+    assert not bad and n >= 2, bad  # the root and the tiled Linear are still the census's
+
+
+class _Routed(nn.Module):
+    """Top-1 routing of 64 tokens over 4 experts by a router's argmax: which expert gets how many tokens
+    follows the router's weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(16, 4)
+        self.experts = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        choice = self.router(x).argmax(-1)
+        out = torch.zeros_like(x)
+        for i, expert in enumerate(self.experts):
+            picked = choice == i
+            out[picked] = expert(x[picked])
+        return out
+
+
+def test_experts_routed_otherwise_in_the_census_keep_their_own_pass() -> None:
+    """The breaker's F2: the callback profiles after the optimizer step, so the census replays the top with
+    weights that moved, and the router sends other tokens to each expert than the step did; each expert's
+    replay runs its captured call. Here the router's weights move between the capture and the profile: an
+    expert whose call in the census has another shape keeps its own pass, and every census-counted row
+    equals ``descend="all"``'s."""
+    from cb_callback import BenchmarkConfig, Capture, profile_captured
+
+    torch.manual_seed(0)
+    model, x = _Routed(), torch.randn(64, 16)
+    with Capture(model) as cap:
+        model(x)
+    captured = [len(c.args[0]) for c in (cap.calls[f"experts.{i}"] for i in range(4)) if c.args]
+    with torch.no_grad():
+        model.router.weight.copy_(torch.randn(4, 16))  # as an optimizer step might
+    reports = {
+        descend: profile_captured(model, cap.calls, config=BenchmarkConfig(**{**SETTINGS, "descend": descend}))
+        for descend in ("hotspots", "all")
+    }
+    default = reports["hotspots"]
+    moved = [r.path for r in default if r.path.startswith("experts.") and "differs" in str(r.details.get("counted"))]
+    assert moved, (captured, [(r.path, r.details.get("counted")) for r in default])
+    # The router's output feeds only argmax: no gradient reaches it in the census. This capture saw no
+    # backward, so its replay alone runs one: it keeps its own pass too, found after its replay's pass.
+    assert str(default.row("router").details["counted"]).startswith("own pass: a backward ran"), default.row("router")
+    bad, _ = census_diff(default, reports["all"])
+    assert not bad, "\n".join(bad)
+
+
+class _ReturnsItsHidden(nn.Module):
+    """Returns ``(head(h), h)``: ``h``'s two gradients (from the head and from the top's own output) are
+    summed in the top's backward, as the head's node hands its gradient back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.head = nn.Linear(16, 16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.stem(x)
+        return self.head(h), h
+
+
+def test_a_gradient_summed_with_the_tops_own_output_is_the_tops() -> None:
+    """The breaker's F3: the sum of ``h``'s gradients ran as ``head``'s backward handed its gradient back,
+    so the census charged its ``add`` to ``head`` (3,072 bytes more than ``head`` alone). The top's outputs
+    now read as the top's: the sum is the root's, as in its own pass, and ``head`` is census-counted and
+    equal to its replay alone."""
+    torch.manual_seed(0)
+    model, x = _ReturnsItsHidden(), torch.randn(64, 16)
+    default = profile_components(model, (x,), **SETTINGS)
+    full = profile_components(model, (x,), descend="all", **SETTINGS)
+    assert default.row("head").details["counted"] == "census"
+    assert "aten.add" not in default.row("head").details["top_bytes_ops"]
+    bad, n = census_diff(default, full)
+    assert not bad, "\n".join(bad)
+    assert default.row("").details["counted"] == "census" and n == 3

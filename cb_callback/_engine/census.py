@@ -32,7 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from cb_callback._engine.collectives import refuse_collectives
 from cb_callback._engine.component import ComponentRun
 from cb_callback._engine.fsdp import has_unit
-from cb_callback._engine.inputs import ComponentInputs
+from cb_callback._engine.inputs import ComponentInputs, call_signature
 from cb_callback._engine.isolate import (
     PassContext,
     PassResult,
@@ -83,6 +83,9 @@ class Census:
     values: list[dict[str, dict[str, Any]]] = field(default_factory=list)
     #: Per captured batch, ``{path: why}`` of each counted node whose counts its replay would not repeat.
     inexact: list[dict[str, str]] = field(default_factory=list)
+    #: Per captured batch, ``{path: (call_signature, backward)}`` of each node in :attr:`values`: its call in
+    #: the census, and whether a gradient reached one of its outputs there.
+    signatures: list[dict[str, tuple[tuple[Any, ...], bool]]] = field(default_factory=list)
     #: ``{batch: {top: its pass}}``: a top whose census pass the row's other instruments observed
     #: (:class:`TopPass`); its replay then needs no instrumented pass of its own.
     tops_observed: dict[int, dict[str, TopPass]] = field(default_factory=dict)
@@ -157,6 +160,8 @@ class _Attribution:
         mine = self._tally(id(module))
         if forward:
             mine.calls += 1
+            if mine.calls == 1:
+                mine.signature = call_signature(args, kwargs)
         if mine.inexact is None:
             with unobserved():
                 mine.inexact = self._call_differs(args, kwargs)
@@ -198,6 +203,8 @@ class _Attribution:
         for each output): a view into a larger storage (a slice of ``cat``'s, ``sum``'s expanded one), a
         transposed one (the parent transposed the output: the backward copies it), or one tensor given to
         two outputs (the bytes rule counts it once) would be counted otherwise."""
+        if grad is not None:
+            mine.backward = True
         if grad is None or mine.inexact is not None:
             return
         with unobserved():
@@ -209,6 +216,19 @@ class _Attribution:
                 mine.inexact = "two of its outputs get one gradient tensor in the step; its replay gives each its own"
             elif key is not None:
                 mine.grads.add(key)
+
+    def top_reads(self, leaves: Sequence[Any], top: nn.Module) -> None:
+        """The backward's starting views of the top's outputs read them as the top: a tensor both returned
+        and read inside (``return head(h), h``) has its two gradients summed in the top, not in the module
+        whose backward delivered the second (which, replayed alone, receives one and sums nothing)."""
+        if id(top) not in self.tracked:
+            return
+        chain = ((id(top), 1),)  # the top's own call, the pass's first
+        for t in leaves:
+            node = t.grad_fn if isinstance(t, torch.Tensor) else None
+            if node is not None and node not in self.owner:
+                self.owner[node] = chain
+                self._watch(node)
 
     def discarded(self, outputs: Sequence[Any]) -> bool:
         """Whether a node a call claimed leads to none of the top's ``outputs`` (a branch whose result was
@@ -376,6 +396,8 @@ class Tally:
     storages: dict[object, int] = field(default_factory=dict)
     grads: set[int] = field(default_factory=set)  # its outputs' gradients' storages
     inexact: str | None = None
+    signature: tuple[Any, ...] = ()  # of its (first) call in the pass: :func:`call_signature`
+    backward: bool = False  # a gradient reached one of its outputs in the pass
 
     def add(self, forward: bool, moved: int, op: str, uncounted: bool, touched: Any, recompute: bool) -> None:
         if forward:
@@ -462,6 +484,7 @@ def _count_top(
             dead = attribution.discarded(flatten_output(out)[0])
             # The backward starts from a view of each output (the top's own output is then a node it built).
             leaves = [_view(t) for t in flatten_output(out)[0]]
+            attribution.top_reads(leaves, replay.module)
             del out
             bwd = replay.backward(inputs, leaves) if backward else None
             del leaves
@@ -539,6 +562,7 @@ def count_step(
             break
         found: dict[str, tuple[int, int, int] | None] = {}
         values: dict[str, dict[str, Any]] = {}
+        signatures: dict[str, tuple[tuple[Any, ...], bool]] = {}
         inexact: dict[str, str] = {}
         for top in tops[b]:
             below = [n.path for n in nodes if top == "" or n.path == top or n.path.startswith(top + ".")]
@@ -565,8 +589,10 @@ def count_step(
                         inexact[path] = why
                     elif tally is not None:
                         values[path] = _values(mine, tally, backward)
+                        signatures[path] = (tally.signature, tally.backward)
         out.flops.append(found)
         out.values.append(values)
+        out.signatures.append(signatures)
         out.inexact.append(inexact)
     out.seconds = time.perf_counter() - t0
     return out

@@ -22,7 +22,7 @@ from cb_callback._engine.config import BenchmarkConfig
 from cb_callback._engine.estimate import ADDITIVE
 from cb_callback._engine.floor import Floor, FloorModule, measure_floor, subtract_floor
 from cb_callback._engine.fsdp import has_unit, save_fsdp_state
-from cb_callback._engine.inputs import ComponentInputs
+from cb_callback._engine.inputs import ComponentInputs, call_signature
 from cb_callback._engine.isolate import Replay, instrumented_pass
 from cb_callback._engine.plugins import (
     COUNTED_KEYS,
@@ -252,6 +252,9 @@ class ComponentRun:
         self.counted: dict[tuple[str, int], Mapping[str, Any]] = {}
         #: ``{(path, batch): why}``: a component the census counted, but not as its replay would.
         self.not_counted: dict[tuple[str, int], str] = {}
+        #: ``{(path, batch): (call_signature, backward)}`` of each component's call in the census (and whether
+        #: a gradient reached its outputs there).
+        self.census_calls: dict[tuple[str, int], tuple[tuple[Any, ...], bool]] = {}
         #: ``{(path, batch): its census pass}`` of a top the census observed as its own pass would
         #: (:class:`cb_callback._engine.census.TopPass`).
         self.tops_seen: dict[tuple[str, int], Any] = {}
@@ -348,7 +351,7 @@ class ComponentRun:
         ctx = MeasureContext(
             row.path, module, replay, self.cfg, self.device, {}, artifact_dir=artifact_dir(self.cfg, row.path)
         )
-        counted = self._counted_values(row.path, batch, captured, collectives)
+        counted = self._counted_values(row.path, batch, captured, collectives, inputs)
         given: list[tuple[Any, Mapping[str, Any]]] = []  # (plugin, its values from the census)
         observing = []
         for plugin in self.observing:
@@ -401,6 +404,16 @@ class ComponentRun:
         values = found
         if not given and (why := self._own_pass(row.path, batch, captured, collectives)) is not None:
             values["counted"] = f"own pass: {why}"
+        census = self.census_calls.get((row.path, batch))
+        if given and census is not None and census[1] != result.backward_ran:
+            # The step's backward reached it and its replay's did not, or the other way round (an output
+            # the capture saw reach no loss): its FLOPs and bytes are its own pass's.
+            del result
+            self.not_counted[(row.path, batch)] = (
+                "a backward ran for it in the census and not in its replay, or the other way round"
+            )
+            self.counted.pop((row.path, batch), None)
+            return self.start(row, module, calls, batch, collectives, warm)
         values["mutates_inputs"] = result.mutates_inputs
         del result  # holds a forward-only pass's output (and its graph)
         _describe_calls(row, replay)
@@ -505,14 +518,24 @@ class ComponentRun:
         return Pending(row, ctx, values, sampler, budget, committed, batch, seen.seconds, floor=floor)
 
     def _counted_values(
-        self, path: str, batch: int, captured: ComponentInputs, collectives: bool
+        self, path: str, batch: int, captured: ComponentInputs, collectives: bool, inputs: ComponentInputs
     ) -> Mapping[str, Any] | None:
         """The step's census of ``path`` on ``batch`` (:attr:`counted`) when it is what the component's replay
-        would count: a component called once in the step, replayed on one rank; else ``None`` (its replay's
-        pass counts)."""
+        would count: a component called once in the step, replayed on one rank, on a call like its call in
+        the census (``inputs``: its replay's); else ``None`` (its replay's pass counts)."""
         if collectives or captured.calls != 1 or captured.variants:
             return None
-        return self.counted.get((path, batch))
+        found = self.counted.get((path, batch))
+        if found is None:
+            return None
+        call = self.census_calls.get((path, batch))
+        if call is None or call[0] != call_signature(inputs.args, inputs.kwargs):
+            self.not_counted[(path, batch)] = (
+                "its call in the census differs from its replay's (shapes, or what requires grad: the top "
+                "replayed after the optimizer step routes otherwise, or its inputs were tiled and this one's not)"
+            )
+            return None
+        return found
 
     def _own_pass(self, path: str, batch: int, captured: ComponentInputs, collectives: bool) -> str | None:
         """Why a component the census ran over counts its FLOPs and bytes in a pass of its own (``None``: the

@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 __all__ = [
     "ComponentInputs",
     "InputCopyError",
+    "call_signature",
     "clone_tree",
     "copy_call",
     "holds_objects",
@@ -451,3 +452,20 @@ def replicate_batch(tree: Any, batch: int, n: int) -> Any:
         return t.repeat((reps,) + (1,) * (t.dim() - 1))[:n].contiguous()
 
     return _map_batch(tree, batch, tile, "replicate", n)
+
+
+def call_signature(args: Any, kwargs: Any) -> tuple[Any, ...]:
+    """What decides a call's work, to tell the census's call of a module from its replay's: each tensor
+    argument's shape, dtype and whether it requires grad; a number, string or ``None`` by value; anything
+    else by type. (The census replays the top on its call: a child's call in it can differ from the child's
+    own captured call, after the optimizer step moved a router's weights, or where the top's inputs were
+    tiled to ``batch_size`` and the child's were not.)"""
+    out: list[Any] = []
+    for x in pytree.tree_leaves((args, kwargs)):
+        if isinstance(x, torch.Tensor):
+            out.append((tuple(x.shape), x.dtype, x.requires_grad))
+        elif x is None or isinstance(x, (bool, int, float, str)):
+            out.append(x)
+        else:
+            out.append(type(x).__qualname__)
+    return tuple(out)

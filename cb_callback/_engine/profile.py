@@ -280,6 +280,7 @@ def _triage(
     if coord is None:  # a rank-local replay under several ranks counts its own (an FSDP2 unit's children)
         run.counted = {(path, b): v for b, values in enumerate(census.values) for path, v in values.items()}
         run.not_counted = {(path, b): why for b, whys in enumerate(census.inexact) for path, why in whys.items()}
+        run.census_calls = {(path, b): sig for b, sigs in enumerate(census.signatures) for path, sig in sigs.items()}
         run.tops_seen = {(top, b): seen for b, tops in census.tops_observed.items() for top, seen in tops.items()}
     if coord is not None and (differs := ranked_triage.plan_difference(coord, plan)) is not None:
         meta["triage"] = {"skipped": differs}
