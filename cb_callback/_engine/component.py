@@ -351,15 +351,7 @@ class ComponentRun:
         ctx = MeasureContext(
             row.path, module, replay, self.cfg, self.device, {}, artifact_dir=artifact_dir(self.cfg, row.path)
         )
-        counted = self._counted_values(row.path, batch, captured, collectives, inputs)
-        given: list[tuple[Any, Mapping[str, Any]]] = []  # (plugin, its values from the census)
-        observing = []
-        for plugin in self.observing:
-            mine = plugin.from_census(counted) if counted is not None and hasattr(plugin, "from_census") else None
-            if mine is None:
-                observing.append(plugin)
-            else:
-                given.append((plugin, mine))
+        given, observing = self._split_by_census(row.path, batch, captured, collectives, inputs)
         seen = self._seen_in_census(row.path, batch, observing) if given else None
         if seen is not None:  # a top: the census's pass of it was its instrumented pass
             return self._after_census(row, ctx, replay, inputs, given, seen, batch, warm)
@@ -377,26 +369,7 @@ class ComponentRun:
             self._communicates(row, module, e, batch)
             return None
         except Exception as e:
-            self._after_error(e)
-            wrapped = collective_in(e)
-            if wrapped is not None:  # user code re-raised it as something else
-                self._communicates(row, module, wrapped, batch)
-                return None
-            if collectives:  # in lockstep: no probe on one rank (its collectives would wait)
-                row.status, row.error = "failed", f"replay raised {_error_text(e)}"
-                return None
-            try:
-                with refuse_collectives():  # never a real collective on one rank
-                    replay.probe(self.cfg.backward)
-            except Exception as plain:
-                wrapped = collective_in(plain)
-                if wrapped is not None:
-                    self._communicates(row, module, wrapped, batch)
-                    return None
-                self._after_error(plain)
-                row.status, row.error = "failed", f"replay raised {_error_text(plain)}"
-                return None
-            row.status, row.error = "failed", f"instrumented pass raised {_error_text(e)}"
+            self._pass_failed(row, module, replay, e, batch, collectives)
             return None
         found = self._values_of(row, list(zip(observing, instruments, strict=True)), given, replay.replayed_calls)
         if found is None:
@@ -416,22 +389,82 @@ class ComponentRun:
             return self.start(row, module, calls, batch, collectives, warm)
         values["mutates_inputs"] = result.mutates_inputs
         del result  # holds a forward-only pass's output (and its graph)
+        self.instrumented_s += pass_s
+        return self._pending(row, ctx, replay, inputs, values, batch, pass_s, warm, floor=not collectives)
+
+    def _pass_failed(
+        self, row: ComponentRow, module: nn.Module, replay: Replay, e: Exception, batch: int, collectives: bool
+    ) -> None:
+        """Fill the row of a component whose instrumented pass raised ``e``: a collective (re-raised as
+        something else) defers it; else a plain replay without the instruments says whether the component
+        or the instruments raised (not in lockstep: its collectives would wait on one rank)."""
+        self._after_error(e)
+        wrapped = collective_in(e)
+        if wrapped is not None:  # user code re-raised it as something else
+            self._communicates(row, module, wrapped, batch)
+            return
+        if collectives:
+            row.status, row.error = "failed", f"replay raised {_error_text(e)}"
+            return
+        try:
+            with refuse_collectives():  # never a real collective on one rank
+                replay.probe(self.cfg.backward)
+        except Exception as plain:
+            wrapped = collective_in(plain)
+            if wrapped is not None:
+                self._communicates(row, module, wrapped, batch)
+                return
+            self._after_error(plain)
+            row.status, row.error = "failed", f"replay raised {_error_text(plain)}"
+            return
+        row.status, row.error = "failed", f"instrumented pass raised {_error_text(e)}"
+
+    def _split_by_census(
+        self, path: str, batch: int, captured: ComponentInputs, collectives: bool, inputs: ComponentInputs
+    ) -> tuple[list[tuple[Any, Mapping[str, Any]]], list[Any]]:
+        """``(given, observing)``: each observing plugin with its values from the step's census (where the
+        census counted this call as its replay would, and the plugin takes them: ``from_census``), and the
+        plugins left to observe the replay's pass."""
+        counted = self._counted_values(path, batch, captured, collectives, inputs)
+        given: list[tuple[Any, Mapping[str, Any]]] = []
+        observing = []
+        for plugin in self.observing:
+            mine = plugin.from_census(counted) if counted is not None and hasattr(plugin, "from_census") else None
+            if mine is None:
+                observing.append(plugin)
+            else:
+                given.append((plugin, mine))
+        return given, observing
+
+    def _pending(
+        self,
+        row: ComponentRow,
+        ctx: MeasureContext,
+        replay: Replay,
+        inputs: ComponentInputs,
+        values: dict[str, Any],
+        batch: int,
+        pass_s: float,
+        warm: bool,
+        floor: bool = True,
+    ) -> Pending | None:
+        """The component, its first pass done (its own, or the census's), waiting for its timed runs: the
+        rest of its warm-up (``warm``; that pass was the first run), its budget and harness floor."""
         _describe_calls(row, replay)
         if inputs.unknown_leaves:
             values["unknown_leaves"] = inputs.unknown_leaves
         try:
             sampler = self.timing.sampler(ctx)
-            for _ in range(max(self.cfg.warmup - 1, 0) if warm else 0):  # the pass was the first warm-up run
+            for _ in range(max(self.cfg.warmup - 1, 0) if warm else 0):
                 sampler()
             budget = self.timing.budget_s(ctx)
         except Exception as e:
             self._plugin_error(row, self.timing, e)
             return None
-        self.instrumented_s += pass_s
-        floor = self.floor(replay) if not collectives else None
-        # The instrumented pass runs under counting modes (slower than a plain run): an upper estimate.
+        # The first pass ran under counting modes (slower than a plain run): an upper estimate.
         committed = max(budget, max(self.cfg.min_repeats, 1) * pass_s)
-        return Pending(row, ctx, values, sampler, budget, committed, batch, pass_s, floor=floor)
+        found = self.floor(replay) if floor else None
+        return Pending(row, ctx, values, sampler, budget, committed, batch, pass_s, floor=found)
 
     def _values_of(
         self,
@@ -460,6 +493,19 @@ class ComponentRun:
         if given:
             values["counted"] = "census"
         return values
+
+    def take_census(self, census: Any) -> None:
+        """Take the step's census (:class:`cb_callback._engine.census.Census`, one rank): what it counted of
+        each component as its replay would, why not where not, each component's call in it, and the tops
+        whose census pass was their own pass."""
+
+        def by_batch(per_batch: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], Any]:
+            return {(path, b): v for b, found in enumerate(per_batch) for path, v in found.items()}
+
+        self.counted = by_batch(census.values)
+        self.not_counted = by_batch(census.inexact)
+        self.census_calls = by_batch(census.signatures)
+        self.tops_seen = {(top, b): seen for b, tops in census.tops_observed.items() for top, seen in tops.items()}
 
     def top_observers(self, path: str, module: nn.Module, replay: Replay) -> list[tuple[Any, Any]] | None:
         """The instruments that observe a top's census pass as its own instrumented pass (the metrics the
@@ -502,20 +548,7 @@ class ComponentRun:
         values["observed_in"] = "census"
         values["mutates_inputs"] = seen.mutates_inputs
         replay.reuse_inputs = not seen.mutates_inputs
-        _describe_calls(row, replay)
-        if inputs.unknown_leaves:
-            values["unknown_leaves"] = inputs.unknown_leaves
-        try:
-            sampler = self.timing.sampler(ctx)
-            for _ in range(max(self.cfg.warmup - 1, 0) if warm else 0):
-                sampler()
-            budget = self.timing.budget_s(ctx)
-        except Exception as e:
-            self._plugin_error(row, self.timing, e)
-            return None
-        floor = self.floor(replay)
-        committed = max(budget, max(self.cfg.min_repeats, 1) * seen.seconds)
-        return Pending(row, ctx, values, sampler, budget, committed, batch, seen.seconds, floor=floor)
+        return self._pending(row, ctx, replay, inputs, values, batch, seen.seconds, warm)
 
     def _counted_values(
         self, path: str, batch: int, captured: ComponentInputs, collectives: bool, inputs: ComponentInputs

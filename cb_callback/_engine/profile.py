@@ -242,6 +242,7 @@ def _triage(
         # The census first: its forward and backward of each top is the in-situ pass's warm-up too.
         paths = [n.path for n in nodes]
         census = census_of(run, nodes, modules, batches, [top_paths(b, paths) for b in batches])
+        run.instrumented_s += census.seconds  # an observed pass (cost: instrumented_s, of it census_s)
     out = _insitu_times(run, nodes, modules, batches, cfg, device, coord, meta, census)
     if out is None:
         return [], None
@@ -271,17 +272,14 @@ def _triage(
         if census is None:
             meta["triage"] = {"skipped": why}
             return out, None
-    run.instrumented_s += census.seconds  # an observed pass (cost: instrumented_s, of it census_s)
+        run.instrumented_s += census.seconds
     counts: Sequence[Mapping[str, Any]] = census.flops
     if coord is not None:
         counts = ranked_triage.every_rank_counts(coord, census.flops)
     plan = decide(census=counts) if plan.groups else plan
     plan.census_s, plan.census = census.seconds, census.flops
     if coord is None:  # a rank-local replay under several ranks counts its own (an FSDP2 unit's children)
-        run.counted = {(path, b): v for b, values in enumerate(census.values) for path, v in values.items()}
-        run.not_counted = {(path, b): why for b, whys in enumerate(census.inexact) for path, why in whys.items()}
-        run.census_calls = {(path, b): sig for b, sigs in enumerate(census.signatures) for path, sig in sigs.items()}
-        run.tops_seen = {(top, b): seen for b, tops in census.tops_observed.items() for top, seen in tops.items()}
+        run.take_census(census)
     if coord is not None and (differs := ranked_triage.plan_difference(coord, plan)) is not None:
         meta["triage"] = {"skipped": differs}
         return out, None
