@@ -18,17 +18,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cb_callback._api import profile_components  # the engine's, writing files where output_dir says
-from cb_callback._engine.capture import Capture
-from cb_callback._engine.collectives import register_lockstep_module
-from cb_callback._engine.comm import collective_bytes
-from cb_callback._engine.config import BenchmarkConfig
-from cb_callback._engine.inputs import (
+from cb_callback._engine.capture.capture import Capture
+from cb_callback._engine.capture.inputs import (
     ComponentInputs,
     register_batch_rule,
     replicate_batch,
     slice_batch,
 )
-from cb_callback._engine.isolate import (
+from cb_callback._engine.capture.storage import storage_key
+from cb_callback._engine.capture.tree import register_module_unwrapper
+from cb_callback._engine.clocks.timing import Sample, SampleSet
+from cb_callback._engine.distributed.collectives import register_lockstep_module
+from cb_callback._engine.distributed.comm import collective_bytes
+from cb_callback._engine.replay.isolate import (
     Instrument,
     PassContext,
     PassResult,
@@ -39,7 +41,10 @@ from cb_callback._engine.isolate import (
     register_output_resolver,
     unobserved,
 )
-from cb_callback._engine.plugins import (
+from cb_callback._engine.replay.preprocessors import ReplicateBatch
+from cb_callback._engine.replay.state import StateGuard, register_state_saver
+from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.plugins import (
     ArtifactMetric,
     InstrumentingMetric,
     MeasureContext,
@@ -49,12 +54,7 @@ from cb_callback._engine.plugins import (
     TimedMetric,
     register_metric,
 )
-from cb_callback._engine.preprocess import ReplicateBatch
-from cb_callback._engine.profile import profile_captured
-from cb_callback._engine.state import StateGuard, register_state_saver
-from cb_callback._engine.storage import storage_key
-from cb_callback._engine.timing import Sample, SampleSet
-from cb_callback._engine.tree import register_module_unwrapper
+from cb_callback._engine.run.profile import profile_captured
 from cb_callback._hardware.registry import register_device_peaks
 from cb_callback._metrics.flops import FlopsMetric, register_flop_rule
 from cb_callback._metrics.latency import LatencyMetric

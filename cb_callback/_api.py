@@ -2,7 +2,8 @@
 
 Above every other layer, this module is the one place that knows all of them
 (the engine may not import reporters, and the results model may not import its
-renderers), so it does the two joins users see:
+renderers; nor may the engine import its metric plugins or the what-ifs), so it
+does the joins:
 
 - :func:`profile_components` is the engine's, with a file reporter added when
   an ``output_dir`` is named and the user gave no ``reporters`` of their own:
@@ -10,8 +11,11 @@ renderers), so it does the two joins users see:
 - :class:`~cb_callback._report.model.Report`'s renderers (:data:`RENDERERS`): its
   ``summary()`` is :func:`~cb_callback._report.table.format_summary` and its ``save()``
   writes ``report.html`` with :func:`~cb_callback._report.html.write_html`.
+- the engine's :data:`~cb_callback._engine.run.extensions.EXTENSIONS`: the built-in
+  metric and artifact plugins (``cb_callback._metrics``) and the compile what-if
+  (``cb_callback._whatif.compile``).
 
-``cb_callback/__init__.py`` imports this module, so both hold whenever the
+``cb_callback/__init__.py`` imports this module, so all three hold whenever the
 package is imported. The file reporter (matplotlib, for its icicles) is
 imported only when it is used.
 """
@@ -25,16 +29,25 @@ from typing import Any
 
 from torch import nn
 
-from cb_callback._engine import profile as _engine
-from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._engine.run import profile as _engine
+from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.extensions import EXTENSIONS
+from cb_callback._metrics.artifacts import artifact_plugins
+from cb_callback._metrics.builtin import builtin_metrics
 from cb_callback._report.html import write_html
 from cb_callback._report.model import RENDERERS, Report
 from cb_callback._report.table import format_summary
+from cb_callback._whatif.compile import compile_speedup, compile_what_if, fill_children_separately
 
 __all__ = ["profile_components"]
 
 RENDERERS.summary = format_summary
 RENDERERS.page = write_html
+EXTENSIONS.builtin_metrics = builtin_metrics
+EXTENSIONS.artifact_plugins = artifact_plugins
+EXTENSIONS.compile_what_if = compile_what_if
+EXTENSIONS.compile_speedup = compile_speedup
+EXTENSIONS.fill_children_separately = fill_children_separately
 
 
 @functools.wraps(_engine.profile_components)

@@ -306,7 +306,7 @@ def _replay(args: argparse.Namespace) -> int:
     except (SnapshotError, ValueError) as e:
         print(f"cb: error: {e}", file=sys.stderr)
         return 2
-    from cb_callback._engine.progress import ConsoleProgress
+    from cb_callback._engine.run.schedule_count import ConsoleProgress
     from cb_callback._lightning.publish import error_line
     from cb_callback._report.context import ReportContext
     from cb_callback._report.files import FileReporter

@@ -1,6 +1,6 @@
 """A torchrec DLRM sharded by ``DistributedModelParallel`` over 2 CPU gloo ranks: a real step, then a profile on each.
 
-The harness for issue 16 §4 (run by ``tests/test_torchrec_dmp.py``; the lockstep replay is tested with it).
+The harness for issue 16 §4 (run by ``tests/integrations/test_torchrec_dmp.py``; the lockstep replay is tested with it).
 Each rank:
 
 1. builds a DLRM with 4 ``EmbeddingBagConfig`` tables (``t0``…``t3``, dim 8, 100/110/120/130 rows) sharded with

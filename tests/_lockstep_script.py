@@ -452,7 +452,7 @@ def _worker(rank: int, scenario: str, out: Path) -> None:
         elif scenario == "fsdp_raise_pass_bwd":
             result = fsdp_raise(rank, out, at=3, backward=True)
         elif scenario == "fsdp_raise_unwritable":  # the backward's reduce-scatters cannot be written down
-            from cb_callback._engine import ledger
+            from cb_callback._engine.distributed import ledger
 
             encode = ledger._encode
 

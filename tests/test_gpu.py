@@ -57,7 +57,7 @@ def test_cuda_compile_what_if_fuses_an_elementwise_chain() -> None:
 
 
 def test_cuda_in_situ_times_come_from_events_read_after_the_pass() -> None:
-    from cb_callback._engine.capture import Capture
+    from cb_callback._engine.capture.capture import Capture
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()

@@ -143,8 +143,9 @@ GRAPH = import_graph(_package_modules())
 
 #: Each module's layer, by the longest matching prefix; a module may import its own layer or lower.
 #: DESIGN.md's layers: the model of results at the bottom (beside the hardware tables), the engine
-#: (its metrics and the compile what-if, a phase of it) and the renderers above it, then the
-#: what-ifs that drive the engine, the Lightning wing, the entry points and the integrations.
+#: and the renderers above it, the metric plugins written against the engine's contracts, then the
+#: what-ifs (the compile what-if is installed into the engine by ``_api``, not imported by it), the
+#: Lightning wing, the entry points and the integrations.
 LAYERS: dict[str, int] = {
     "cb_callback._report.schema": 0,
     "cb_callback._report.model": 0,
@@ -153,16 +154,14 @@ LAYERS: dict[str, int] = {
     "cb_callback._hardware": 0,
     "cb_callback._report": 1,
     "cb_callback._engine": 1,
-    "cb_callback._metrics": 1,
-    "cb_callback._whatif.compile": 1,
-    "cb_callback._whatif.tolerances": 1,
-    "cb_callback._whatif": 2,
-    "cb_callback._lightning": 3,
-    "cb_callback._api": 4,
-    "cb_callback._cli": 4,
-    "cb_callback.reporters": 4,
-    "cb_callback": 5,
-    "cb_callback.integrations": 6,
+    "cb_callback._metrics": 2,
+    "cb_callback._whatif": 3,
+    "cb_callback._lightning": 4,
+    "cb_callback._api": 5,
+    "cb_callback._cli": 5,
+    "cb_callback.reporters": 5,
+    "cb_callback": 6,
+    "cb_callback.integrations": 7,
 }
 
 
@@ -179,7 +178,7 @@ def test_there_is_no_import_cycle_of_any_kind() -> None:
 def test_the_graph_sees_the_package_and_every_kind_of_import() -> None:
     # A checker that parsed nothing would pass the test above: pin what it must see.
     assert {"cb_callback", "cb_callback._lightning.callback", "cb_callback.reporters",
-            "cb_callback.integrations.torchrec", "cb_callback._engine.profile"} <= set(GRAPH)  # fmt: skip
+            "cb_callback.integrations.torchrec", "cb_callback._engine.run.profile"} <= set(GRAPH)  # fmt: skip
     assert "cb_callback._report.schema" in GRAPH["cb_callback._report.model"]
     assert "cb_callback._report.model" in GRAPH["cb_callback._report.table"]  # under TYPE_CHECKING there
     assert "cb_callback" in GRAPH["cb_callback.integrations.torchrec._fused"]  # `import cb_callback`
@@ -264,3 +263,28 @@ def test_importing_does_not_import_what_it_does_not_need(statement: str, absent:
     out = subprocess.run([sys.executable, "-c", f"import sys\n{statement}\n{found}"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_engine_is_rooms_each_a_documented_folder_that_imports_nothing() -> None:
+    engine = Path(cb_callback.__file__).parent / "_engine"
+    loose = sorted(p.name for p in engine.glob("*.py") if p.name != "__init__.py")
+    assert loose == [], f"engine modules outside a room: {loose}"
+    rooms = sorted(p.name for p in engine.iterdir() if (p / "__init__.py").exists())
+    assert rooms == ["capture", "clocks", "counting", "derive", "distributed", "replay", "run", "selection"]
+    for room in rooms:
+        module = f"cb_callback._engine.{room}"
+        assert GRAPH[module] == set(), module
+        doc = ast.get_docstring(ast.parse((engine / room / "__init__.py").read_text())) or ""
+        assert "Takes" in doc and "gives" in doc, f"{module}'s docstring says what it takes and what it gives"
+
+
+def test_the_engine_imports_neither_its_metric_plugins_nor_the_what_ifs() -> None:
+    # The arrows that ran up (issue 25): the built-ins are installed into the engine by _api.
+    up = sorted(
+        f"{a} -> {b}"
+        for a, bs in GRAPH.items()
+        if a.startswith("cb_callback._engine")
+        for b in bs
+        if b.startswith(("cb_callback._metrics", "cb_callback._whatif"))
+    )
+    assert up == []

@@ -21,8 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-import cb_callback._engine.profile as engine_module
-import cb_callback._metrics.flops as flops_module
+import cb_callback._engine.run.profile as engine_module
 import cb_callback._metrics.memory as memory_module
 from cb_callback import (
     PassContext,
@@ -32,8 +31,9 @@ from cb_callback import (
     profile_components,
     register_flop_rule,
 )
-from cb_callback._engine.config import resolve_dtype
-from cb_callback._engine.tree import filter_reasons
+from cb_callback._engine.capture.tree import filter_reasons
+from cb_callback._engine.counting import flop_rules
+from cb_callback._engine.run.config import resolve_dtype
 from cb_callback._hardware import calibration as _calibration
 from cb_callback._hardware import peaks as hw
 from tests.conftest import FAST
@@ -180,7 +180,7 @@ def test_dtype_keys_and_the_typo_guard() -> None:
 
 def test_lightning_64_true_keeps_its_report(tmp_path: Path) -> None:
     from cb_callback import ComponentBenchmark
-    from cb_callback._engine.precision import peak_dtype as _precision_dtype
+    from cb_callback._engine.run.precision import peak_dtype as _precision_dtype
     from tests._callback_models import run_fit
 
     assert (_precision_dtype("64-true"), _precision_dtype("64")) == ("fp64", "fp64")
@@ -264,7 +264,7 @@ def test_importing_cb_callback_leaves_a_users_flop_counter_alone(tmp_path: Path)
 def test_register_flop_rule_counts_in_ours_only_and_rejects_duplicates(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.utils.flop_counter import flop_registry
 
-    monkeypatch.setattr(flops_module, "_RULES", dict(flops_module._RULES))
+    monkeypatch.setattr(flop_rules, "RULES", dict(flop_rules.RULES))
     gelu = torch.ops.aten.gelu
 
     def gelu_flops(x_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:

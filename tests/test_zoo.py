@@ -283,7 +283,7 @@ _OWN_PASS = {
 }
 
 
-#: How the census's reasons for a row's own pass begin (cb_callback._engine.census).
+#: How the census's reasons for a row's own pass begin (cb_callback._engine.counting.census).
 _REASONS = (
     "called ",
     "an activation checkpoint",

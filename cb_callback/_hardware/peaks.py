@@ -202,7 +202,7 @@ def resolve_peaks(
         dtype: the peak key, one of :data:`DTYPES` (the caller decides, e.g. fp32
             matmuls with TF32 enabled on Ampere or later are ``"tf32"``), or the
             full name of a torch dtype without one (``"torch.int8"``, as
-            :func:`cb_callback._engine.config.resolve_dtype` gives it): its FLOP peak is
+            :func:`cb_callback._engine.run.config.resolve_dtype` gives it): its FLOP peak is
             unknown, with one warning; the bandwidth is resolved as usual.
         peak_flops: a user override in FLOP/s; wins over any other source.
         peak_bandwidth: a user override in bytes/s; wins over any other source.

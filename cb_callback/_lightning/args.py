@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._lightning.placement import RANKS
 
 __all__ = ["DISABLE_ENV", "ENGINE_OPTIONS", "FLAGS", "MODES", "check_callback_args", "disabled_by_env"]

@@ -16,8 +16,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from cb_callback._engine.capture import Capture
-from cb_callback._engine.config import BenchmarkConfig
+from cb_callback._engine.capture.capture import Capture
+from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._lightning import placement as place
 from cb_callback._lightning import publish as _publish
 from cb_callback._lightning import run
@@ -25,9 +25,9 @@ from cb_callback._lightning import step as _step
 from cb_callback._lightning.args import DISABLE_ENV, check_callback_args, disabled_by_env
 from cb_callback._lightning.child import ChildResult
 from cb_callback._lightning.fork import Fork, fork_report
-from cb_callback._lightning.progress import TrainerBar
 from cb_callback._lightning.spawn import fork_problem, fork_sharded_problem
 from cb_callback._lightning.step import StepCaptures
+from cb_callback._lightning.trainer_bar import TrainerBar
 from cb_callback._lightning.when import CaptureSchedule
 from cb_callback._report.context import ReportContext
 

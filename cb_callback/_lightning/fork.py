@@ -20,8 +20,8 @@ from cb_callback._whatif.snapshot import save_snapshot
 if TYPE_CHECKING:
     from torch import nn
 
-    from cb_callback._engine.config import BenchmarkConfig
-    from cb_callback._engine.inputs import ComponentInputs
+    from cb_callback._engine.capture.inputs import ComponentInputs
+    from cb_callback._engine.run.config import BenchmarkConfig
     from cb_callback._report.model import Report
 
 __all__ = ["SNAPSHOT_DIR", "Fork", "fork_report"]

@@ -9,12 +9,12 @@ from typing import Any
 
 from torch import nn
 
-from cb_callback._engine.config import BenchmarkConfig
-from cb_callback._engine.profile import profile_captured
-from cb_callback._engine.progress import ScheduleCount
+from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.profile import profile_captured
+from cb_callback._engine.run.schedule_count import ScheduleCount
 from cb_callback._lightning.fork import Fork
-from cb_callback._lightning.progress import ProgressBar, TrainerBar
 from cb_callback._lightning.step import StepCaptures
+from cb_callback._lightning.trainer_bar import ProgressBar, TrainerBar
 from cb_callback._report.context import ReportContext
 from cb_callback._report.model import Report
 

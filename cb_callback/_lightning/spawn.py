@@ -104,8 +104,8 @@ def fork_sharded_problem(module: Any, world_size: int) -> str | None:
     """
     if world_size <= 1:
         return None
-    from cb_callback._engine.collectives import lockstep_reasons
-    from cb_callback._engine.fsdp import has_unit
+    from cb_callback._engine.distributed.collectives import lockstep_reasons
+    from cb_callback._engine.distributed.fsdp import has_unit
 
     why = "it holds FSDP2 units" if has_unit(module) else lockstep_reasons({"": module}).get("")
     if why is None:

@@ -11,10 +11,10 @@ from typing import Any
 
 from torch import nn
 
-from cb_callback._engine.capture import Capture
-from cb_callback._engine.config import BenchmarkConfig
-from cb_callback._engine.inputs import ComponentInputs
-from cb_callback._engine.precision import peak_dtype
+from cb_callback._engine.capture.capture import Capture
+from cb_callback._engine.capture.inputs import ComponentInputs
+from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.precision import peak_dtype
 
 __all__ = [
     "StepCaptures",

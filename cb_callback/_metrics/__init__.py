@@ -1,1 +1,1 @@
-"""Built-in metric plugins, written against the contracts a user's plugin gets (``cb_callback._engine.plugins``)."""
+"""Built-in metric plugins, written against the contracts a user's plugin gets (``cb_callback._engine.run.plugins``)."""

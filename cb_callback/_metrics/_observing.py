@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cb_callback._engine.isolate import Instrument, instrumented_pass
-from cb_callback._engine.plugins import MeasureContext
+from cb_callback._engine.replay.isolate import Instrument, instrumented_pass
+from cb_callback._engine.run.plugins import MeasureContext
 
 __all__ = ["ObservingMetric"]
 
@@ -26,7 +26,8 @@ class ObservingMetric:
         raise NotImplementedError
 
     def from_census(self, counted: Mapping[str, Any]) -> Mapping[str, Any] | None:
-        """This metric's values of a component from the step's census (:attr:`cb_callback._engine.census.Census.values`:
+        """This metric's values of a component from the step's census
+        (:attr:`cb_callback._engine.counting.census.Census.values`:
         the component's work counted inside the step, as its own pass would count it), or ``None``: it
         observes the component's replay. The engine then leaves this metric out of the replay's pass."""
         return None

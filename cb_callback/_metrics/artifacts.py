@@ -41,9 +41,9 @@ from typing import Any
 
 import torch
 
-from cb_callback._engine.isolate import PassContext, Phase
-from cb_callback._engine.plugins import MeasureContext
-from cb_callback._engine.stderr import quiet_session
+from cb_callback._engine.clocks.stderr import quiet_session
+from cb_callback._engine.replay.isolate import PassContext, Phase
+from cb_callback._engine.run.plugins import MeasureContext
 
 __all__ = ["MemoryArtifact", "OpsArtifact", "TraceArtifact", "artifact_plugins"]
 
@@ -195,7 +195,7 @@ class MemoryArtifact:
         return _Memory(ctx, "memory", profile_memory=True)
 
 
-#: One plugin per kind of ``cb_callback._engine.config.ARTIFACT_KINDS`` (a test checks they agree).
+#: One plugin per kind of ``cb_callback._engine.run.config.ARTIFACT_KINDS`` (a test checks they agree).
 _BY_KIND = {"trace": TraceArtifact, "ops": OpsArtifact, "memory": MemoryArtifact}
 
 

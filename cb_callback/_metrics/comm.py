@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from cb_callback._engine.comm import CollectiveCall, CommCounter, comm_table
-from cb_callback._engine.isolate import PassContext, Phase
-from cb_callback._engine.plugins import MeasureContext
+from cb_callback._engine.distributed.comm import CollectiveCall, CommCounter, comm_table
+from cb_callback._engine.replay.isolate import PassContext, Phase
+from cb_callback._engine.run.plugins import MeasureContext
 from cb_callback._metrics._observing import ObservingMetric
 
 __all__ = ["CommMetric"]
@@ -43,8 +43,8 @@ class CommMetric(ObservingMetric):
     Fills ``comm_bytes`` and, when there are any, ``details["comm"]``: a row per
     collective op and phase with ``count``, ``bytes`` and ``ms`` (the time is
     filled for components replayed in lockstep across ranks, from passes of
-    their own: :mod:`cb_callback._engine.lockstep`). The payload is as
-    nccl-tests counts it (:mod:`cb_callback._engine.comm`): all-gather the full
+    their own: :mod:`cb_callback._engine.distributed.lockstep`). The payload is as
+    nccl-tests counts it (:mod:`cb_callback._engine.distributed.comm`): all-gather the full
     gathered tensor, reduce-scatter the full tensor, all-reduce and broadcast the
     tensor, all-to-all what this rank sends.
 

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cb_callback._engine.isolate import instrumented_pass
-from cb_callback._engine.plugins import MeasureContext
-from cb_callback._engine.timing import Sample, SampleSet, interleave, record_timed
+from cb_callback._engine.clocks.timing import Sample, SampleSet, interleave, record_timed
+from cb_callback._engine.replay.isolate import instrumented_pass
+from cb_callback._engine.run.plugins import MeasureContext
 
 if TYPE_CHECKING:
-    from cb_callback._engine.isolate import Replay
+    from cb_callback._engine.replay.isolate import Replay
 
 __all__ = ["LatencyMetric"]
 
@@ -95,12 +95,12 @@ class LatencyMetric:
         one copy reused when the forward changes no input in place) and one
         backward of that forward's graph (``torch.autograd.grad``, the graph
         freed as it goes, as in a real step). Inside the engine the runs of all
-        components are interleaved in rounds (:func:`cb_callback._engine.timing.interleave`),
+        components are interleaved in rounds (:func:`cb_callback._engine.clocks.timing.interleave`),
         so load from elsewhere spreads over components instead of landing on
         one; :meth:`measure` on its own samples just this component in the same
         rounds. A component without a backward (no output requires grad) has
         ``bwd_ms = 0``. The first warm-up run is always an observed pass
-        (:func:`cb_callback._engine.isolate.instrumented_pass`; in the engine the one
+        (:func:`cb_callback._engine.replay.isolate.instrumented_pass`; in the engine the one
         the FLOPs, bytes and memory metrics share): it tells whether one copy of
         the inputs can serve every run.
     """

@@ -10,10 +10,10 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from cb_callback._engine.isolate import PassContext, Phase
-from cb_callback._engine.plugins import MeasureContext
-from cb_callback._engine.stderr import quiet_session
-from cb_callback._engine.storage import storage_key
+from cb_callback._engine.capture.storage import storage_key
+from cb_callback._engine.clocks.stderr import quiet_session
+from cb_callback._engine.replay.isolate import PassContext, Phase
+from cb_callback._engine.run.plugins import MeasureContext
 from cb_callback._metrics._observing import ObservingMetric
 
 __all__ = ["MemoryMetric"]

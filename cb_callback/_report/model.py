@@ -45,7 +45,7 @@ class ComponentRow:
     by hooks, the hooks' own time left out; NaN when it did not run there), the
     figure ``fwd_ms`` is checked against (flag ``insitu_mismatch``).
     ``details["flags"]`` lists the
-    row's measurement-quality flags (see :mod:`cb_callback._engine.quality`).
+    row's measurement-quality flags (see :mod:`cb_callback._engine.derive.quality`).
 
     Notes:
         All values describe one call of the component, replayed alone on its first

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from cb_callback._engine.config import BenchmarkConfig
-from cb_callback._engine.inputs import ComponentInputs, to_device
-from cb_callback._engine.isolate import Replay, ReplayInputs, flatten_output
-from cb_callback._engine.profile import profile_captured
-from cb_callback._engine.state import StateGuard, seeded
-from cb_callback._engine.storage import model_device
+from cb_callback._engine.capture.inputs import ComponentInputs, to_device
+from cb_callback._engine.capture.storage import model_device
+from cb_callback._engine.replay.isolate import Replay, ReplayInputs, flatten_output
+from cb_callback._engine.replay.state import StateGuard, seeded
+from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.profile import profile_captured
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._whatif.tolerances import (
     DEFAULT_TOLERANCES,

@@ -19,15 +19,15 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 
-from cb_callback._engine.config import BenchmarkConfig
-from cb_callback._engine.isolate import Replay, flatten_output
-from cb_callback._engine.state import StateGuard, seeded
-from cb_callback._engine.timing import Sample, SampleSet, interleave
+from cb_callback._engine.clocks.timing import Sample, SampleSet, interleave
+from cb_callback._engine.replay.isolate import Replay, flatten_output
+from cb_callback._engine.replay.state import StateGuard, seeded
+from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.extensions import WhatIfInput
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.model import error_text as _error_text
 from cb_callback._whatif.tolerances import (
@@ -88,23 +88,6 @@ def explain_breaks(replay: Replay) -> dict[str, Any]:
         "graph_breaks": int(explained.graph_break_count),
         "break_reasons": list(reasons.values())[:MAX_REASONS],
     }
-
-
-@dataclass
-class WhatIfInput:
-    """One batch of a component for :func:`compile_what_if`.
-
-    Attributes:
-        replay: the component's eager replay on that batch (inputs, flags, backward targets).
-        eager: the sampler of its eager runs.
-        budget_s: timed seconds to aim for per set (the eager timing's).
-        batch: the batch's index (for ``details["batches"]``).
-    """
-
-    replay: Replay
-    eager: Callable[[], Sample]
-    budget_s: float
-    batch: int = 0
 
 
 def compile_what_if(
@@ -283,9 +266,9 @@ def outputs_agree(eager: Replay, compiled: Replay, seed: int) -> dict[str, Any]:
     """Whether the compiled forward returns what the eager one does on the same inputs and state.
 
     Both run on one fresh copy of the inputs each, the CPU generator and the
-    device's seeded with ``seed`` before each (:func:`cb_callback._engine.state.seeded`:
+    device's seeded with ``seed`` before each (:func:`cb_callback._engine.replay.state.seeded`:
     restored afterwards), and from the same module state: a
-    :class:`~cb_callback._engine.state.StateGuard` taken before the eager forward puts
+    :class:`~cb_callback._engine.replay.state.StateGuard` taken before the eager forward puts
     the buffers (a call counter, a KV cache kept in a buffer, BatchNorm
     statistics), the ``training`` flags and the RNG streams back before the
     compiled forward and again after it, so a stateful module is not read as a

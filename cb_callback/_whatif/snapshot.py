@@ -42,11 +42,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from cb_callback._engine.config import BenchmarkConfig
-from cb_callback._engine.inputs import ComponentInputs
-from cb_callback._engine.precision import AUTOCAST_DTYPES, DEFAULT_DTYPES
-from cb_callback._engine.profile import profile_captured
-from cb_callback._engine.storage import model_device
+from cb_callback._engine.capture.inputs import ComponentInputs
+from cb_callback._engine.capture.storage import model_device
+from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.precision import AUTOCAST_DTYPES, DEFAULT_DTYPES
+from cb_callback._engine.run.profile import profile_captured
 from cb_callback._hardware.devices import device_problem
 from cb_callback._report.discover import Resolved, capture_step, find_dirs, resolve
 from cb_callback._report.model import Report

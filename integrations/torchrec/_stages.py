@@ -20,7 +20,7 @@ row's instrumented pass (replayed on every rank in lockstep) and splits it:
 * ``details["planned"]``: torchrec's ``EmbeddingPerfEstimator`` for this
   module's shards on this rank (:func:`._planner.planned_perf`'s per-rank sums)
   at the batch size the row was captured with; the engine adds the measured
-  split beside it (:mod:`cb_callback._engine.parts`).
+  split beside it (:mod:`cb_callback._engine.derive.parts`).
 
 Registered on import of :mod:`cb_callback.integrations.torchrec` (every
 profile uses it); a row that is not a sharded embedding module gets nothing.

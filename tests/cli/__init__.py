@@ -1,0 +1,1 @@
+"""Tests of the cb command (cb_callback/_cli.py)."""

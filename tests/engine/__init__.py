@@ -1,0 +1,1 @@
+"""Tests of the engine (cb_callback/_engine)."""

@@ -1,0 +1,1 @@
+"""Tests of peaks and calibration (cb_callback/_hardware)."""

@@ -1,0 +1,1 @@
+"""Tests of the Lightning callback (cb_callback/_lightning)."""

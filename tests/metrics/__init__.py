@@ -1,0 +1,1 @@
+"""Tests of the built-in metric plugins (cb_callback/_metrics)."""

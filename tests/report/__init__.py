@@ -1,0 +1,1 @@
+"""Tests of the results model and its renderers (cb_callback/_report)."""

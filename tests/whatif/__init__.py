@@ -1,0 +1,1 @@
+"""Tests of the what-ifs (cb_callback/_whatif)."""
