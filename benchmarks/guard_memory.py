@@ -106,7 +106,7 @@ def measure(name: str) -> dict[str, Any]:
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     rss0 = _status_kib("VmRSS")
     counter = _CopiedBytes()
-    guard = cb_callback.StateGuard(model)
+    guard = cb_callback.plugins.StateGuard(model)
     with counter:
         guard.__enter__()
     rss1 = _status_kib("VmRSS")

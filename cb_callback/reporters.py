@@ -1,12 +1,12 @@
 """The built-in reporters and renderers: the last layer, over a finished ``Report``.
 
-Each reporter follows the :class:`cb_callback.Reporter` contract, ``write(report,
-ctx) -> list[Path]`` with a :class:`cb_callback.ReportContext` (``output_dir``,
+Each reporter follows the :class:`Reporter` contract, ``write(report,
+ctx) -> list[Path]`` with a :class:`ReportContext` (``output_dir``,
 ``step``, ``writer``); pass them as ``reporters=[...]`` to
 :func:`cb_callback.profile_components` or call them yourself::
 
-    from cb_callback import ReportContext, profile_components
-    from cb_callback.reporters import FileReporter, format_table
+    from cb_callback import profile_components
+    from cb_callback.reporters import FileReporter, ReportContext, format_table
 
     report = profile_components(model, (x,))
     FileReporter().write(report, ReportContext(output_dir=Path("cb_out")))
@@ -31,8 +31,9 @@ engine or Lightning.
 
 from __future__ import annotations
 
+from cb_callback._report.context import ReportContext, Reporter
 from cb_callback._report.files import FileReporter
 from cb_callback._report.table import format_summary, format_table
 from cb_callback._report.tensorboard import TensorBoardReporter
 
-__all__ = ["FileReporter", "TensorBoardReporter", "format_summary", "format_table"]
+__all__ = ["FileReporter", "ReportContext", "Reporter", "TensorBoardReporter", "format_summary", "format_table"]

@@ -160,6 +160,7 @@ LAYERS: dict[str, int] = {
     "cb_callback._api": 5,
     "cb_callback._cli": 5,
     "cb_callback.reporters": 5,
+    "cb_callback.plugins": 5,
     "cb_callback": 6,
     "cb_callback.integrations": 7,
 }
@@ -219,7 +220,7 @@ def test_the_results_model_imports_no_renderer() -> None:
 
 
 def test_integrations_use_the_public_surface_only() -> None:
-    public = {"cb_callback", "cb_callback.reporters"}
+    public = {"cb_callback", "cb_callback.plugins", "cb_callback.reporters"}
     for module, deps in GRAPH.items():
         if module.startswith("cb_callback.integrations"):
             assert {d for d in deps if not d.startswith("cb_callback.integrations")} <= public, (module, deps)
@@ -256,6 +257,7 @@ def test_only_the_callback_module_imports_lightning() -> None:
         ("import cb_callback", ("lightning", "pytorch_lightning", "pandas", "matplotlib", "tensorboard", "plotly")),
         ("from cb_callback import *", ("lightning", "pytorch_lightning", "pandas", "matplotlib", "tensorboard")),
         ("import cb_callback.reporters", ("lightning", "pytorch_lightning")),
+        ("import cb_callback.plugins", ("lightning", "pytorch_lightning", "pandas", "matplotlib", "tensorboard")),
     ],
 )
 def test_importing_does_not_import_what_it_does_not_need(statement: str, absent: tuple[str, ...]) -> None:

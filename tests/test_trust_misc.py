@@ -23,19 +23,13 @@ from torch import nn
 
 import cb_callback._engine.run.profile as engine_module
 import cb_callback._metrics.memory as memory_module
-from cb_callback import (
-    PassContext,
-    Phase,
-    ReplayInputs,
-    Report,
-    profile_components,
-    register_flop_rule,
-)
+from cb_callback import Report, profile_components
 from cb_callback._engine.capture.tree import filter_reasons
 from cb_callback._engine.counting import flop_rules
 from cb_callback._engine.run.config import resolve_dtype
 from cb_callback._hardware import calibration as _calibration
 from cb_callback._hardware import peaks as hw
+from cb_callback.plugins import PassContext, Phase, ReplayInputs, register_flop_rule
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e11, peak_bandwidth=1e10)

@@ -557,7 +557,7 @@ def test_a_top_with_a_discarded_branch_keeps_its_own_pass() -> None:
 
 def test_a_users_instrument_gets_the_tops_own_pass() -> None:
     """A user's InstrumentingMetric observes the replay, not the census: the top then keeps its own pass."""
-    from cb_callback import MeasureContext
+    from cb_callback.plugins import MeasureContext
 
     class Ops:
         name = "ops"

@@ -7,15 +7,28 @@ expects, when the callback is built (before any training).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import math
 import os
-from collections.abc import Mapping
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._lightning.placement import RANKS
 
-__all__ = ["DISABLE_ENV", "ENGINE_OPTIONS", "FLAGS", "MODES", "check_callback_args", "disabled_by_env"]
+__all__ = [
+    "DISABLE_ENV",
+    "ENGINE_OPTIONS",
+    "FLAGS",
+    "MODES",
+    "active",
+    "check_callback_args",
+    "disabled_by_env",
+    "state_key_fields",
+    "with_engine_options",
+]
 
 #: Environment variable that disables every ``ComponentBenchmark`` when set to a true value.
 DISABLE_ENV = "CB_DISABLE"
@@ -33,6 +46,13 @@ ENGINE_OPTIONS = frozenset(f.name for f in dataclasses.fields(BenchmarkConfig)) 
 def disabled_by_env() -> bool:
     """Whether ``CB_DISABLE`` is set to a true value (anything but empty, ``0``, ``false``, ``no``, ``off``)."""
     return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def active(enabled: bool, log: Callable[[str], Any]) -> bool:
+    """Whether the callback profiles: ``enabled`` and not disabled by ``CB_DISABLE`` (then ``log`` says so)."""
+    if enabled and disabled_by_env():
+        log(f"cb_callback: ComponentBenchmark is disabled by {DISABLE_ENV}=1")
+    return enabled and not disabled_by_env()
 
 
 def _is_int(value: Any) -> bool:
@@ -62,20 +82,84 @@ def _check_schedule(args: Mapping[str, Any]) -> None:
         )
 
 
-def check_callback_args(args: Mapping[str, Any]) -> BenchmarkConfig:
+def with_engine_options(init: Callable[..., None]) -> inspect.Signature:
+    """``init``'s signature with its ``**options`` replaced by every engine option, derived from the dataclass.
+
+    The callback declares only its own arguments; each :data:`ENGINE_OPTIONS` field of
+    :class:`BenchmarkConfig` becomes a keyword-only parameter after them, with the
+    field's resolved type and default, in the dataclass's order. ``help()``,
+    ``inspect.signature`` and LightningCLI (jsonargparse reads ``__signature__``) see
+    them all; annotations are resolved (not strings) so that a parser needs no
+    namespace.
+    """
+    own = inspect.signature(init)
+    hints = typing.get_type_hints(init)
+    params = [
+        p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in own.parameters.values()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    taken = {p.name for p in params}
+    engine_hints, defaults = typing.get_type_hints(BenchmarkConfig), BenchmarkConfig()
+    params += [
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, f.name), annotation=engine_hints[f.name]
+        )
+        for f in dataclasses.fields(BenchmarkConfig)
+        if f.name in ENGINE_OPTIONS and f.name not in taken
+    ]
+    return own.replace(parameters=params, return_annotation=hints.get("return", own.return_annotation))
+
+
+def state_key_fields(
+    capture_step: int,
+    mode: str,
+    ranks: str,
+    config: BenchmarkConfig,
+    output_dir: str | None,
+    capture_every: int | None,
+    capture_steps: Sequence[int] | None,
+) -> dict[str, Any]:
+    """What tells two callbacks' checkpointed states apart (``Callback._generate_state_key``'s fields).
+
+    ``capture_every`` and ``capture_steps`` enter only when given: without them the
+    key is that of a checkpoint written before they existed.
+    """
+    when = {"capture_every": capture_every, "capture_steps": list(capture_steps or []) or None}
+    return {
+        "capture_step": capture_step, "mode": mode, "ranks": ranks, "max_depth": config.max_depth,
+        "include": list(config.include), "exclude": list(config.exclude), "output_dir": output_dir,
+        **{k: v for k, v in when.items() if v is not None},
+    }  # fmt: skip
+
+
+def _check_option_names(options: Mapping[str, Any]) -> None:
+    """A keyword the callback does not take raises the ``TypeError`` Python would, with the closest names."""
+    for name in options:
+        if name not in ENGINE_OPTIONS:
+            close = difflib.get_close_matches(name, sorted(ENGINE_OPTIONS), n=3)
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise TypeError(f"ComponentBenchmark() got an unexpected keyword argument {name!r}{hint}")
+
+
+def check_callback_args(args: Mapping[str, Any], options: Mapping[str, Any] | None = None) -> BenchmarkConfig:
     """Check ``ComponentBenchmark``'s arguments; build the engine's options from them.
 
     Args:
         args: every argument by name (the engine's options among them).
+        options: the keywords the callback took as ``**options`` (each must be an
+            :data:`ENGINE_OPTIONS` name; they are in ``args`` too).
 
     Returns:
         The :class:`BenchmarkConfig` of the engine's options.
 
     Raises:
+        TypeError: a keyword in ``options`` that is no engine option (with the closest names).
         ValueError: ``ComponentBenchmark(<name>=<value>): expected ...`` for the
             callback's own arguments, ``ComponentBenchmark: <BenchmarkConfig's message>``
             for the engine's.
     """
+    _check_option_names(options or {})
     capture_step, capture_batch_size = args["capture_step"], args["capture_batch_size"]
     fork_timeout_s, output_dir = args["fork_timeout_s"], args["output_dir"]
     if not _is_int(capture_step) or capture_step < 0:

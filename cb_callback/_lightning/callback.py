@@ -17,12 +17,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from cb_callback._engine.capture.capture import Capture
-from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._lightning import args as _args
 from cb_callback._lightning import placement as place
 from cb_callback._lightning import publish as _publish
 from cb_callback._lightning import run
 from cb_callback._lightning import step as _step
-from cb_callback._lightning.args import DISABLE_ENV, check_callback_args, disabled_by_env
 from cb_callback._lightning.child import ChildResult
 from cb_callback._lightning.fork import Fork, fork_report
 from cb_callback._lightning.spawn import fork_problem, fork_sharded_problem
@@ -39,20 +38,12 @@ if TYPE_CHECKING:
 
 __all__ = ["ComponentBenchmark"]
 
-_DEFAULTS = BenchmarkConfig()  # the engine options' defaults (one source of truth)
-
 
 def _bar(trainer: pl.Trainer) -> TrainerBar:
     """The Trainer's progress bar on rank zero, to draw the pause and print through (none on other ranks)."""
     return TrainerBar(
         trainer.progress_bar_callback if trainer.is_global_zero else None, RichProgressBar, TQDMProgressBar
     )
-
-
-def _say(trainer: pl.Trainer, line: str) -> None:
-    """``line`` on a line of its own above the progress bar when one is drawn, else ``rank_zero_info``."""
-    if not _bar(trainer).print(line):
-        rank_zero_info(line)
 
 
 class ComponentBenchmark(Callback):
@@ -63,8 +54,9 @@ class ComponentBenchmark(Callback):
     replays each component alone, forward and backward (:func:`cb_callback.profile_components`). Each report
     goes through the reporters of :mod:`cb_callback.reporters`: files in ``output_dir`` (``step_<N>/`` per
     capture when the run captures several), and TensorBoard at the capture's step under
-    ``component_benchmark/`` (curves over the captures). The options from ``max_depth`` to ``load_plugins``
-    are :class:`cb_callback.BenchmarkConfig`'s; below is what differs (docs/callback.md has the details).
+    ``component_benchmark/`` (curves over the captures). Every keyword but the callback's own is a
+    :class:`cb_callback.BenchmarkConfig` option, by its name and with its default (the signature is derived
+    from the dataclass); below is what differs (docs/callback.md has the details).
 
     Example: ``L.Trainer(callbacks=[cb := ComponentBenchmark(capture_step=10)]).fit(model)``; ``cb.report``.
 
@@ -78,7 +70,7 @@ class ComponentBenchmark(Callback):
         device: where to replay (``None``: the module's); another device gets a copy of the module.
         dtype: the MFU peak's dtype; ``None`` follows ``Trainer(precision=...)`` or infers it.
         log_scalars: ``None``: the root's scalars with one capture; with several, the 10 costliest components too.
-        reporters: extra :class:`cb_callback.Reporter` plugins (pause mode: ``ctx.writer`` is the logger's).
+        reporters: extra :class:`cb_callback.reporters.Reporter` plugins (pause mode: ``ctx.writer`` is the logger's).
         capture_batch_size: keep ``k`` samples per input, replicated back to the batch size.
         output_dir: default ``<log_dir>/component_benchmark``; ``ranks="all"`` adds ``rank_<global_rank>/``.
         log_to_tensorboard: log to the first ``TensorBoardLogger`` of ``trainer.loggers``.
@@ -106,46 +98,25 @@ class ComponentBenchmark(Callback):
         capture_step: int = 10,
         mode: Literal["pause", "fork"] = "pause",
         *,
-        # the engine's options (BenchmarkConfig's names and defaults)
-        max_depth: int | None = _DEFAULTS.max_depth, include: Sequence[str] = tuple(_DEFAULTS.include),
-        exclude: Sequence[str] = tuple(_DEFAULTS.exclude), backward: bool = _DEFAULTS.backward,
-        warmup: int = _DEFAULTS.warmup, min_run_time_s: float = _DEFAULTS.min_run_time_s,
-        min_repeats: int = _DEFAULTS.min_repeats, max_repeats: int = _DEFAULTS.max_repeats,
-        rounds: int = _DEFAULTS.rounds, max_total_time_s: float | None = _DEFAULTS.max_total_time_s,
-        budget_s: float | None = _DEFAULTS.budget_s,
-        log_scalars: int | Literal["all"] | None = None, device: str | None = None, dtype: str | None = None,
-        peak_flops: float | None = _DEFAULTS.peak_flops, peak_bandwidth: float | None = _DEFAULTS.peak_bandwidth,
-        batch_size: int | None = _DEFAULTS.batch_size, preprocessors: Sequence[Any] = (), metrics: Sequence[Any] = (),
-        reporters: Sequence[Any] = (), descend: Literal["all", "hotspots"] = _DEFAULTS.descend,
-        descend_share: float = _DEFAULTS.descend_share, seed: int = _DEFAULTS.seed,
-        representatives: int = _DEFAULTS.representatives, insitu_passes: int = _DEFAULTS.insitu_passes,
-        harness_floor: bool = _DEFAULTS.harness_floor,
-        load_plugins: bool = _DEFAULTS.load_plugins, artifacts: Sequence[str] = (), artifacts_top: int | None = None,
-        compile: bool = _DEFAULTS.compile, compile_options: dict[str, Any] | None = None,
-        compile_top: int | None = None,
-        # the callback's own
         capture_batches: int = 1, capture_every: int | None = None, capture_steps: Sequence[int] | None = None,
         capture_batch_size: int | None = None, output_dir: str | None = None,
         log_to_tensorboard: bool = True, stop_after: bool = False, ranks: Literal["zero", "all"] = "zero",
-        enabled: bool = True, fork_timeout_s: float | None = 300.0, lockstep_timeout_s: float | None = None,
+        enabled: bool = True, fork_timeout_s: float | None = 300.0,
+        **options: Any,  # BenchmarkConfig's options, by its names, with its defaults (see ENGINE_OPTIONS)
     ) -> None:  # fmt: skip
         super().__init__()
-        self.config = check_callback_args(locals())  # every argument, by name
+        self.config = _args.check_callback_args({**locals(), **options}, options)  # every argument, by name
         self.capture_step, self.mode, self.ranks, self.enabled = capture_step, mode, ranks, enabled
         self.capture_batch_size, self.stop_after = capture_batch_size, stop_after
         self.log_to_tensorboard = log_to_tensorboard
         self.fork_timeout_s = None if fork_timeout_s is None else float(fork_timeout_s)
         self._output_dir_arg = None if output_dir is None else os.fspath(output_dir)
         # Lightning reads state_key around every hook call: build it once.
-        when = {"capture_every": capture_every, "capture_steps": list(capture_steps or []) or None}
-        self._state_key = self._generate_state_key(
-            capture_step=capture_step, mode=mode, ranks=ranks, max_depth=self.config.max_depth,
-            include=list(self.config.include), exclude=list(self.config.exclude), output_dir=self._output_dir_arg,
-            **{k: v for k, v in when.items() if v is not None},  # without them: the key of a checkpoint before them
-        )  # fmt: skip
+        key = (capture_step, mode, ranks, self.config, self._output_dir_arg, capture_every, capture_steps)
+        self._state_key = self._generate_state_key(**_args.state_key_fields(*key))
         self.report: Report | None = None
         self.reports: dict[int, Report] = {}
-        self.output_dir: Path | None = None
+        self.output_dir: Path | None = None  # resolved in setup
         self._active = self._pending = False  # pending: a capture's step is running
         self._capture: Capture | None = None
         self._schedule = CaptureSchedule(capture_step, capture_batches, capture_every, capture_steps)
@@ -170,9 +141,7 @@ class ComponentBenchmark(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        if self.enabled and disabled_by_env():
-            rank_zero_info(f"cb_callback: ComponentBenchmark is disabled by {DISABLE_ENV}=1")
-        self._active = self.enabled and not disabled_by_env()
+        self._active = _args.active(self.enabled, rank_zero_info)  # enabled=False or CB_DISABLE=1: not
         if not self._active:
             return
         if self.mode == "fork" and (problem := fork_problem(type(pl_module))) is not None:
@@ -244,9 +213,7 @@ class ComponentBenchmark(Callback):
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._disarm()
 
-    @override
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._disarm()
+    on_train_epoch_end = on_validation_start  # a capture's step never spans an epoch's end either
 
     def _profile(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, window: StepCaptures, step: int
@@ -274,7 +241,7 @@ class ComponentBenchmark(Callback):
                 return
             device = str(self.config.device or pl_module.device)
             self._fork = run.fork(pl_module, window, cfg, metadata, out, device, step, trainer.precision)
-            _say(trainer, self._fork.describe())
+            _bar(trainer).say(self._fork.describe(), rank_zero_info)
         except Exception as e:
             _publish.report_failure(step, out, e)
 
@@ -294,7 +261,7 @@ class ComponentBenchmark(Callback):
         if trainer.is_global_zero and (
             line := _publish.log_to_tensorboard(report, ctx, target, self.log_to_tensorboard, files.problem)
         ):
-            _say(trainer, line)
+            _bar(trainer).say(line, rank_zero_info)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -325,3 +292,7 @@ class ComponentBenchmark(Callback):
         if self._fork is not None:
             fork, self._fork = self._fork, None
             self.report = fork_report(fork.stop("training ended before it finished")) or self.report
+
+
+# What users, help() and LightningCLI see: the own arguments, then every BenchmarkConfig option (derived).
+ComponentBenchmark.__init__.__signature__ = _args.with_engine_options(ComponentBenchmark.__init__)  # type: ignore[attr-defined]

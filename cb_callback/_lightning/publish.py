@@ -1,9 +1,9 @@
 """The callback's output: report files and TensorBoard through the built-in reporters, error.txt.
 
-Both go through the :class:`cb_callback.Reporter` contract
+Both go through the :class:`cb_callback.reporters.Reporter` contract
 (:class:`~cb_callback.reporters.FileReporter`,
 :class:`~cb_callback.reporters.TensorBoardReporter`) with one
-:class:`cb_callback.ReportContext`; a reporter that fails is one warning that
+:class:`cb_callback.reporters.ReportContext`; a reporter that fails is one warning that
 says where the report still is, never an exception in the training run.
 """
 

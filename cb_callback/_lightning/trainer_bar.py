@@ -165,6 +165,11 @@ class TrainerBar:
             return None
         return progress if progress.console.is_terminal else None
 
+    def say(self, line: str, log: Callable[[str], Any]) -> None:
+        """``line`` on a line of its own above the bar when one is drawn (:meth:`print`), else ``log(line)``."""
+        if not self.print(line):
+            log(line)
+
     def print(self, message: str) -> bool:
         """Print ``message`` on a line of its own through the bar (``ProgressBar.print``).
 

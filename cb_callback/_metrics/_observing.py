@@ -12,17 +12,17 @@ __all__ = ["ObservingMetric"]
 
 
 class ObservingMetric:
-    """An :class:`cb_callback.InstrumentingMetric` that can also measure on its own.
+    """An :class:`cb_callback.plugins.InstrumentingMetric` that can also measure on its own.
 
     Subclasses implement ``instrument(ctx)``. Inside the engine all such plugins
     share one instrumented pass per component; ``measure`` (for use on its own,
-    the :class:`cb_callback.MetricPlugin` contract) runs a pass just for it.
+    the :class:`cb_callback.plugins.MetricPlugin` contract) runs a pass just for it.
     """
 
     name = "observing"
 
     def instrument(self, ctx: MeasureContext) -> Instrument:
-        """The observer of one pass; see :class:`cb_callback.Instrument`."""
+        """The observer of one pass; see :class:`cb_callback.plugins.Instrument`."""
         raise NotImplementedError
 
     def from_census(self, counted: Mapping[str, Any]) -> Mapping[str, Any] | None:

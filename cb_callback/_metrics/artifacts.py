@@ -1,7 +1,7 @@
 """Per-component artifacts: a profiler trace, an operator table, a memory record.
 
 Opt-in with ``BenchmarkConfig.artifacts=("trace", "ops", "memory")``. Each is an
-:class:`cb_callback.ArtifactMetric`: the engine runs it in a forward + backward
+:class:`cb_callback.plugins.ArtifactMetric`: the engine runs it in a forward + backward
 pass of its own, after every component's timed runs, so the timings never carry
 a profiler's overhead; its files go under ``<output_dir>/artifacts/<path or
 "root">/`` and the row records them in ``details["artifacts"]``. A third-party

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 import cb_callback
+import cb_callback.plugins
 
 from ._hidden import hidden_modules, tbe_modules
 
@@ -48,7 +49,7 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
 def fused_tbe_state_saver(root: nn.Module) -> Callable[[], None]:
     """Save the fused-optimizer state of every TBE under ``root``; return its restorer.
 
-    Registered with :func:`cb_callback.register_state_saver` on import of the
+    Registered with :func:`cb_callback.plugins.register_state_saver` on import of the
     integration: every ``StateGuard`` (each profiling run) calls it on entry and
     the restorer on exit, after parameters and buffers are restored.
 
@@ -114,5 +115,5 @@ def register_fused_state_saver() -> None:
     if _REGISTERED:
         return
     with contextlib.suppress(ValueError):  # registered by hand already
-        cb_callback.register_state_saver(fused_tbe_state_saver)
+        cb_callback.plugins.register_state_saver(fused_tbe_state_saver)
     _REGISTERED = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 import cb_callback
+import cb_callback.plugins
 
 from ._hidden import hidden_modules, tbe_classes
 
@@ -49,7 +50,7 @@ def register_hidden_tbe_grad_targets() -> None:
     global _registered
     if _registered:
         return
-    cb_callback.register_grad_targets(hidden_tbe_grad_targets)
+    cb_callback.plugins.register_grad_targets(hidden_tbe_grad_targets)
     _registered = True
 
 

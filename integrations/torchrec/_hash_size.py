@@ -14,6 +14,7 @@ from torch.utils.hooks import RemovableHandle
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 import cb_callback
+import cb_callback.plugins
 
 from ._copy import copy_paths, shallow_copy
 from ._reduced import ACTIVE, ReducedTable
@@ -68,7 +69,7 @@ def _remap_hook(rows: int, record: ReducedTable) -> Callable[..., Any]:
     def remap(ids: Any) -> Any:
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
             return ids
-        with cb_callback.unobserved():  # the id remap is not the component's work
+        with cb_callback.plugins.unobserved():  # the id remap is not the component's work
             out = torch.remainder(ids, rows)
             record.count(ids, out)  # only in an observed (untimed) pass: distinct ids before and after
             return out
@@ -114,7 +115,7 @@ def _rebuild(old: nn.Module, rows: int, device: torch.device, config: Any) -> nn
     return new
 
 
-class ReduceHashSize(cb_callback.Preprocessor):
+class ReduceHashSize(cb_callback.plugins.Preprocessor):
     """Rebuild embedding tables with more than ``max_rows`` rows (or on ``meta``) smaller.
 
     Every table of every ``EmbeddingBagCollection`` / ``EmbeddingCollection``
@@ -204,7 +205,7 @@ class ReduceHashSize(cb_callback.Preprocessor):
                 out.append((t.path, rows, min(rows, self.max_rows)))
         return out
 
-    def prepare_model(self, model: nn.Module, ctx: cb_callback.PrepareContext) -> nn.Module:
+    def prepare_model(self, model: nn.Module, ctx: cb_callback.plugins.PrepareContext) -> nn.Module:
         """The model to capture and profile: ``model`` itself if no table needs rebuilding."""
         self._prepared = True
         todo = {path: (rows, new) for path, rows, new in self.plan(model)}
@@ -248,8 +249,8 @@ class ReduceHashSize(cb_callback.Preprocessor):
         return new_model
 
     def process_inputs(
-        self, inputs: cb_callback.ComponentInputs, ctx: cb_callback.PrepareContext
-    ) -> cb_callback.ComponentInputs:
+        self, inputs: cb_callback.plugins.ComponentInputs, ctx: cb_callback.plugins.PrepareContext
+    ) -> cb_callback.plugins.ComponentInputs:
         """Inputs unchanged; warns once if :meth:`prepare_model` was never called."""
         if not self._prepared and not self._warned:
             self._warned = True
@@ -262,7 +263,7 @@ class ReduceHashSize(cb_callback.Preprocessor):
             )
         return inputs
 
-    def restore_model(self, model: nn.Module, ctx: cb_callback.PrepareContext) -> None:
+    def restore_model(self, model: nn.Module, ctx: cb_callback.plugins.PrepareContext) -> None:
         """After the run (the engine calls it, also on error): take the id-remap hooks off."""
         self.remove()
         self._prepared = False

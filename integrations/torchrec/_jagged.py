@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 import cb_callback
+import cb_callback.plugins
 
 __all__ = [
     "jt_batch_size",
@@ -200,7 +201,7 @@ _REGISTERED = False
 
 
 def register_jagged_batch_rules() -> None:
-    """Register the batch rules of KJT, JT and KT with :func:`cb_callback.register_batch_rule`.
+    """Register the batch rules of KJT, JT and KT with :func:`cb_callback.plugins.register_batch_rule`.
 
     Also makes torchrec's ``torchrec.datasets.utils.Batch`` (dense features,
     sparse KJT, labels) a pytree node, so a ``DLRMTrain``-style model's input is
@@ -209,9 +210,9 @@ def register_jagged_batch_rules() -> None:
     global _REGISTERED
     if _REGISTERED:
         return
-    cb_callback.register_batch_rule(KeyedJaggedTensor, size=kjt_batch_size, slice=take_kjt, replicate=take_kjt)
-    cb_callback.register_batch_rule(JaggedTensor, size=jt_batch_size, slice=take_jt, replicate=take_jt)
-    cb_callback.register_batch_rule(KeyedTensor, size=kt_batch_size, slice=take_kt, replicate=take_kt)
+    cb_callback.plugins.register_batch_rule(KeyedJaggedTensor, size=kjt_batch_size, slice=take_kjt, replicate=take_kjt)
+    cb_callback.plugins.register_batch_rule(JaggedTensor, size=jt_batch_size, slice=take_jt, replicate=take_jt)
+    cb_callback.plugins.register_batch_rule(KeyedTensor, size=kt_batch_size, slice=take_kt, replicate=take_kt)
     try:
         from torchrec.datasets.utils import Batch
     except ImportError:  # pragma: no cover - torchrec without its datasets package

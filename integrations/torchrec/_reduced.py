@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cb_callback
+import cb_callback.plugins
 
 from ._stages import _Nothing
 
@@ -158,12 +159,12 @@ class _ReducedInstrument:
         self.extra: dict[str, float] = {"forward": 0.0, "backward": 0.0}
 
     @contextlib.contextmanager
-    def observe(self, ctx: cb_callback.PassContext) -> Iterator[None]:
+    def observe(self, ctx: cb_callback.plugins.PassContext) -> Iterator[None]:
         with self.traffic.observe(ctx):
-            if ctx.phase is cb_callback.Phase.PASS:
+            if ctx.phase is cb_callback.plugins.Phase.PASS:
                 yield
                 return
-            counting = ctx.phase is cb_callback.Phase.FORWARD
+            counting = ctx.phase is cb_callback.plugins.Phase.FORWARD
             for _, t in self.tables:
                 t.counting = counting
             mode = _TableSizedMode(self.shapes)
@@ -217,7 +218,7 @@ class ReducedTableMetric:
         tables, ``None``: it observes each row's own pass."""
         return None if ACTIVE else {}
 
-    def instrument(self, ctx: cb_callback.MeasureContext) -> Any:
+    def instrument(self, ctx: cb_callback.plugins.MeasureContext) -> Any:
         """Observe the pass of a row that holds a reduced (remapped) table; nothing for any other row."""
         if not ACTIVE:
             return _Nothing()
@@ -225,7 +226,7 @@ class ReducedTableMetric:
         tables = [(m, t) for m, t in found if t is not None and t.reduced_rows < t.original_rows]
         if not tables:
             return _Nothing()
-        return _ReducedInstrument(ctx.path, tables, cb_callback.TrafficMetric().instrument(ctx))
+        return _ReducedInstrument(ctx.path, tables, cb_callback.plugins.TrafficMetric().instrument(ctx))
 
 
 _registered = False
@@ -235,5 +236,5 @@ def register_reduced_table_metric() -> None:
     """Register :class:`ReducedTableMetric` with the engine (idempotent)."""
     global _registered
     if not _registered:
-        cb_callback.register_metric(ReducedTableMetric())
+        cb_callback.plugins.register_metric(ReducedTableMetric())
         _registered = True

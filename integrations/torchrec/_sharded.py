@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import cb_callback
+import cb_callback.plugins
 
 __all__ = ["ShardedModelCheck", "dmp_unwrapper", "register_dmp_paths", "sharded_modules", "unwrap_model"]
 
@@ -52,14 +53,14 @@ def dmp_unwrapper(module: nn.Module) -> nn.Module | None:
 def register_dmp_paths() -> bool:
     """Have the engine report a DMP model under the unsharded model's paths (idempotent).
 
-    Registers :func:`dmp_unwrapper` with :func:`cb_callback.register_module_unwrapper`.
+    Registers :func:`dmp_unwrapper` with :func:`cb_callback.plugins.register_module_unwrapper`.
 
     Returns:
         ``True`` once registered.
     """
     global _paths_registered
     if not _paths_registered:
-        cb_callback.register_module_unwrapper(dmp_unwrapper)
+        cb_callback.plugins.register_module_unwrapper(dmp_unwrapper)
         _paths_registered = True
     return True
 
@@ -83,7 +84,7 @@ def _world_size() -> int:
     return 1
 
 
-class ShardedModelCheck(cb_callback.Preprocessor):
+class ShardedModelCheck(cb_callback.plugins.Preprocessor):
     """Unwrap ``DistributedModelParallel`` at the root and record the sharded modules.
 
     ``prepare_model`` returns the module inside the DMP wrapper (paths as in the
@@ -96,7 +97,7 @@ class ShardedModelCheck(cb_callback.Preprocessor):
 
     name = "sharded_model_check"
 
-    def prepare_model(self, model: nn.Module, ctx: cb_callback.PrepareContext) -> nn.Module:
+    def prepare_model(self, model: nn.Module, ctx: cb_callback.plugins.PrepareContext) -> nn.Module:
         inner = unwrap_model(model)
         paths = sharded_modules(inner)
         if paths:
@@ -118,7 +119,7 @@ def register_awaitable_outputs() -> bool:
         from torchrec.distributed.types import LazyAwaitable
     except ImportError:
         return False
-    cb_callback.register_output_resolver(LazyAwaitable, lambda a: a.wait())
+    cb_callback.plugins.register_output_resolver(LazyAwaitable, lambda a: a.wait())
     _awaitables_registered = True
     return True
 

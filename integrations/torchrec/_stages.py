@@ -39,6 +39,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cb_callback
+import cb_callback.plugins
 
 from ._hidden import tbe_modules
 from ._planner import module_perf, rank_topology
@@ -100,7 +101,7 @@ def _ids(kjt: Any) -> int | None:
     return None
 
 
-def _batch_size(inputs: cb_callback.ReplayInputs) -> int | None:
+def _batch_size(inputs: cb_callback.plugins.ReplayInputs) -> int | None:
     """The local batch size of the module's input KJT (its ``stride``)."""
     for value in (*inputs.args, *inputs.kwargs.values()):
         stride = getattr(value, "stride", None)
@@ -120,7 +121,7 @@ class _StageMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        with cb_callback.unobserved():
+        with cb_callback.plugins.unobserved():
             self.owner.saw(func, args, kwargs, out)
         return out
 
@@ -141,7 +142,7 @@ class _StagesInstrument:
         self.batch_size: int | None = None
 
     def saw(self, func: Any, args: Any, kwargs: Mapping[str, Any], out: Any) -> None:
-        nbytes = cb_callback.collective_bytes(func, args, kwargs, out)
+        nbytes = cb_callback.plugins.collective_bytes(func, args, kwargs, out)
         if nbytes is not None:
             entry = self.stages.setdefault(self.stage, {"stage": self.stage, "comm_bytes": 0, "ops": {}})
             entry["comm_bytes"] += nbytes
@@ -169,8 +170,8 @@ class _StagesInstrument:
         return handles
 
     @contextlib.contextmanager
-    def observe(self, ctx: cb_callback.PassContext) -> Iterator[None]:
-        if ctx.phase is not cb_callback.Phase.FORWARD:
+    def observe(self, ctx: cb_callback.plugins.PassContext) -> Iterator[None]:
+        if ctx.phase is not cb_callback.plugins.Phase.FORWARD:
             yield
             return
         self.batch_size = _batch_size(ctx.inputs)
@@ -346,7 +347,7 @@ class _Nothing:
     """The instrument of a row a metric has nothing to observe on."""
 
     @contextlib.contextmanager
-    def observe(self, ctx: cb_callback.PassContext) -> Iterator[None]:
+    def observe(self, ctx: cb_callback.plugins.PassContext) -> Iterator[None]:
         yield
 
     def values(self) -> Mapping[str, Any]:
@@ -385,7 +386,7 @@ class ShardedEmbeddingMetric:
         sharded); with one, ``None``: it observes each row's own pass."""
         return None if torch.distributed.is_available() and torch.distributed.is_initialized() else {}
 
-    def instrument(self, ctx: cb_callback.MeasureContext) -> Any:
+    def instrument(self, ctx: cb_callback.plugins.MeasureContext) -> Any:
         """Observe the pass of a sharded embedding module; nothing for any other row."""
         if not is_sharded_embedding(ctx.module):
             return _Nothing()
@@ -400,8 +401,8 @@ def register_sharded_metric(topology: Any = None, constraints: Mapping[str, Any]
     ``ParameterConstraints`` instead.
     """
     global _registered
-    cb_callback.register_metric(ShardedEmbeddingMetric(topology=topology, constraints=constraints))
-    cb_callback.register_lockstep_module(is_sharded_embedding, _LOCKSTEP_WHY)
+    cb_callback.plugins.register_metric(ShardedEmbeddingMetric(topology=topology, constraints=constraints))
+    cb_callback.plugins.register_lockstep_module(is_sharded_embedding, _LOCKSTEP_WHY)
     _registered = True
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 import cb_callback
+import cb_callback.plugins
 
 __all__ = ["register_tbe_traffic_rules", "tbe_backward_bytes", "tbe_forward_bytes", "tbe_op_bytes"]
 
@@ -190,7 +191,7 @@ def _bind(schema_names: Sequence[str], fn: Callable[[Mapping[str, Any], Any], in
         named.update(kwargs)
         # The traffic mode may be nested in other modes (the FLOP counter): hide
         # the reads of offsets/indices from them.
-        with cb_callback.unobserved():
+        with cb_callback.plugins.unobserved():
             try:
                 return int(fn(named, out))
             except Exception:  # an argument layout this rule does not know: a lower bound
@@ -245,6 +246,6 @@ def register_tbe_traffic_rules() -> list[str]:
         packet = getattr(torch.ops.fbgemm, name)
         names = [a.name for a in packet.default._schema.arguments]
         with contextlib.suppress(ValueError):  # someone registered their own rule first: keep it
-            cb_callback.register_traffic_rule(packet, _bind(names, fn))
+            cb_callback.plugins.register_traffic_rule(packet, _bind(names, fn))
         _REGISTERED.add(name)
     return sorted(_REGISTERED)

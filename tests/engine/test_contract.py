@@ -13,9 +13,12 @@ import torch
 from torch import nn
 
 import cb_callback._metrics.flops as flops_module
-from cb_callback import (
+from cb_callback import BenchmarkConfig, profile_components
+from cb_callback._engine.capture.inputs import ComponentInputs
+from cb_callback._engine.capture.storage import unique_storage_bytes
+from cb_callback._engine.run.plugins import validate_plugin
+from cb_callback.plugins import (
     ArtifactMetric,
-    BenchmarkConfig,
     Instrument,
     InstrumentingMetric,
     LatencyMetric,
@@ -24,13 +27,9 @@ from cb_callback import (
     PassContext,
     Phase,
     Replay,
-    profile_components,
     storage_key,
     unobserved,
 )
-from cb_callback._engine.capture.inputs import ComponentInputs
-from cb_callback._engine.capture.storage import unique_storage_bytes
-from cb_callback._engine.run.plugins import validate_plugin
 from tests.conftest import FAST
 
 # --- an observing plugin written against the contract ---------------------------------

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from cb_callback import LatencyMetric, MeasureContext, profile_components
+from cb_callback import profile_components
 from cb_callback._engine.clocks.floor import FloorModule
 from cb_callback._engine.clocks.timing import Sample, SampleSet
 from cb_callback._engine.derive.estimate import ROOF_NEAR
@@ -20,6 +20,7 @@ from cb_callback._engine.derive.rollup import derive_all
 from cb_callback._hardware.calibration import CacheLevel
 from cb_callback._hardware.peaks import Peaks
 from cb_callback._report.model import ComponentRow
+from cb_callback.plugins import LatencyMetric, MeasureContext
 from tests.conftest import FAST
 
 _NAN = float("nan")

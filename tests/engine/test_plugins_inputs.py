@@ -10,19 +10,17 @@ import pytest
 import torch
 from torch import nn
 
-from cb_callback import (
-    Capture,
+from cb_callback import Capture, Report, profile_components
+from cb_callback._engine.run.plugins import load_entry_point_plugins, validate_plugin
+from cb_callback.plugins import (
     ComponentInputs,
     MeasureContext,
     PrepareContext,
     Preprocessor,
-    Report,
-    ReportContext,
-    profile_components,
     replicate_batch,
     slice_batch,
 )
-from cb_callback._engine.run.plugins import load_entry_point_plugins, validate_plugin
+from cb_callback.reporters import ReportContext
 from tests.conftest import FAST
 
 
@@ -212,7 +210,8 @@ def test_embedding_bag_with_offsets_is_replicated_by_bag() -> None:
 
 
 def test_builtin_observing_metrics_also_measure_on_their_own() -> None:
-    from cb_callback import BenchmarkConfig, FlopsMetric, MemoryMetric, Replay, TrafficMetric
+    from cb_callback import BenchmarkConfig
+    from cb_callback.plugins import FlopsMetric, MemoryMetric, Replay, TrafficMetric
 
     lin = nn.Linear(4, 3, bias=False)
     inputs = ComponentInputs((torch.randn(2, 4),), {})

@@ -11,14 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from cb_callback import (
-    BenchmarkConfig,
-    Capture,
-    PrepareContext,
-    Preprocessor,
-    profile_captured,
-    profile_components,
-)
+from cb_callback import BenchmarkConfig, Capture, profile_captured, profile_components
+from cb_callback.plugins import PrepareContext, Preprocessor
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e12, peak_bandwidth=1e11)

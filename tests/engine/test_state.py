@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from cb_callback import StateGuard, profile_components, register_state_saver
+from cb_callback import profile_components
+from cb_callback.plugins import StateGuard, register_state_saver
 from tests.conftest import FAST
 
 
@@ -135,8 +136,8 @@ def test_guard_restores_after_an_exception() -> None:
 
 
 def test_registered_grad_targets_reach_hidden_tensors() -> None:
-    from cb_callback import register_grad_targets
     from cb_callback._engine.replay import isolate as _isolate
+    from cb_callback.plugins import register_grad_targets
 
     class Hidden(nn.Module):
         """Uses a tensor that is not one of its parameters (kept in a plain list)."""

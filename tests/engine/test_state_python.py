@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from cb_callback import ComponentBenchmark, StateGuard, profile_components
+from cb_callback import ComponentBenchmark, profile_components
+from cb_callback.plugins import StateGuard
 from tests._callback_models import MLPModule, run_fit
 from tests.conftest import FAST
 

@@ -22,8 +22,9 @@ from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import cb_callback.integrations.torchrec as cbt
-from cb_callback import MeasureContext, profile_components, register_grad_targets
+from cb_callback import profile_components
 from cb_callback.integrations.torchrec import hidden_tbe_grad_targets, register, tbe_modules
+from cb_callback.plugins import MeasureContext, register_grad_targets
 from tests.conftest import FAST
 from tests.integrations.test_torchrec_embedding import _TABLES, F32, _nbytes, _RecordOp
 

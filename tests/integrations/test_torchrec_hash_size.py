@@ -15,8 +15,9 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConf
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from cb_callback import BenchmarkConfig, ComponentInputs, PrepareContext, profile_components
+from cb_callback import BenchmarkConfig, profile_components
 from cb_callback.integrations.torchrec import ReduceHashSize
+from cb_callback.plugins import ComponentInputs, PrepareContext
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e12, peak_bandwidth=1e11)

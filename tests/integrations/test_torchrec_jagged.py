@@ -16,9 +16,10 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 import cb_callback
-from cb_callback import profile_components, replicate_batch, slice_batch
+from cb_callback import profile_components
 from cb_callback._engine.capture.inputs import clone_tree, leading_batch_size, to_device
 from cb_callback.integrations.torchrec import register, take_kjt
+from cb_callback.plugins import replicate_batch, slice_batch
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e12, peak_bandwidth=1e11)
@@ -147,12 +148,12 @@ def test_replicate_batch_option_replicates_kjt_inputs() -> None:
     )
     seen: list[int] = []
 
-    class Spy(cb_callback.Preprocessor):
+    class Spy(cb_callback.plugins.Preprocessor):
         name = "spy"
 
         def process_inputs(
-            self, inputs: cb_callback.ComponentInputs, ctx: cb_callback.PrepareContext
-        ) -> cb_callback.ComponentInputs:
+            self, inputs: cb_callback.plugins.ComponentInputs, ctx: cb_callback.plugins.PrepareContext
+        ) -> cb_callback.plugins.ComponentInputs:
             if inputs.args and isinstance(inputs.args[0], KeyedJaggedTensor):
                 seen.append(inputs.args[0].stride())
             return inputs

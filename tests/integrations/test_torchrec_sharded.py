@@ -20,7 +20,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import cb_callback
 import cb_callback.integrations.torchrec._sharded as sharded
-from cb_callback import BenchmarkConfig, PrepareContext, profile_components
+from cb_callback import BenchmarkConfig, profile_components
 from cb_callback.integrations.torchrec import (
     ShardedModelCheck,
     dmp_unwrapper,
@@ -30,6 +30,7 @@ from cb_callback.integrations.torchrec import (
     tbe_modules,
     unwrap_model,
 )
+from cb_callback.plugins import PrepareContext
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e12, peak_bandwidth=1e11)

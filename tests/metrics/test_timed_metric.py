@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from cb_callback import LatencyMetric, MeasureContext, profile_components
+from cb_callback import profile_components
 from cb_callback._engine.clocks.timing import Sample, SampleSet
 from cb_callback._engine.run.plugins import TimedMetric, validate_plugin
+from cb_callback.plugins import LatencyMetric, MeasureContext
 
 
 class FixedClock:

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from cb_callback import profile_components, register_traffic_rule
+from cb_callback import profile_components
+from cb_callback.plugins import register_traffic_rule
 from tests.conftest import FAST
 
 F32 = 4

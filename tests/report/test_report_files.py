@@ -21,16 +21,10 @@ import torch
 from torch import nn
 
 import cb_callback
-from cb_callback import (
-    BenchmarkConfig,
-    Capture,
-    ComponentRow,
-    ReportContext,
-    profile_captured,
-    profile_components,
-)
+from cb_callback import BenchmarkConfig, Capture, ComponentRow, profile_captured, profile_components
 from cb_callback._engine.run import profile as _engine
 from cb_callback._report.model import Report
+from cb_callback.reporters import ReportContext
 from tests.conftest import FAST
 
 # User peaks: no CPU calibration.

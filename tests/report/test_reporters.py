@@ -11,7 +11,6 @@ from matplotlib.figure import Figure
 import cb_callback
 import cb_callback._report.tensorboard as tensorboard_module
 import cb_callback.reporters as reporters
-from cb_callback import ReportContext, Reporter
 from cb_callback._lightning.publish import (
     ERROR_FILE,
     FilesWritten,
@@ -23,6 +22,7 @@ from cb_callback._lightning.publish import (
 )
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._report.table import markdown_table
+from cb_callback.reporters import ReportContext, Reporter
 
 
 def _report() -> Report:
@@ -69,7 +69,10 @@ def _ours(record: Any) -> list[str]:
 
 
 def test_the_public_names() -> None:
-    assert reporters.__all__ == ["FileReporter", "TensorBoardReporter", "format_summary", "format_table"]
+    assert reporters.__all__ == [
+        "FileReporter", "ReportContext", "Reporter", "TensorBoardReporter", "format_summary", "format_table"
+    ]  # fmt: skip
+    assert reporters.Reporter is Reporter and reporters.ReportContext is ReportContext  # the contract, beside them
     for cls in (reporters.FileReporter, reporters.TensorBoardReporter):
         assert isinstance(cls(), Reporter)
     assert reporters.format_table is markdown_table  # the old name still works

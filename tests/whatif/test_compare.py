@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 import cb_callback
-from cb_callback import BenchmarkConfig, Capture, Comparison, ComponentInputs, compare_components
+from cb_callback import BenchmarkConfig, Capture, Comparison, compare_components
 from cb_callback._cli import main
 from cb_callback._whatif.compare import DEFAULT_TOLERANCES
 from cb_callback._whatif.snapshot import save_snapshot
+from cb_callback.plugins import ComponentInputs
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e11, peak_bandwidth=1e10)

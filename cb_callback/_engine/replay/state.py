@@ -432,7 +432,7 @@ class StateGuard:
                 f"cb_callback: profiling wrote {len(lost)} parameter(s) or gradient(s) in place that the "
                 f"state guard holds no copy of ({', '.join(lost[:5])}{' …' if len(lost) > 5 else ''}), so they "
                 "keep the changed values. Only parameters with gradient hooks and max_norm embeddings are "
-                "copied; register a state saver (cb_callback.register_state_saver) for the others.",
+                "copied; register a state saver (cb_callback.plugins.register_state_saver) for the others.",
                 RuntimeWarning,
                 stacklevel=2,
             )

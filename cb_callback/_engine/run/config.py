@@ -124,11 +124,11 @@ class BenchmarkConfig:
         peak_flops: override of the peak FLOP/s (wins over datasheet/measured).
         peak_bandwidth: override of the peak memory bandwidth in bytes/s.
         batch_size: replicate captured inputs along dim 0 to this batch size.
-        preprocessors: :class:`cb_callback.Preprocessor` plugins, applied in order
+        preprocessors: :class:`cb_callback.plugins.Preprocessor` plugins, applied in order
             after the built-ins.
-        metrics: extra :class:`cb_callback.MetricPlugin` plugins, run after the
+        metrics: extra :class:`cb_callback.plugins.MetricPlugin` plugins, run after the
             built-ins.
-        reporters: :class:`cb_callback.Reporter` plugins called with the report.
+        reporters: :class:`cb_callback.reporters.Reporter` plugins called with the report.
         output_dir: where reporters and metric artifacts write files; ``None``:
             nothing is written. ``profile_components`` with an ``output_dir``
             and no ``reporters`` of the caller's own writes the report's files

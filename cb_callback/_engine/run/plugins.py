@@ -11,7 +11,7 @@ without arguments) or instance; its kind is read from the methods it has.
 When each metric hook runs, per component (see docs/plugins.md):
 
 1. :meth:`InstrumentingMetric.instrument` before the component's first run;
-   the :class:`~cb_callback.Instrument` observes the one pass that all of them
+   the :class:`~cb_callback.plugins.Instrument` observes the one pass that all of them
    share (it is also the first warm-up);
 2. the timed runs of every component, interleaved in rounds: the runs a
    :class:`TimedMetric` times (the built-in ``LatencyMetric``, or a user's),
@@ -253,8 +253,8 @@ class InstrumentingMetric(Protocol):
     """Measures one component by observing the pass that all such plugins share.
 
     ``instrument`` runs once per component, before its first run; the
-    :class:`~cb_callback.Instrument` it returns is entered around that one
-    forward + backward (:class:`~cb_callback.Phase`), which is also the first
+    :class:`~cb_callback.plugins.Instrument` it returns is entered around that one
+    forward + backward (:class:`~cb_callback.plugins.Phase`), which is also the first
     warm-up run; its ``values()`` are read right after, under the same rules as
     :meth:`MetricPlugin.measure`'s. A plugin that has both methods is only
     instrumented. The built-in FLOPs, bytes and memory metrics are of this kind.
@@ -272,7 +272,7 @@ class ArtifactMetric(Protocol):
     ``artifacts`` runs once per measured (``ok``) component when
     ``config.output_dir`` is set, after the timed runs of every component and
     every :meth:`MetricPlugin.measure`, so its overhead is never timed. The
-    :class:`~cb_callback.Instrument` it returns observes one forward + backward
+    :class:`~cb_callback.plugins.Instrument` it returns observes one forward + backward
     run just for it; its ``values()`` map an artifact kind (``"trace"``) to a
     file it wrote under ``ctx.artifact_dir`` (a path relative to that
     directory, or absolute inside it; :meth:`MeasureContext.artifact_path`

@@ -1,0 +1,76 @@
+"""The public surface (issue 25 §3): the top level for users, ``cb_callback.plugins`` for plugin authors.
+
+Names that moved out of the top level still resolve there for one release, with a
+``DeprecationWarning`` that names their new home, and are the very same objects.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+import cb_callback
+import cb_callback.plugins
+import cb_callback.reporters
+
+
+def test_the_top_level_holds_what_a_user_of_the_callback_function_report_and_cli_needs() -> None:
+    assert sorted(cb_callback.__all__) == sorted(
+        [
+            "BenchmarkConfig", "COLUMNS", "Capture", "Comparison", "ComponentRow", "Report", "STATUSES",
+            "compare_components", "profile_captured", "profile_components", "register_device_peaks",
+        ]
+    )  # fmt: skip
+    for name in cb_callback.__all__:
+        assert getattr(cb_callback, name) is not None
+
+
+def test_every_moved_name_has_one_home_and_every_plugin_name_moved() -> None:
+    plugins, reporters = set(cb_callback.plugins.__all__), {"Reporter", "ReportContext"}
+    assert set(cb_callback.MOVED) == plugins | reporters
+    assert reporters <= set(cb_callback.reporters.__all__)
+    assert not set(cb_callback.MOVED) & set(cb_callback.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(cb_callback.MOVED))
+def test_a_moved_name_still_resolves_with_a_warning_naming_its_home(name: str) -> None:
+    home = importlib.import_module(cb_callback.MOVED[name])
+    with pytest.warns(DeprecationWarning, match=rf"cb_callback\.{name} has moved to {home.__name__}\.{name}"):
+        old = getattr(cb_callback, name)
+    assert old is getattr(home, name)
+
+
+def test_the_new_homes_and_the_star_import_warn_nothing() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from cb_callback.plugins import MetricPlugin, register_flop_rule  # noqa: F401
+        from cb_callback.reporters import ReportContext  # noqa: F401
+
+        namespace: dict[str, object] = {}
+        exec("from cb_callback import *", namespace)
+    assert set(cb_callback.__all__) <= set(namespace)
+
+
+def test_an_old_import_line_warns_where_it_is_written() -> None:
+    # `from cb_callback import MetricPlugin` in a user's file: the warning points at that file (stacklevel).
+    code = "import warnings\nwarnings.simplefilter('always')\nfrom cb_callback import MetricPlugin\n"
+    out = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "<string>:3: DeprecationWarning: cb_callback.MetricPlugin has moved to cb_callback.plugins" in out.stderr
+
+
+def test_an_unknown_name_is_still_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'MetricPlugins'"):
+        _ = cb_callback.MetricPlugins
+
+
+def test_the_callback_module_stays_thin() -> None:
+    # Issue 25 §3: the callback is an adapter; its arguments are derived from BenchmarkConfig (test_callback_args).
+    from pathlib import Path
+
+    lines = (Path(cb_callback.__file__).parent / "_lightning" / "callback.py").read_text().count("\n")
+    assert lines <= 300, f"cb_callback/_lightning/callback.py is {lines} lines"
