@@ -64,7 +64,7 @@ test: $(STAMP)
 	$(BIN)/python -m ruff check cb_callback integrations tests examples benchmarks
 	$(BIN)/python -m ruff format --check cb_callback integrations tests examples benchmarks scripts
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check cb_callback integrations tests examples benchmarks
