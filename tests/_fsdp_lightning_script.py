@@ -1,6 +1,6 @@
 """Lightning's ``ModelParallelStrategy`` (FSDP2) on 2 CPU ranks, with or without ``ComponentBenchmark``.
 
-Run by ``tests/lightning/test_callback_fsdp.py``. The model is ``tests/_lockstep_script.py``'s ``Net`` (3 residual MLP
+Run by ``tests/callback/test_callback_fsdp.py``. The model is ``tests/_lockstep_script.py``'s ``Net`` (3 residual MLP
 blocks and a head), every block and then the model ``fully_shard``-ed in ``configure_model``; 4 steps of SGD
 with momentum on a fixed dataset. Each rank writes ``OUT/rank_<r>.pt``: the losses, the local shards of the
 parameters and of the optimizer's momentum after training, and, when profiled, the report's rows (rank 0's

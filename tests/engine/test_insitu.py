@@ -349,7 +349,7 @@ class StackModule(pl.LightningModule):
 def test_the_callback_profiles_repeated_blocks_by_default_and_training_is_bit_identical(tmp_path: Any) -> None:
     from cb_callback import ComponentBenchmark
     from tests._callback_models import run_fit
-    from tests.lightning.test_callback import _assert_same_training
+    from tests.callback.test_callback import _assert_same_training
 
     baseline = run_fit(tmp_path / "base", model_cls=StackModule, max_steps=6)
     cb = ComponentBenchmark(capture_step=2, descend_share=0.0, **FAST)

@@ -20,6 +20,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import cb_callback
 import cb_callback.integrations.torchrec._sharded as sharded
+import cb_callback.plugins
 from cb_callback import BenchmarkConfig, profile_components
 from cb_callback.integrations.torchrec import (
     ShardedModelCheck,
@@ -145,7 +146,7 @@ def test_unwrap_leaves_plain_modules_alone() -> None:
 
 def test_register_dmp_paths_hands_the_unwrapper_to_the_public_api(monkeypatch: pytest.MonkeyPatch) -> None:
     got: list[Any] = []
-    monkeypatch.setattr(cb_callback, "register_module_unwrapper", got.append)
+    monkeypatch.setattr(cb_callback.plugins, "register_module_unwrapper", got.append)
     monkeypatch.setattr(sharded, "_paths_registered", False)
     assert register_dmp_paths() is True and got == [dmp_unwrapper]
     assert register_dmp_paths() is True and got == [dmp_unwrapper]  # idempotent: registered once

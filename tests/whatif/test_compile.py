@@ -334,13 +334,13 @@ def test_the_output_check_never_touches_the_global_seed(monkeypatch: pytest.Monk
 def test_compile_stops_when_the_longest_what_if_no_longer_fits(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    import cb_callback._engine.run.component as engine
+    from cb_callback._engine.run.extensions import EXTENSIONS
 
     def slow(items: Any, sampler: Any, **kwargs: Any) -> tuple[float, dict[str, Any]]:
         time.sleep(2.0)
         return 1.0, {"fake": True}
 
-    monkeypatch.setattr(engine, "compile_what_if", slow)
+    monkeypatch.setattr(EXTENSIONS, "compile_what_if", slow)
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     # The eager part (the census, the in-situ pass, the replays) takes well under a second here, more than
     # one on a busy machine; the first what-if (2 s) starts as long as the eager part took under 4 s;

@@ -32,8 +32,8 @@ from cb_callback import ComponentBenchmark, Report
 from cb_callback._lightning.child import RESERVE_FILE
 from cb_callback._lightning.publish import error_line
 from tests._callback_models import run_fit
+from tests.callback.test_callback_fork import _InlineProcess, _use
 from tests.conftest import FAST
-from tests.lightning.test_callback_fork import _InlineProcess, _use
 
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10}
 # errno 28 on Linux, its strerror and its name, as the messages spell them

@@ -10,8 +10,8 @@ import pytest
 from cb_callback import ComponentBenchmark
 from cb_callback._whatif.snapshot import load_snapshot
 from tests._callback_models import BATCH, FEATURES, VAR_LENGTHS, VarLenModule, run_fit
+from tests.callback.test_callback import _assert_same_training
 from tests.conftest import FAST
-from tests.lightning.test_callback import _assert_same_training
 
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10, "descend_share": 0.0}  # all replayed
 

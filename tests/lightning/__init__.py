@@ -1,1 +1,0 @@
-"""Tests of the Lightning callback (cb_callback/_lightning)."""
