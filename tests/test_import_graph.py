@@ -290,3 +290,12 @@ def test_the_engine_imports_neither_its_metric_plugins_nor_the_what_ifs() -> Non
         if b.startswith(("cb_callback._metrics", "cb_callback._whatif"))
     )
     assert up == []
+
+
+def test_an_extension_nothing_installed_says_which_and_how() -> None:
+    # The engine calls up through EXTENSIONS; _api installs every field on `import cb_callback`.
+    from cb_callback._engine.run.extensions import EXTENSIONS, Extensions
+
+    assert all(getattr(EXTENSIONS, f) is not None for f in Extensions.__dataclass_fields__)
+    with pytest.raises(RuntimeError, match=r"extension 'compile_what_if' is not set; import cb_callback"):
+        Extensions().get("compile_what_if")
