@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cb_callback._report.discover import resolve_report_dir  # the standard library only: no heavy import
-from cb_callback._report.schema import STATUSES
+from cb_callback._report.schema import SCHEMA_VERSION, STATUSES
 
 __all__ = ["COLUMNS", "RENDERERS", "STATUSES", "ComponentRow", "Renderers", "Report", "error_text"]
 
@@ -172,6 +172,24 @@ def _from_json(data: Any, where: str) -> ComponentRow:
     return ComponentRow(**values)
 
 
+def _schema_version(data: dict[str, Any]) -> int:
+    """``data["schema_version"]``, or 1 when it has none (a report written before the key).
+
+    Raises:
+        ValueError: it is not an integer from 1 to :data:`~cb_callback._report.schema.SCHEMA_VERSION`.
+    """
+    version = data.get("schema_version", 1)
+    _checked("schema_version", version, isinstance(version, int) and not isinstance(version, bool), "int")
+    if version < 1:
+        raise ValueError(f"schema_version is {version}, expected 1 to {SCHEMA_VERSION}")
+    if version > SCHEMA_VERSION:
+        raise ValueError(
+            f"schema_version {version} is newer than this cb_callback reads (1 to {SCHEMA_VERSION}): "
+            "upgrade cb_callback to read it"
+        )
+    return version
+
+
 @dataclass
 class Renderers:
     """What :class:`Report` calls but may not import: its renderers, set by the layer above.
@@ -267,23 +285,32 @@ class Report:
         return pd.DataFrame([{c: getattr(r, c) for c in COLUMNS} for r in self.rows], columns=list(COLUMNS))
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict (NaN becomes ``None``) of rows and metadata."""
+        """A JSON-safe dict (NaN becomes ``None``) of rows and metadata, and the layout's ``schema_version``
+        (:data:`~cb_callback._report.schema.SCHEMA_VERSION`)."""
         return {
+            "schema_version": SCHEMA_VERSION,
             "metadata": _json_safe(self.metadata),
             "rows": [_json_safe(asdict(r)) for r in self.rows],
         }
 
     @classmethod
     def from_dict(cls, data: Any) -> Report:
-        """Inverse of :meth:`to_dict`.
+        """Inverse of :meth:`to_dict`; reads every ``schema_version`` up to this one's.
+
+        A dict without ``schema_version`` is version 1 (written before the key
+        existed): its rows and metadata have the layout of version 2, which only
+        adds the key.
 
         Raises:
             ValueError: ``data`` is not ``{"rows": [...], "metadata": {...}}`` of
                 rows as :meth:`to_dict` writes them, saying what is wrong where
-                (``'rows' missing``, ``rows[0].path is int, expected str``).
+                (``'rows' missing``, ``rows[0].path is int, expected str``), or its
+                ``schema_version`` is not an integer from 1 to this one's (a newer
+                cb_callback wrote it: the message says to upgrade).
                 Keys a row does not know are kept in its ``details``.
         """
         _checked("the top level", data, isinstance(data, dict), "an object (dict) with 'rows'")
+        _schema_version(data)  # versions 1 and 2 lay out rows and metadata alike: nothing to convert
         if "rows" not in data:
             raise ValueError("'rows' missing")
         rows, metadata = data["rows"], data.get("metadata")
