@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cb_callback._report.discover import resolve_report_dir  # the standard library only: no heavy import
-from cb_callback._report.schema import SCHEMA_VERSION, STATUSES
+from cb_callback._report.schema import SCHEMA_VERSION, STATUSES, RowDetails, Status
 
 __all__ = ["COLUMNS", "RENDERERS", "STATUSES", "ComponentRow", "Renderers", "Report", "error_text"]
 
@@ -58,7 +58,7 @@ class ComponentRow:
     module_type: str
     depth: int
     parent: str | None
-    status: str = "not_run"
+    status: Status = "not_run"
     error: str | None = None
     note: str | None = None
     calls: int = 0
@@ -86,7 +86,7 @@ class ComponentRow:
     comm_bytes: float = _NAN
     comm_ms: float = _NAN
     insitu_ms: float = _NAN
-    details: dict[str, Any] = field(default_factory=dict)
+    details: RowDetails = field(default_factory=RowDetails)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

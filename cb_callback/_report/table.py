@@ -318,7 +318,7 @@ def _saved(r: ComponentRow) -> tuple[int, float]:
     eager time its what-if's own rounds' (else ``total_ms``); rows without a share after those
     with one, by ms saved over the step."""
     info = r.details["compile"]
-    same = info.get("eager_ms_same_rounds")
+    same = info.get("eager_ms_same_rounds", math.nan)
     eager = same if _finite(same) else r.total_ms
     if math.isfinite(r.share):
         return (0, -r.share * (1.0 - r.compiled_ms / eager))
@@ -355,7 +355,7 @@ def compile_lines(report: Report, top: int = 5) -> list[str]:
     ]
     for r in done[:top]:
         info = r.details["compile"]
-        same = info.get("eager_ms_same_rounds")
+        same = info.get("eager_ms_same_rounds", math.nan)
         paired = f"; x{_g(same / r.compiled_ms)} against eager in the same rounds" if _finite(same) else ""
         line = (
             f"  compiling {r.path or 'root'} whole: {_g(r.total_ms)} -> {_g(r.compiled_ms)} ms "

@@ -1,5 +1,6 @@
-"""Issue 25 §2: ``report.json`` carries a ``schema_version``; a file of the previous release (no version:
-version 1) still loads.
+"""Issue 25 §2: typed data. A row's ``status`` is a ``Literal``, its ``details`` a ``TypedDict`` whose keys
+docs/columns.md lists, and ``report.json`` carries a ``schema_version``; a file of the previous release
+(no version: version 1) still loads.
 
 ``data/report_v1/report.json`` is what cb_callback 379e0da wrote for ``data/make_report_v1.py``'s model,
 byte for byte (the script's docstring says how it was made).
@@ -10,14 +11,54 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import get_args
 
 import pytest
+import torch
 
-from cb_callback import Report
-from cb_callback._report.schema import SCHEMA_VERSION
+import cb_callback
+from cb_callback import ComponentRow, Report
+from cb_callback._report.schema import SCHEMA_VERSION, STATUSES, RowDetails, Status
+from tests.conftest import FAST
+from tests.report.data.make_report_v1 import Tiny
 
 DATA = Path(__file__).parent / "data"
 V1 = DATA / "report_v1" / "report.json"
+COLUMNS_MD = Path(__file__).parents[2] / "docs" / "columns.md"
+
+
+def _declared() -> dict[str, str]:
+    """``RowDetails``' keys and their annotations as written (``from __future__ import annotations``)."""
+    return {k: getattr(v, "__forward_arg__", str(v)) for k, v in RowDetails.__annotations__.items()}
+
+
+def _documented() -> list[tuple[str, str]]:
+    """``(key, type)`` of each row of docs/columns.md's "Details keys" table, in order."""
+    text = COLUMNS_MD.read_text(encoding="utf-8")
+    section = text.split("\n## Details keys", 1)[1].split("\n## ", 1)[0]
+    out = []
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        out.append((cells[0].strip("`"), cells[1].strip("`").replace("\\|", "|")))
+    return out
+
+
+def test_columns_md_lists_exactly_the_typed_details_keys_with_their_types() -> None:
+    documented = _documented()
+    keys = [k for k, _ in documented]
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+    assert dict(documented) == _declared()
+    assert len(keys) == 51  # 49 in the class, "as" and "from" in its functional base
+    assert RowDetails.__optional_keys__ == frozenset(keys)  # total=False throughout: every key optional
+
+
+def test_the_statuses_are_the_status_literal() -> None:
+    assert STATUSES == ("ok", "estimated", "failed", "not_run", "skipped")
+    assert get_args(Status) == STATUSES
+    with pytest.raises(ValueError, match=r"status='measured' is not one of"):
+        ComponentRow("", "Net", 0, None, "measured")  # type: ignore[arg-type]
 
 
 def test_a_report_of_the_previous_release_loads() -> None:
@@ -58,6 +99,7 @@ def test_a_report_of_the_previous_release_loads() -> None:
         "blocks.0": measured,
         "blocks.1": measured,
     }
+    assert set().union(*(r.details for r in report)) <= set(_declared())  # every key of v1 is a typed one
     leaf = report.row("blocks.0").details
     assert leaf["uncounted_ops"] == ["aten.sum"]  # the bias gradient's sum: torch has no FLOP formula for it
     assert leaf["mutates_inputs"] is False and leaf["peak_mem_source"] == "cpu_profiler_allocations"
@@ -103,3 +145,15 @@ def test_versions_one_and_two_read_alike() -> None:
     raw = json.loads(V1.read_text())
     one, two = Report.from_dict({**raw, "schema_version": 1}), Report.from_dict({**raw, "schema_version": 2})
     assert one.to_dict() == two.to_dict() == Report.from_dict(raw).to_dict()
+
+
+def test_the_built_ins_write_only_typed_details_keys() -> None:
+    torch.manual_seed(0)
+    batches = [torch.randn(2, 4), torch.randn(3, 4)]  # two shapes: the many-batches keys too
+    report = cb_callback.profile_components(
+        Tiny(), batches=batches, descend="all", exclude=["head"], insitu_passes=1, peak_flops=1e12,
+        peak_bandwidth=1e11, **FAST,
+    )  # fmt: skip
+    written = set().union(*(r.details for r in report))
+    assert written <= set(_declared()), sorted(written - set(_declared()))
+    assert {"batches", "median_batch", "median_ms", "p90_ms", "shapes", "timing", "floor_ms", "flags"} <= written
