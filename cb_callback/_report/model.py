@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from cb_callback._report.discover import resolve_report_dir  # the standard library only: no heavy import
 from cb_callback._report.schema import SCHEMA_VERSION, STATUSES, RowDetails, Status
@@ -103,7 +103,11 @@ def error_text(e: BaseException) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-def _json_safe(value: Any) -> Any:
+#: A value ``json.dumps`` writes as it is (``allow_nan=False``: no NaN or inf).
+_JSON: TypeAlias = "bool | int | float | str | list[_JSON] | dict[str, _JSON] | None"
+
+
+def _json_safe(value: object) -> _JSON:
     """Replace NaN/inf by ``None`` (JSON has no NaN) and containers recursively."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -124,12 +128,12 @@ _INTEGERS = ("depth", "calls")  # int
 _NUMBERS = tuple(c for c in COLUMNS if c not in (*_TEXT, *_OPTIONAL_TEXT, *_INTEGERS))  # number or null (NaN)
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     """The JSON value's Python type as a message names it (``None`` for null)."""
     return "None" if value is None else type(value).__name__
 
 
-def _checked(where: str, value: Any, ok: bool, expected: str) -> None:
+def _checked(where: str, value: object, ok: bool, expected: str) -> None:
     if not ok:
         raise ValueError(f"{where} is {_kind(value)}, expected {expected}")
 

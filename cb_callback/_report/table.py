@@ -61,7 +61,7 @@ _NBSP = "\u00a0"
 _ERROR_CHARS = 120
 
 
-def _num(value: Any, scale: float = 1.0) -> str:
+def _num(value: object, scale: float = 1.0) -> str:
     """``value * scale`` to 3 significant figures (:func:`~cb_callback._report.numbers.sig`: a value
     that is not 0 never shows as 0); ``"-"`` for None, NaN and inf."""
     return sig(value, scale=scale, missing=_MISSING)
@@ -325,7 +325,7 @@ def _saved(r: ComponentRow) -> tuple[int, float]:
     return (1, -(eager - r.compiled_ms) * max(r.calls, 1))
 
 
-def _g(value: Any) -> str:
+def _g(value: object) -> str:
     """``value`` to 3 significant figures; ``"-"`` when missing (a saved report's NaN is ``None``)."""
     return sig(value, missing=_MISSING)
 
