@@ -32,7 +32,6 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 __all__ = [
     "REPORT_FILE",
@@ -113,7 +112,7 @@ class Resolved:
         return self.file if self.file is not None else self.directory / filename
 
 
-def capture_step(metadata: Any) -> int | None:
+def capture_step(metadata: object) -> int | None:
     """``metadata["capture_step"]`` when it is a non-negative integer, else ``None``."""
     step = metadata.get("capture_step") if isinstance(metadata, dict) else None
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None

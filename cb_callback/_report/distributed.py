@@ -59,7 +59,7 @@ def _label(row: ComponentRow) -> str:
     return row.path or "(root)"
 
 
-def _g(v: Any) -> str:
+def _g(v: object) -> str:
     return f"{v:.3g}" if _finite(v) else "-"
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from cb_callback._report.diff import Comparison
     from cb_callback._report.model import Report
 
 __all__ = ["HTML_FILE", "plotly_js", "render_html", "viewer_js", "write_diff_html", "write_html"]
@@ -56,7 +57,7 @@ def viewer_js() -> str:
     return _asset("viewer.js")
 
 
-def _json_for_script(value: Any) -> str:
+def _json_for_script(value: object) -> str:
     """JSON that can sit inside a ``<script>`` element (no ``</script>`` early end)."""
     text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
@@ -166,7 +167,7 @@ def write_html(report: Report, directory: str | Path) -> Path:
     return path
 
 
-def _diff_quality_html(comparison: Any, labels: tuple[str, str]) -> str:
+def _diff_quality_html(comparison: Comparison, labels: tuple[str, str]) -> str:
     """The diff page's quality box: A's and B's verdict and advice, each labelled (hidden when neither has one).
 
     Its class is the worse verdict's (``contended`` over ``noisy`` over ``clean``), as the
@@ -191,7 +192,12 @@ def _diff_quality_html(comparison: Any, labels: tuple[str, str]) -> str:
 
 
 def write_diff_html(
-    a: Report, b: Report, comparison: Any, path: str | Path, *, labels: tuple[str, str] = ("baseline", "compared")
+    a: Report,
+    b: Report,
+    comparison: Comparison,
+    path: str | Path,
+    *,
+    labels: tuple[str, str] = ("baseline", "compared"),
 ) -> Path:
     """A page of B's tree coloured by the change from A (blue faster, red slower, grey within noise).
 

@@ -6,7 +6,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -211,7 +211,7 @@ def fit_label(name: str, room_px: float, width_of: Callable[[str], float]) -> st
     return None
 
 
-def _is_dark(color: Any) -> bool:
+def _is_dark(color: str | tuple[float, float, float, float]) -> bool:
     """Whether white text reads better than black on ``color`` (relative luminance)."""
     red, green, blue, _ = to_rgba(color)
     return 0.2126 * red + 0.7152 * green + 0.0722 * blue < 0.45

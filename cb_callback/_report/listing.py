@@ -30,7 +30,7 @@ __all__ = ["ADDED_COLUMNS", "TEXT_COLUMNS", "format_listing", "matches", "select
 TEXT_COLUMNS: tuple[str, ...] = ("path", "module_type", "status", "parent", "bound")
 
 
-def _cell(value: Any, scale: float = 1.0) -> str:
+def _cell(value: object, scale: float = 1.0) -> str:
     """``value * scale`` to 3 significant figures (:func:`~cb_callback._report.numbers.sig`); ``"-"`` when missing."""
     return sig(value, scale=scale)
 

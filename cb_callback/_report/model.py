@@ -14,10 +14,10 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from cb_callback._report.discover import resolve_report_dir  # the standard library only: no heavy import
-from cb_callback._report.schema import STATUSES
+from cb_callback._report.schema import SCHEMA_VERSION, STATUSES, RowDetails, Status
 
 __all__ = ["COLUMNS", "RENDERERS", "STATUSES", "ComponentRow", "Renderers", "Report", "error_text"]
 
@@ -58,7 +58,7 @@ class ComponentRow:
     module_type: str
     depth: int
     parent: str | None
-    status: str = "not_run"
+    status: Status = "not_run"
     error: str | None = None
     note: str | None = None
     calls: int = 0
@@ -86,7 +86,7 @@ class ComponentRow:
     comm_bytes: float = _NAN
     comm_ms: float = _NAN
     insitu_ms: float = _NAN
-    details: dict[str, Any] = field(default_factory=dict)
+    details: RowDetails = field(default_factory=RowDetails)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -103,7 +103,11 @@ def error_text(e: BaseException) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-def _json_safe(value: Any) -> Any:
+#: A value ``json.dumps`` writes as it is (``allow_nan=False``: no NaN or inf).
+_JSON: TypeAlias = "bool | int | float | str | list[_JSON] | dict[str, _JSON] | None"
+
+
+def _json_safe(value: object) -> _JSON:
     """Replace NaN/inf by ``None`` (JSON has no NaN) and containers recursively."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -124,12 +128,12 @@ _INTEGERS = ("depth", "calls")  # int
 _NUMBERS = tuple(c for c in COLUMNS if c not in (*_TEXT, *_OPTIONAL_TEXT, *_INTEGERS))  # number or null (NaN)
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     """The JSON value's Python type as a message names it (``None`` for null)."""
     return "None" if value is None else type(value).__name__
 
 
-def _checked(where: str, value: Any, ok: bool, expected: str) -> None:
+def _checked(where: str, value: object, ok: bool, expected: str) -> None:
     if not ok:
         raise ValueError(f"{where} is {_kind(value)}, expected {expected}")
 
@@ -170,6 +174,24 @@ def _from_json(data: Any, where: str) -> ComponentRow:
         if values.get(name) is None:
             values[name] = _NAN
     return ComponentRow(**values)
+
+
+def _schema_version(data: dict[str, Any]) -> int:
+    """``data["schema_version"]``, or 1 when it has none (a report written before the key).
+
+    Raises:
+        ValueError: it is not an integer from 1 to :data:`~cb_callback._report.schema.SCHEMA_VERSION`.
+    """
+    version = data.get("schema_version", 1)
+    _checked("schema_version", version, isinstance(version, int) and not isinstance(version, bool), "int")
+    if version < 1:
+        raise ValueError(f"schema_version is {version}, expected 1 to {SCHEMA_VERSION}")
+    if version > SCHEMA_VERSION:
+        raise ValueError(
+            f"schema_version {version} is newer than this cb_callback reads (1 to {SCHEMA_VERSION}): "
+            "upgrade cb_callback to read it"
+        )
+    return version
 
 
 @dataclass
@@ -267,23 +289,32 @@ class Report:
         return pd.DataFrame([{c: getattr(r, c) for c in COLUMNS} for r in self.rows], columns=list(COLUMNS))
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict (NaN becomes ``None``) of rows and metadata."""
+        """A JSON-safe dict (NaN becomes ``None``) of rows and metadata, and the layout's ``schema_version``
+        (:data:`~cb_callback._report.schema.SCHEMA_VERSION`)."""
         return {
+            "schema_version": SCHEMA_VERSION,
             "metadata": _json_safe(self.metadata),
             "rows": [_json_safe(asdict(r)) for r in self.rows],
         }
 
     @classmethod
     def from_dict(cls, data: Any) -> Report:
-        """Inverse of :meth:`to_dict`.
+        """Inverse of :meth:`to_dict`; reads every ``schema_version`` up to this one's.
+
+        A dict without ``schema_version`` is version 1 (written before the key
+        existed): its rows and metadata have the layout of version 2, which only
+        adds the key.
 
         Raises:
             ValueError: ``data`` is not ``{"rows": [...], "metadata": {...}}`` of
                 rows as :meth:`to_dict` writes them, saying what is wrong where
-                (``'rows' missing``, ``rows[0].path is int, expected str``).
+                (``'rows' missing``, ``rows[0].path is int, expected str``), or its
+                ``schema_version`` is not an integer from 1 to this one's (a newer
+                cb_callback wrote it: the message says to upgrade).
                 Keys a row does not know are kept in its ``details``.
         """
         _checked("the top level", data, isinstance(data, dict), "an object (dict) with 'rows'")
+        _schema_version(data)  # versions 1 and 2 lay out rows and metadata alike: nothing to convert
         if "rows" not in data:
             raise ValueError("'rows' missing")
         rows, metadata = data["rows"], data.get("metadata")

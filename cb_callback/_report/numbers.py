@@ -46,7 +46,7 @@ def _exponent(v: float, digits: int) -> int:
     return int(f"{v:.{digits - 1}e}".split("e")[1])
 
 
-def sig(value: Any, digits: int = 3, *, scale: float = 1.0, missing: str = "-") -> str:
+def sig(value: object, digits: int = 3, *, scale: float = 1.0, missing: str = "-") -> str:
     """``value * scale`` to ``digits`` significant figures (the module docstring's rules).
 
     Examples: ``sig(4.0)`` is ``4.00``; ``sig(0.000134)`` ``0.000134``; ``sig(12345.6)``
@@ -66,7 +66,7 @@ def sig(value: Any, digits: int = 3, *, scale: float = 1.0, missing: str = "-") 
     return f"{v:.{max(digits - 1 - exp, 0)}f}"
 
 
-def si(value: Any, unit: str = "", digits: int = 3, *, missing: str = "-") -> str:
+def si(value: object, unit: str = "", digits: int = 3, *, missing: str = "-") -> str:
     """A count with an SI prefix: ``value`` over ``1000**k`` to ``digits`` significant figures, then
     ``" " + prefix + unit`` (nothing when both are empty).
 
@@ -87,7 +87,7 @@ def si(value: Any, unit: str = "", digits: int = 3, *, missing: str = "-") -> st
     return f"{sig(v, digits)} {suffix}" if suffix else sig(v, digits)
 
 
-def percent(fraction: Any, digits: int = 3, *, missing: str = "-") -> str:
+def percent(fraction: object, digits: int = 3, *, missing: str = "-") -> str:
     """A fraction as a percent with its sign: ``0.0219`` is ``2.19 %``, ``0.25`` ``25.0 %``, ``1.0``
     ``100 %``, ``0`` ``0 %``; ``missing`` when it is missing (no ``%`` then)."""
     text = sig(fraction, digits, scale=100.0, missing=missing)

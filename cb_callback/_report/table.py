@@ -61,7 +61,7 @@ _NBSP = "\u00a0"
 _ERROR_CHARS = 120
 
 
-def _num(value: Any, scale: float = 1.0) -> str:
+def _num(value: object, scale: float = 1.0) -> str:
     """``value * scale`` to 3 significant figures (:func:`~cb_callback._report.numbers.sig`: a value
     that is not 0 never shows as 0); ``"-"`` for None, NaN and inf."""
     return sig(value, scale=scale, missing=_MISSING)
@@ -318,14 +318,14 @@ def _saved(r: ComponentRow) -> tuple[int, float]:
     eager time its what-if's own rounds' (else ``total_ms``); rows without a share after those
     with one, by ms saved over the step."""
     info = r.details["compile"]
-    same = info.get("eager_ms_same_rounds")
+    same = info.get("eager_ms_same_rounds", math.nan)
     eager = same if _finite(same) else r.total_ms
     if math.isfinite(r.share):
         return (0, -r.share * (1.0 - r.compiled_ms / eager))
     return (1, -(eager - r.compiled_ms) * max(r.calls, 1))
 
 
-def _g(value: Any) -> str:
+def _g(value: object) -> str:
     """``value`` to 3 significant figures; ``"-"`` when missing (a saved report's NaN is ``None``)."""
     return sig(value, missing=_MISSING)
 
@@ -355,7 +355,7 @@ def compile_lines(report: Report, top: int = 5) -> list[str]:
     ]
     for r in done[:top]:
         info = r.details["compile"]
-        same = info.get("eager_ms_same_rounds")
+        same = info.get("eager_ms_same_rounds", math.nan)
         paired = f"; x{_g(same / r.compiled_ms)} against eager in the same rounds" if _finite(same) else ""
         line = (
             f"  compiling {r.path or 'root'} whole: {_g(r.total_ms)} -> {_g(r.compiled_ms)} ms "

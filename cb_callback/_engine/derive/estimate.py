@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from cb_callback._engine.clocks.floor import is_at_floor
 from cb_callback._report.model import ComponentRow
+from cb_callback._report.schema import Roofline
 
 __all__ = ["ADDITIVE", "ROOF_NEAR", "derive", "estimate_from_children", "roofline"]
 
@@ -72,7 +72,7 @@ def derive(
 
 def roofline(
     flops: float, nbytes: float, seconds: float, peak_flops: float | None, bandwidth: float | None
-) -> dict[str, Any] | None:
+) -> Roofline | None:
     """Which roof binds a row and how near it runs; ``None`` without both peaks.
 
     The ridge is ``peak_flops / bandwidth`` FLOP/byte (``bandwidth``: the row's own memory

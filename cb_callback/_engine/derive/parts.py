@@ -50,7 +50,7 @@ def _comm_ms(row: ComponentRow, phase: str) -> float | None:
     table = row.details.get("comm")
     if not table:
         return 0.0 if row.comm_bytes == 0 else None
-    times = [c.get("ms") for c in table if c.get("phase") == phase]
+    times = [c.get("ms", math.nan) for c in table if c.get("phase") == phase]
     if not all(_finite(t) for t in times):
         return None
     return float(sum(times))

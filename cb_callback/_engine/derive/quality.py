@@ -98,6 +98,7 @@ from cb_callback._hardware.load import (
 )
 from cb_callback._hardware.peaks import CALIBRATION_SPREAD_LIMIT
 from cb_callback._report.model import ComponentRow
+from cb_callback._report.schema import RowDetails
 
 __all__ = [
     "FLAGS",
@@ -356,7 +357,7 @@ class Assessment:
 
     flags: dict[str, list[str]]
     quality: dict[str, Any]
-    details: dict[str, dict[str, Any]] = field(default_factory=dict)
+    details: dict[str, RowDetails] = field(default_factory=dict)
 
 
 def inconsistent_pairs(rows: Mapping[str, ComponentRow], medians: Mapping[str, float]) -> list[tuple[str, str]]:
@@ -566,7 +567,7 @@ def assess(
         "the children's isolated replays, summed, each pay isolation's per-replay cost (the replay's Python, "
         "the backward's start, caches left cold) that the parent's one replay pays once"
     )
-    details = {p: {"above_parent": {"parent": q, "ratio": x, "why": why}} for p, q, x in above}
+    details: dict[str, RowDetails] = {p: {"above_parent": {"parent": q, "ratio": x, "why": why}} for p, q, x in above}
     return Assessment({p: [f for f in FLAGS if f in v] for p, v in flags.items()}, quality, details)
 
 

@@ -40,6 +40,7 @@ from cb_callback._engine.run.plugins import (
 )
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.model import error_text as _error_text
+from cb_callback._report.schema import plugin_details
 
 __all__ = ["ComponentRun", "Pending", "artifact_dir", "params_mb"]
 
@@ -221,11 +222,12 @@ class ComponentRun:
         plugins: list[Any] = [*self.builtin, *self.user_metrics]
         #: Times every component's runs, interleaved by the schedule.
         self.timing: TimedMetric = next(p for p in plugins if isinstance(p, TimedMetric))
+        # A plugin may be of several kinds (protocols mypy takes for disjoint): compared before isinstance.
         #: Observe the one shared pass (FLOPs, bytes, memory, and users' instruments).
-        self.observing = [p for p in plugins if isinstance(p, InstrumentingMetric) and p is not self.timing]
+        self.observing = [p for p in plugins if p is not self.timing and isinstance(p, InstrumentingMetric)]
         #: Replay on their own after the timed runs.
         self.replaying = [
-            p for p in plugins if isinstance(p, MetricPlugin) and p not in self.observing and p is not self.timing
+            p for p in plugins if p not in self.observing and p is not self.timing and isinstance(p, MetricPlugin)
         ]
         #: Observe a pass of their own each, after every component's timed runs.
         self.artifact_plugins = [
@@ -662,7 +664,7 @@ class ComponentRun:
             if key in columns:
                 setattr(row, key, value)
             else:
-                row.details[key] = value
+                plugin_details(row.details)[key] = value  # a plugin's keys are its own
         row.status = "ok"
 
     def record_artifacts(self, pending: Pending) -> None:

@@ -32,6 +32,7 @@ from cb_callback._engine.selection.descend import (
 from cb_callback._engine.selection.groups import take_row
 from cb_callback._engine.selection.triage import Plan
 from cb_callback._report.model import ComponentRow
+from cb_callback._report.schema import Group, InSitu
 
 __all__ = ["Schedule", "artifact_targets", "budget_note"]
 
@@ -244,18 +245,18 @@ class Schedule:
     def _put_insitu(self, row: ComponentRow, path: str, batch: int) -> None:
         """The row's in-situ forward from batch ``batch``'s in-situ pass (``insitu_ms``, ``details["insitu"]``),
         and the captured step's own (``capture_ms``, when the capture timed it)."""
-        info: dict[str, Any] = {}
+        info: InSitu = {}
         captured = self.batches[batch].get(path) if batch < len(self.batches) else None
         if captured is not None and captured.insitu_ms is not None:
             info["capture_ms"] = captured.insitu_ms
         mine = self.insitu[batch].times.get(path) if batch < len(self.insitu) else None
         if mine is not None:
             row.insitu_ms = mine.fwd_ms
-            info.update(fwd_ms=mine.fwd_ms, spread=mine.spread, passes=self.insitu[batch].passes)
+            info.update({"fwd_ms": mine.fwd_ms, "spread": mine.spread, "passes": self.insitu[batch].passes})
             if math.isfinite(mine.bwd_ms):  # a top's whole backward; below, on CPU, its nodes'
                 info["bwd_ms"] = mine.bwd_ms
-        if self.plan is not None and self.plan.shares.get(path) is not None:
-            info["share"] = self.plan.shares[path]
+        if self.plan is not None and (share := self.plan.shares.get(path)) is not None:
+            info["share"] = share
         if info:
             row.details["insitu"] = info
 
@@ -628,11 +629,11 @@ def _joined(first: str | None, then: str) -> str:
     return then if not first else f"{first}; {then}"
 
 
-def _group_details(info: dict[str, Any], rows: Mapping[str, ComponentRow]) -> dict[str, Any]:
+def _group_details(info: dict[str, Any], rows: Mapping[str, ComponentRow]) -> Group:
     """A group member's ``details["group"]``: its members, representatives, in-situ share and, with two
     or more representatives measured, how far apart they came (``spread``) and whether that is within
     their noise (``agree``)."""
-    out: dict[str, Any] = {"members": list(info["members"]), "representatives": list(info["representatives"])}
+    out: Group = {"members": list(info["members"]), "representatives": list(info["representatives"])}
     if info.get("share") is not None:
         out["insitu_share"] = info["share"]
     reps = [rows[r] for r in info["representatives"] if r in rows and rows[r].status == "ok"]

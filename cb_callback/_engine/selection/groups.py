@@ -4,7 +4,7 @@ with the representative's by their own calls before any row is copied."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
@@ -13,6 +13,7 @@ from cb_callback._engine.capture.inputs import ComponentInputs
 from cb_callback._engine.capture.tree import Node
 from cb_callback._engine.replay.batches import input_signature
 from cb_callback._report.model import ComponentRow
+from cb_callback._report.schema import RowDetails
 
 #: What a row keeps of its own when it takes a representative's measurement.
 _OWN = frozenset({"path", "module_type", "depth", "parent", "calls", "params_mb", "share", "insitu_ms", "details"})
@@ -229,8 +230,9 @@ def take_row(row: ComponentRow, source: ComponentRow) -> ComponentRow:
     for name in ComponentRow.__dataclass_fields__:
         if name not in _OWN:
             setattr(row, name, getattr(source, name))
-    kept = {k: v for k, v in row.details.items() if k in _OWN_DETAILS}
-    taken = {k: v for k, v in source.details.items() if k not in _OWN_DETAILS}
+    # Some of a RowDetails' items are a RowDetails (a type checker cannot follow the filter).
+    kept = cast(RowDetails, {k: v for k, v in row.details.items() if k in _OWN_DETAILS})
+    taken = cast(RowDetails, {k: v for k, v in source.details.items() if k not in _OWN_DETAILS})
     # A source that took its own row from another (an expert of a block that is itself a copy) names that one.
     origin = source.details.get("from", source.path) if source.details.get("as") == "representative" else source.path
     row.details = {**taken, **kept, "as": "representative", "from": origin}
