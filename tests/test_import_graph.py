@@ -151,6 +151,7 @@ LAYERS: dict[str, int] = {
     "cb_callback._report.model": 0,
     "cb_callback._report.discover": 0,  # finding reports on disk (stdlib only): what Report.load resolves with
     "cb_callback._report.context": 0,
+    "cb_callback._report.finite": 0,  # which values are numbers (stdlib only): the engine's and the renderers' rule
     "cb_callback._hardware": 0,
     "cb_callback._report": 1,
     "cb_callback._engine": 1,

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cb_callback._report.finite import ratio
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._report.numbers import percent, si, sig
 
@@ -270,7 +271,7 @@ def compare_reports(a: Report, b: Report, metric: str = "total_ms") -> Compariso
                 a=va,
                 b=vb,
                 change=vb - va if both else math.nan,
-                ratio=vb / va if both and va != 0 else math.nan,
+                ratio=ratio(vb, va),
                 noise=noise,
                 only_in=None if (ra is not None and rb is not None) else ("A" if ra is not None else "B"),
                 exact=exact,

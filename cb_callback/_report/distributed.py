@@ -6,10 +6,10 @@ A renderer: it reads rows (``details["ranks"]``, ``comm_bytes``/``comm_ms``,
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING
 
+from cb_callback._report.finite import finite
 from cb_callback._report.numbers import sig
 
 if TYPE_CHECKING:
@@ -31,10 +31,6 @@ _PARTS = (
 )  # fmt: skip
 
 
-def _finite(x: Any) -> TypeGuard[float]:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def rank_spread(row: ComponentRow) -> float | None:
     """``(slowest - fastest rank) / median rank`` of the row's ``total_ms`` (``details["ranks"]``), if known."""
     ranks = row.details.get("ranks")
@@ -42,7 +38,7 @@ def rank_spread(row: ComponentRow) -> float | None:
     if not isinstance(total, Mapping):
         return None
     lo, mid, hi = total.get("min"), total.get("median"), total.get("max")
-    if not (_finite(lo) and _finite(mid) and _finite(hi)):
+    if not (finite(lo) and finite(mid) and finite(hi)):
         return None
     return float((hi - lo) / mid) if mid > 0 else None
 
@@ -52,7 +48,7 @@ def imbalanced(row: ComponentRow) -> bool:
     spread = rank_spread(row)
     if spread is None or spread <= SPREAD_WARN:
         return False
-    return not (_finite(row.noise) and spread <= 2 * row.noise)
+    return not (finite(row.noise) and spread <= 2 * row.noise)
 
 
 def _label(row: ComponentRow) -> str:
@@ -60,7 +56,7 @@ def _label(row: ComponentRow) -> str:
 
 
 def _g(v: object) -> str:
-    return f"{v:.3g}" if _finite(v) else "-"
+    return f"{v:.3g}" if finite(v) else "-"
 
 
 def _ranks_lines(report: Report) -> list[str]:
@@ -80,7 +76,7 @@ def _ranks_lines(report: Report) -> list[str]:
             f"straggler rank {root.details['ranks'].get('straggler')}"
         )
     bad = sorted(
-        ((s, r) for s, r in spreads if r.path and imbalanced(r) and _finite(r.share) and r.share >= _LIST_SHARE),
+        ((s, r) for s, r in spreads if r.path and imbalanced(r) and finite(r.share) and r.share >= _LIST_SHARE),
         key=lambda x: -x[0],
     )
     for s, r in bad[:5]:
@@ -94,11 +90,11 @@ def _ranks_lines(report: Report) -> list[str]:
 
 
 def _comm_lines(report: Report) -> list[str]:
-    comm = [r for r in report.rows if _finite(r.comm_bytes) and r.comm_bytes > 0 and r.path]
+    comm = [r for r in report.rows if finite(r.comm_bytes) and r.comm_bytes > 0 and r.path]
     if not comm:
         return []
     deepest = [r for r in comm if not any(c.path.startswith(r.path + ".") for c in comm)]  # leaf-most communicators
-    deepest.sort(key=lambda r: -(r.comm_ms if _finite(r.comm_ms) else 0.0))
+    deepest.sort(key=lambda r: -(r.comm_ms if finite(r.comm_ms) else 0.0))
     lines = ["communication (leaf-most components that communicate; per call, each collective waited as issued):"]
     for r in deepest[:5]:
         ops = ", ".join(f"{c.get('op')} {c.get('phase')} x{c.get('count')}" for c in r.details.get("comm") or ())
@@ -120,7 +116,7 @@ def _planned_lines(report: Report) -> list[str]:
         how, negative = p.get("measured_how") or {}, p.get("derived_negative") or {}
         cells = []
         for key, name in _PARTS:
-            x = f" (x{ratio[key]:.3g})" if _finite(ratio.get(key)) else ""
+            x = f" (x{ratio[key]:.3g})" if finite(ratio.get(key)) else ""
             if key in negative:  # a derivation below zero: no value (the row is flagged derived_negative)
                 got = f"<0 (derived {_g(negative[key])})"
             else:

@@ -18,6 +18,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cb_callback._report.finite import finite
+
 if TYPE_CHECKING:
     from cb_callback._report.diff import Comparison
     from cb_callback._report.model import Report
@@ -223,13 +225,13 @@ def write_diff_html(
         c = by_path.get(row["path"])
         if c is None:
             continue
-        finite = {
-            k: (v if isinstance(v, float) and v == v and abs(v) != float("inf") else None)
+        values = {
+            k: (v if isinstance(v, float) and finite(v) else None)
             for k, v in (("a", c.a), ("b", c.b), ("change", c.change), ("ratio", c.ratio), ("noise", c.noise))
         }
         text = cell_texts(c, comparison.metric)  # the cells cb diff prints: the page shows the same
         row.setdefault("details", {})["diff"] = {
-            **finite,
+            **values,
             "significant": c.significant,
             "only_in": c.only_in,
             "sig": text["sig"],

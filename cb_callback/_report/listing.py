@@ -14,10 +14,10 @@ A renderer: it reads rows only. The rules:
 from __future__ import annotations
 
 import fnmatch
-import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cb_callback._report.finite import finite
 from cb_callback._report.numbers import si, sig
 from cb_callback._report.table import format_rows
 
@@ -79,8 +79,7 @@ def _sort_key(column: str) -> Callable[[ComponentRow], tuple[int, Any]]:
         v = getattr(r, column)
         if column in TEXT_COLUMNS:
             return (0, str(v)) if v is not None else (1, "")
-        finite = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        return (0, -v) if finite else (1, 0)
+        return (0, -v) if finite(v) else (1, 0)
 
     return key
 

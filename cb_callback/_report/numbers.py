@@ -20,9 +20,7 @@ and TensorBoard tables; ``viewer.js`` follows the same rules in the page):
 
 from __future__ import annotations
 
-import math
-from numbers import Real  # the standard library's (numpy's scalars are registered there)
-from typing import Any
+from cb_callback._report.finite import finite
 
 __all__ = ["SI_PREFIXES", "percent", "si", "sig"]
 
@@ -31,14 +29,6 @@ SI_PREFIXES: tuple[str, ...] = ("", "k", "M", "G", "T", "P", "E")
 
 #: Below this magnitude :func:`sig` writes an exponent (``1.23e-7``).
 _SMALLEST_FIXED_EXPONENT = -6
-
-
-def _finite(value: Any) -> float | None:
-    """``value`` as a float when it is a finite real number (not a bool), else ``None``."""
-    if isinstance(value, bool) or not isinstance(value, Real):
-        return None
-    v = float(value)
-    return v if math.isfinite(v) else None
 
 
 def _exponent(v: float, digits: int) -> int:
@@ -53,10 +43,9 @@ def sig(value: object, digits: int = 3, *, scale: float = 1.0, missing: str = "-
     ``12346``; ``sig(9.996)`` ``10.0``; ``sig(0.0)`` ``0``; ``sig(math.nan)`` ``-``;
     ``sig(0.125, scale=100)`` ``12.5``.
     """
-    v = _finite(value)
-    if v is None:
+    if not finite(value):
         return missing
-    v *= scale
+    v = float(value) * scale
     if v == 0:
         return "0"
     exp = _exponent(v, digits)
@@ -74,9 +63,9 @@ def si(value: object, unit: str = "", digits: int = 3, *, missing: str = "-") ->
     ``si(999.96)`` ``1.00 k`` (rounding carries into the next prefix); ``si(0)`` ``0``;
     ``si(-2.5e6, "B")`` ``-2.50 MB``. Values below 1000 take no prefix (``0.500``: a mean count).
     """
-    v = _finite(value)
-    if v is None:
+    if not finite(value):
         return missing
+    v = float(value)
     if v == 0:
         return "0" if not unit else f"0 {unit}"
     i = 0
@@ -91,4 +80,4 @@ def percent(fraction: object, digits: int = 3, *, missing: str = "-") -> str:
     """A fraction as a percent with its sign: ``0.0219`` is ``2.19 %``, ``0.25`` ``25.0 %``, ``1.0``
     ``100 %``, ``0`` ``0 %``; ``missing`` when it is missing (no ``%`` then)."""
     text = sig(fraction, digits, scale=100.0, missing=missing)
-    return text if _finite(fraction) is None else f"{text} %"
+    return f"{text} %" if finite(fraction) else text

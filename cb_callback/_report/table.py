@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cb_callback._report.distributed import distributed_lines
+from cb_callback._report.finite import finite
 from cb_callback._report.numbers import si, sig
 from cb_callback._report.reduced import reduced_lines
 from cb_callback._report.schema import STATUSES
@@ -83,12 +84,9 @@ def _roots(report: Report) -> list[ComponentRow]:
     return [r for r in report.rows if r.parent is None or r.parent not in paths]
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-
-
-def _finite_or_zero(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+def _positive(value: Any) -> bool:
+    """Whether ``value`` is a :func:`finite` number above 0 (a time to show, or to divide by)."""
+    return finite(value) and value > 0
 
 
 def _multi(report: Report) -> bool:
@@ -163,8 +161,8 @@ def _budget_lines(metadata: dict[str, Any]) -> list[str]:
     if budget.get("root_unreplayed"):
         fwd, bwd = (budget.get("root_insitu_ms") or [None, None])[:2]
         times = (
-            f" in situ {sig(fwd)} ms forward" + (f" + {sig(bwd)} ms backward" if _finite(bwd) else "")
-            if _finite(fwd)
+            f" in situ {sig(fwd)} ms forward" + (f" + {sig(bwd)} ms backward" if _positive(bwd) else "")
+            if _positive(fwd)
             else ""
         )
         root = f"; the root too{':' if times else ''}{times}"
@@ -257,7 +255,7 @@ def format_summary(report: Report, top: int = 10) -> str:
     insitu = [r for r in report.rows if r.details.get("as") == "insitu"]
     if insitu:
         counted = sum(1 for r in insitu if (r.details.get("insitu") or {}).get("counted") == "census")
-        backward = sum(1 for r in insitu if _finite_or_zero((r.details.get("insitu") or {}).get("bwd_ms")))
+        backward = sum(1 for r in insitu if finite(bwd := (r.details.get("insitu") or {}).get("bwd_ms")) and bwd >= 0)
         lines.append(
             f"in situ: {len(insitu)} rows not replayed keep the step's own numbers (skipped (in situ): "
             f"insitu_ms; the backward in the step on {backward} of them (details['insitu']['bwd_ms']); "
@@ -319,7 +317,7 @@ def _saved(r: ComponentRow) -> tuple[int, float]:
     with one, by ms saved over the step."""
     info = r.details["compile"]
     same = info.get("eager_ms_same_rounds", math.nan)
-    eager = same if _finite(same) else r.total_ms
+    eager = same if _positive(same) else r.total_ms
     if math.isfinite(r.share):
         return (0, -r.share * (1.0 - r.compiled_ms / eager))
     return (1, -(eager - r.compiled_ms) * max(r.calls, 1))
@@ -347,7 +345,7 @@ def compile_lines(report: Report, top: int = 5) -> list[str]:
     tried = [r for r in report.rows if isinstance(r.details.get("compile"), Mapping)]
     if not tried:
         return []
-    done = [r for r in tried if _finite(r.compiled_ms) and _finite(r.total_ms)]
+    done = [r for r in tried if _positive(r.compiled_ms) and _positive(r.total_ms)]
     done.sort(key=_saved)
     out = [
         f"compile what-if (torch.compile per component, alone; top {min(top, len(done))} by time saved over "
@@ -356,7 +354,7 @@ def compile_lines(report: Report, top: int = 5) -> list[str]:
     for r in done[:top]:
         info = r.details["compile"]
         same = info.get("eager_ms_same_rounds", math.nan)
-        paired = f"; x{_g(same / r.compiled_ms)} against eager in the same rounds" if _finite(same) else ""
+        paired = f"; x{_g(same / r.compiled_ms)} against eager in the same rounds" if _positive(same) else ""
         line = (
             f"  compiling {r.path or 'root'} whole: {_g(r.total_ms)} -> {_g(r.compiled_ms)} ms "
             f"(x{_g(r.total_ms / r.compiled_ms)}{paired})"

@@ -24,6 +24,7 @@ from cb_callback._engine.replay.isolate import Replay, ReplayInputs, flatten_out
 from cb_callback._engine.replay.state import StateGuard, seeded
 from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._engine.run.profile import profile_captured
+from cb_callback._report.finite import is_nan, ratio
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._whatif.tolerances import (
     DEFAULT_TOLERANCES,
@@ -215,9 +216,9 @@ def _metric(v: Any) -> str:
 
 
 def _ratio(a: Any, b: Any) -> str:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isfinite(a) and math.isfinite(b) and a:
-        return f"{b / a:.3g}"
-    return ""
+    """The ``cand/ref`` cell: ``b / a`` to 3 significant figures, empty where undefined (:func:`ratio`)."""
+    r = ratio(b, a)
+    return "" if is_nan(r) else f"{r:.3g}"
 
 
 def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

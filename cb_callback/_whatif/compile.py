@@ -28,6 +28,7 @@ from cb_callback._engine.replay.isolate import Replay, flatten_output
 from cb_callback._engine.replay.state import StateGuard, seeded
 from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._engine.run.extensions import WhatIfInput
+from cb_callback._report.finite import finite
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.model import error_text as _error_text
 from cb_callback._whatif.tolerances import (
@@ -416,7 +417,7 @@ def _child_figures(c: ComponentRow, batch: int | None) -> tuple[float, float, in
             if isinstance(p, Mapping) and p.get("batch") == batch:
                 compiled = float(p.get("compiled_ms", math.nan))
                 same = p.get("eager_ms_same_rounds")
-                eager = float(same) if isinstance(same, (int, float)) and math.isfinite(same) else eager
+                eager = float(same) if finite(same) else eager
     elif c.details.get("median_batch") == batch:  # compiled on its one batch
         eager, compiled = _paired_eager(c), c.compiled_ms
     return eager, compiled, int(entry.get("calls", c.calls))
@@ -426,7 +427,7 @@ def _paired_eager(row: ComponentRow) -> float:
     """A compiled row's eager time from its what-if's rounds, else its ``total_ms``."""
     info = row.details.get("compile")
     same = info.get("eager_ms_same_rounds") if isinstance(info, Mapping) else None
-    return float(same) if isinstance(same, (int, float)) and math.isfinite(same) else row.total_ms
+    return float(same) if finite(same) else row.total_ms
 
 
 def compile_speedup(row: ComponentRow) -> float:

@@ -32,6 +32,7 @@ from typing import Any
 from torch import nn
 
 from cb_callback._engine.clocks.timing import Sample, record_timed, timed_seconds
+from cb_callback._report.finite import or_zero
 
 __all__ = ["Floor", "FloorModule", "is_at_floor", "measure_floor", "subtract_floor"]
 
@@ -69,10 +70,6 @@ class Floor:
     timed_s: float = 0.0
     fwd_iqr_ms: float = 0.0
     bwd_iqr_ms: float = 0.0
-
-
-def _or0(x: Any) -> float:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else 0.0
 
 
 def _iqr(values: list[float]) -> float:
@@ -113,11 +110,11 @@ def subtract_floor(values: dict[str, Any], floor: Floor, has_backward: bool) -> 
     at: list[str] = []
     if math.isfinite(raw_fwd):
         values["fwd_ms"] = max(raw_fwd - fwd, 0.0)
-        if raw_fwd - fwd <= floor.fwd_iqr_ms + _or0(values.get("fwd_iqr_ms")):
+        if raw_fwd - fwd <= floor.fwd_iqr_ms + or_zero(values.get("fwd_iqr_ms")):
             at.append("fwd")
     if math.isfinite(raw_bwd) and bwd:
         values["bwd_ms"] = max(raw_bwd - bwd, 0.0)
-        if raw_bwd - bwd <= floor.bwd_iqr_ms + _or0(values.get("bwd_iqr_ms")):
+        if raw_bwd - bwd <= floor.bwd_iqr_ms + or_zero(values.get("bwd_iqr_ms")):
             at.append("bwd")
     values["floor_ms"] = {
         "fwd": fwd, "bwd": bwd, "raw_fwd_ms": raw_fwd, "raw_bwd_ms": raw_bwd,

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from cb_callback._report.finite import is_nan
+
 __all__ = [
     "Sample",
     "SampleSet",
@@ -175,7 +177,7 @@ class Sample:
     @property
     def total_ms(self) -> float:
         """``fwd_ms + bwd_ms`` (a NaN backward counts 0)."""
-        return self.fwd_ms + (self.bwd_ms if self.bwd_ms == self.bwd_ms else 0.0)
+        return self.fwd_ms + (0.0 if is_nan(self.bwd_ms) else self.bwd_ms)
 
 
 @dataclass

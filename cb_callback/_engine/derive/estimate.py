@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
 from cb_callback._engine.clocks.floor import is_at_floor
+from cb_callback._report.finite import finite, or_zero
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.schema import Roofline
 
@@ -25,14 +24,6 @@ _NAN = float("nan")
 ROOF_NEAR = 0.25
 
 
-def _finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
-
-
-def _or0(x: float) -> float:
-    return x if _finite(x) else 0.0
-
-
 def derive(
     row: ComponentRow, peak_flops: float | None, peak_bandwidth: float | None, ceiling_bandwidth: float | None = None
 ) -> None:
@@ -51,18 +42,18 @@ def derive(
     TFLOP/s, GB/s, MFU, ``bw_util`` and ``bound`` stay NaN/``None`` (``intensity``, and the
     roof it puts the row under, need no time and are kept).
     """
-    if _finite(row.fwd_ms):
-        row.total_ms = row.fwd_ms + _or0(row.bwd_ms)
+    if finite(row.fwd_ms):
+        row.total_ms = row.fwd_ms + or_zero(row.bwd_ms)
     timed = not is_at_floor(row.details)
-    seconds = row.total_ms / 1e3 if timed and _finite(row.total_ms) and row.total_ms > 0 else _NAN
-    flops = _or0(row.fwd_flops) + _or0(row.bwd_flops) if _finite(row.fwd_flops) else _NAN
-    if _finite(flops) and _finite(seconds):
+    seconds = row.total_ms / 1e3 if timed and finite(row.total_ms) and row.total_ms > 0 else _NAN
+    flops = or_zero(row.fwd_flops) + or_zero(row.bwd_flops) if finite(row.fwd_flops) else _NAN
+    if finite(flops) and finite(seconds):
         row.tflops = flops / seconds / 1e12
         row.mfu = flops / seconds / peak_flops if peak_flops else _NAN
-    if _finite(row.bytes) and _finite(seconds):
+    if finite(row.bytes) and finite(seconds):
         row.gbps = row.bytes / seconds / 1e9
         row.bw_util = row.bytes / seconds / peak_bandwidth if peak_bandwidth else _NAN
-    if _finite(flops) and _finite(row.bytes) and row.bytes > 0:
+    if finite(flops) and finite(row.bytes) and row.bytes > 0:
         row.intensity = flops / row.bytes
         found = roofline(flops, row.bytes, seconds, peak_flops, ceiling_bandwidth or peak_bandwidth)
         if found is not None:
@@ -88,8 +79,8 @@ def roofline(
         return None
     ridge = peak_flops / bandwidth
     roof = "compute" if flops / nbytes >= ridge else "memory"
-    util = (flops / peak_flops if roof == "compute" else nbytes / bandwidth) / seconds if _finite(seconds) else _NAN
-    bound = None if not _finite(util) else roof if util >= ROOF_NEAR else "latency"
+    util = (flops / peak_flops if roof == "compute" else nbytes / bandwidth) / seconds if finite(seconds) else _NAN
+    bound = None if not finite(util) else roof if util >= ROOF_NEAR else "latency"
     return {"bound": bound, "roof": roof, "roof_util": util, "ridge": ridge, "bandwidth_gbps": bandwidth / 1e9}
 
 
@@ -137,8 +128,8 @@ def estimate_from_children(row: ComponentRow, children: list[ComponentRow]) -> b
         ``above_parent`` (:mod:`cb_callback._engine.derive.quality`).
     """
     children = [c for c in children if c.status != "not_run"]  # they cost nothing in the step
-    usable = [c for c in children if c.status in ("ok", "estimated") and _finite(c.fwd_ms)]
-    insitu = [c for c in children if c.details.get("as") == "insitu" and _finite(c.insitu_ms)]
+    usable = [c for c in children if c.status in ("ok", "estimated") and finite(c.fwd_ms)]
+    insitu = [c for c in children if c.details.get("as") == "insitu" and finite(c.insitu_ms)]
     if not usable and not insitu:
         row.status = "failed"
         row.error = _joined(row.error, "no child could be measured to estimate it")
@@ -147,16 +138,16 @@ def estimate_from_children(row: ComponentRow, children: list[ComponentRow]) -> b
     for name in ADDITIVE:
         vals = [(getattr(c, name), max(c.calls, 1)) for c in usable]
         vals += [(_insitu_value(c, name), max(c.calls, 1)) for c in insitu]
-        if any(_finite(v) for v, _ in vals):
-            setattr(row, name, sum(_or0(v) * k for v, k in vals) / divisor)
-    peaks = [c.peak_mem_mb for c in usable if _finite(c.peak_mem_mb)]
+        if any(finite(v) for v, _ in vals):
+            setattr(row, name, sum(or_zero(v) * k for v, k in vals) / divisor)
+    peaks = [c.peak_mem_mb for c in usable if finite(c.peak_mem_mb)]
     row.peak_mem_mb = max(peaks) if peaks else _NAN
     missing = [c.path for c in children if c not in usable and c not in insitu]
     row.status = "estimated"
     note = f"estimated from {len(usable) + len(insitu)} of {len(children)} children"
     if insitu:
         note += f" ({len(insitu)} in situ: their times inside the step, the census's FLOPs and bytes"
-        uncounted = [c.path for c in insitu if not _finite(c.fwd_flops)]
+        uncounted = [c.path for c in insitu if not finite(c.fwd_flops)]
         if uncounted:  # a shared module, a top whose census raised: its FLOPs and bytes are not in the sum
             note += f"; not counted by the census, so not in its FLOPs and bytes: {', '.join(uncounted[:3])}"
             note += "…" if len(uncounted) > 3 else ""

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import Any
 
+from cb_callback._report.finite import finite, is_nan, ratio
 from cb_callback._report.model import ComponentRow
 
 __all__ = ["PLANNED_PARTS", "derive_parts", "measured_split", "split_sources"]
@@ -41,17 +42,13 @@ __all__ = ["PLANNED_PARTS", "derive_parts", "measured_split", "split_sources"]
 PLANNED_PARTS = ("fwd_compute_ms", "fwd_comms_ms", "bwd_compute_ms", "bwd_comms_ms", "total_ms")
 
 
-def _finite(x: Any) -> TypeGuard[float]:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _comm_ms(row: ComponentRow, phase: str) -> float | None:
     """The time of the row's collectives in ``phase`` (``details["comm"]``), ``None`` if untimed."""
     table = row.details.get("comm")
     if not table:
         return 0.0 if row.comm_bytes == 0 else None
     times = [c.get("ms", math.nan) for c in table if c.get("phase") == phase]
-    if not all(_finite(t) for t in times):
+    if not all(finite(t) for t in times):
         return None
     return float(sum(times))
 
@@ -59,7 +56,7 @@ def _comm_ms(row: ComponentRow, phase: str) -> float | None:
 def _parts_sum(row: ComponentRow, key: str) -> float | None:
     """``key`` (``fwd_ms`` / ``bwd_ms``) summed over the row's parts when every part has it, else ``None``."""
     parts = [p for p in row.details.get("parts") or () if isinstance(p, Mapping)]
-    values = [v for p in parts if _finite(v := p.get(key))]
+    values = [v for p in parts if finite(v := p.get(key))]
     if not parts or len(values) != len(parts):
         return None
     return float(sum(values))
@@ -67,7 +64,7 @@ def _parts_sum(row: ComponentRow, key: str) -> float | None:
 
 def _difference(total: float, comm: float | None) -> float | None:
     """``total - comm``: what the timed runs spent outside waited collectives; ``None`` below zero or unknown."""
-    if not _finite(total) or comm is None:
+    if not finite(total) or comm is None:
         return None
     diff = total - comm
     return diff if diff >= 0 else None
@@ -98,8 +95,8 @@ def measured_split(row: ComponentRow) -> dict[str, float | None]:
         "fwd_compute_ms": fwd if fwd is not None else _difference(row.fwd_ms, fwd_comm),
         "fwd_comms_ms": fwd_comm,
         "bwd_compute_ms": bwd if bwd is not None else _difference(row.bwd_ms, bwd_comm),
-        "bwd_comms_ms": bwd_comm if _finite(row.bwd_ms) else None,
-        "total_ms": row.total_ms if _finite(row.total_ms) else None,
+        "bwd_comms_ms": bwd_comm if finite(row.bwd_ms) else None,
+        "total_ms": row.total_ms if finite(row.total_ms) else None,
     }
 
 
@@ -119,7 +116,7 @@ def split_sources(row: ComponentRow) -> dict[str, Any]:
         comm = _comm_ms(row, phase)
         if _parts_sum(row, part) is not None:
             out[key] = "measured"
-        elif _finite(total) and comm is not None:
+        elif finite(total) and comm is not None:
             out[key] = "derived"
             if total - comm < 0:
                 out["negative"][key] = total - comm
@@ -131,11 +128,11 @@ def split_sources(row: ComponentRow) -> dict[str, Any]:
 def _planned_split(planned: Mapping[str, Any]) -> dict[str, float | None]:
     """The planner's figures on the measured split: its input-dist comms in the forward comms and the total."""
     extra = planned.get("input_dist_comms_ms")
-    extra = float(extra) if _finite(extra) else 0.0
+    extra = float(extra) if finite(extra) else 0.0
     out: dict[str, float | None] = {}
     for key in PLANNED_PARTS:
         v = planned.get(key)
-        out[key] = float(v) + (extra if key in ("fwd_comms_ms", "total_ms") else 0.0) if _finite(v) else None
+        out[key] = float(v) + (extra if key in ("fwd_comms_ms", "total_ms") else 0.0) if finite(v) else None
     return out
 
 
@@ -145,7 +142,7 @@ def derive_parts(row: ComponentRow, peak_bandwidth: float | None) -> None:
         if not isinstance(part, dict):
             continue
         ms, nbytes = part.get("fwd_ms"), part.get("bytes")
-        if _finite(ms) and _finite(nbytes) and ms > 0:
+        if finite(ms) and finite(nbytes) and ms > 0:
             part["gbps"] = nbytes / (ms / 1e3) / 1e9
             part["bw_util"] = nbytes / (ms / 1e3) / peak_bandwidth if peak_bandwidth else None
     planned = row.details.get("planned")
@@ -162,8 +159,8 @@ def derive_parts(row: ComponentRow, peak_bandwidth: float | None) -> None:
         if "derived_negative" not in flags:
             flags.append("derived_negative")
     planned["planned_on_split"] = on_split
-    ratio: dict[str, float | None] = {}
+    ratios: dict[str, float | None] = {}
     for key in PLANNED_PARTS:
-        m, p = measured[key], on_split[key]
-        ratio[key] = m / p if m is not None and p else None
-    planned["ratio"] = ratio
+        r = ratio(measured[key], on_split[key])
+        ratios[key] = None if is_nan(r) else r
+    planned["ratio"] = ratios

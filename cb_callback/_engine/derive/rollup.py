@@ -10,18 +10,15 @@ from cb_callback._engine.derive.estimate import derive, estimate_from_children
 from cb_callback._engine.derive.parts import derive_parts
 from cb_callback._engine.derive.quality import inconsistent_pairs
 from cb_callback._hardware.peaks import Peaks, bandwidth_ceiling
+from cb_callback._report.finite import finite, or_zero
 from cb_callback._report.model import ComponentRow
 
-__all__ = ["derive_all", "estimate_parents", "fill_share", "nan0", "pairs_by_batch", "row_cost"]
+__all__ = ["derive_all", "estimate_parents", "fill_share", "pairs_by_batch", "row_cost"]
 
 
 def row_cost(row: ComponentRow) -> float:
     """``(fwd_ms + bwd_ms) × calls``: what a measured component costs over the step."""
-    return (nan0(row.fwd_ms) + nan0(row.bwd_ms)) * max(row.calls, 1)
-
-
-def nan0(x: float) -> float:
-    return x if math.isfinite(x) else 0.0
+    return (or_zero(row.fwd_ms) + or_zero(row.bwd_ms)) * max(row.calls, 1)
 
 
 def estimate_parents(nodes: list[Node], rows: dict[str, ComponentRow]) -> None:
@@ -79,7 +76,9 @@ def fill_share(
 def _share_by_batch(rows: Mapping[str, ComponentRow], per_batch: Mapping[str, Mapping[int, ComponentRow]]) -> None:
     def cost(r: ComponentRow) -> float:
         return (
-            (r.fwd_ms + nan0(r.bwd_ms)) * max(r.calls, 1) if r.status == "ok" and math.isfinite(r.fwd_ms) else math.nan
+            (r.fwd_ms + or_zero(r.bwd_ms)) * max(r.calls, 1)
+            if r.status == "ok" and math.isfinite(r.fwd_ms)
+            else math.nan
         )
 
     root = {b: cost(r) for b, r in per_batch[""].items()}
@@ -91,7 +90,7 @@ def _share_by_batch(rows: Mapping[str, ComponentRow], per_batch: Mapping[str, Ma
         counted = [b for b in root if b not in mine or mine[b].status == "ok"]
         whole = sum(root[b] for b in counted)
         if whole > 0:
-            row.share = sum(nan0(cost(mine[b])) for b in counted if b in mine) / whole
+            row.share = sum(or_zero(cost(mine[b])) for b in counted if b in mine) / whole
     by_parent: dict[str, list[ComponentRow]] = {}
     for row in rows.values():
         if row.parent is not None:
@@ -109,7 +108,9 @@ def pairs_by_batch(per_batch: Mapping[str, Mapping[int, ComponentRow]], n: int) 
     for b in range(n):
         mine = {path: rows[b] for path, rows in per_batch.items() if b in rows}
         medians = {
-            p: nan0(r.fwd_ms) + nan0(r.bwd_ms) for p, r in mine.items() if r.status == "ok" and math.isfinite(r.fwd_ms)
+            p: or_zero(r.fwd_ms) + or_zero(r.bwd_ms)
+            for p, r in mine.items()
+            if r.status == "ok" and math.isfinite(r.fwd_ms)
         }
         out += [pair for pair in inconsistent_pairs(mine, medians) if pair not in out]
     return out
@@ -131,7 +132,7 @@ def derive_all(rows: Iterable[ComponentRow], peaks: Peaks) -> None:
         own = row.details.get("bw_ceiling")  # ours, or one a plugin set
         own = own if isinstance(own, Mapping) else {}
         gbps = own.get("gbps")
-        roof = float(gbps) * 1e9 if isinstance(gbps, (int, float)) and math.isfinite(gbps) and gbps > 0 else None
+        roof = float(gbps) * 1e9 if finite(gbps) and gbps > 0 else None
         derive(row, peaks.flops, peaks.bandwidth, roof)
         if roof is not None and "roofline" in row.details:
             row.details["roofline"]["ceiling"] = own.get("level")

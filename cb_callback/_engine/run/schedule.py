@@ -31,6 +31,7 @@ from cb_callback._engine.selection.descend import (
 )
 from cb_callback._engine.selection.groups import take_row
 from cb_callback._engine.selection.triage import Plan
+from cb_callback._report.finite import is_nan
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.schema import Group, InSitu
 
@@ -637,10 +638,10 @@ def _group_details(info: dict[str, Any], rows: Mapping[str, ComponentRow]) -> Gr
     if info.get("share") is not None:
         out["insitu_share"] = info["share"]
     reps = [rows[r] for r in info["representatives"] if r in rows and rows[r].status == "ok"]
-    totals = [r.fwd_ms + (r.bwd_ms if r.bwd_ms == r.bwd_ms else 0.0) for r in reps]
+    totals = [r.fwd_ms + (0.0 if is_nan(r.bwd_ms) else r.bwd_ms) for r in reps]
     if len(totals) >= 2 and min(totals) > 0:
         spread = (max(totals) - min(totals)) / min(totals)
-        noise = sum(r.noise for r in reps if r.noise == r.noise)
+        noise = sum(r.noise for r in reps if not is_nan(r.noise))
         out["spread"] = spread
         out["agree"] = spread <= 2 * noise + 0.10
     return out
