@@ -471,9 +471,7 @@ def compare_components(
     sides = _place(reference, candidate, _as_inputs(inputs, reference), cfg, load_state)
     tensors, not_compared = _compare_numerics(sides, cfg, backward, rtol, atol, forward_context)
     report = _time_both(sides, cfg, forward_context)
-    rows = (report.row("reference"), report.row("candidate"))
-    s = sides
-    return Comparison(tensors, rows, report, s.loaded, s.missing, s.unused, not_compared, s.notes)
+    return sides.comparison(tensors, report, not_compared)
 
 
 def _checked_config(
@@ -519,6 +517,11 @@ class _Sides:
     missing: list[str]
     unused: list[str]
     notes: list[str]
+
+    def comparison(self, tensors: list[TensorComparison], report: Report, not_compared: dict[str, str]) -> Comparison:
+        """The :class:`Comparison` of these sides: the compared ``tensors`` and both rows of ``report``."""
+        rows = (report.row("reference"), report.row("candidate"))
+        return Comparison(tensors, rows, report, self.loaded, self.missing, self.unused, not_compared, self.notes)
 
 
 def _place(
