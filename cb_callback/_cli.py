@@ -7,7 +7,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cb_callback._report.diff import compare_reports, format_diff
 from cb_callback._report.discover import (
@@ -20,6 +20,9 @@ from cb_callback._report.discover import (
 )
 from cb_callback._report.listing import format_listing, select_rows
 from cb_callback._report.model import COLUMNS, Report
+
+if TYPE_CHECKING:
+    from cb_callback._whatif.snapshot import Snapshot
 
 __all__ = ["main"]
 
@@ -39,12 +42,22 @@ _STEP_HELP = (
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The ``cb`` parser: one sub-command each for ``replay``, ``report``, ``diff`` and ``compare``."""
     parser = argparse.ArgumentParser(
         prog="cb",
         description="cb_callback component benchmark: replay snapshots, print and compare reports.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _add_replay(sub)
+    _add_report(sub)
+    _add_diff(sub)
+    _add_compare(sub)
+    return parser
+
+
+def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``cb replay``: profile a snapshot offline."""
     replay = sub.add_parser(
         "replay",
         help="profile a snapshot (written by ComponentBenchmark(mode='fork')) offline",
@@ -82,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
         "block does not run",
     )
 
+
+def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``cb report``: print a saved report's summary and hotspots (or a listing)."""
     report = sub.add_parser(
         "report",
         help="print a saved report's summary and hotspots",
@@ -102,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--html", action="store_true", help="(re)write report.html beside report.json")
     _add_selection(report, sorts=_REPORT_SORTS, default_sort=None)
 
+
+def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``cb diff``: compare two saved reports component by component."""
     diff = sub.add_parser(
         "diff",
         help="compare two saved reports component by component",
@@ -122,6 +141,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_selection(diff, sorts=_DIFF_SORTS, default_sort="change")
 
+
+def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``cb compare``: check a re-authored component against a snapshot's component."""
     compare = sub.add_parser(
         "compare",
         help="check a re-authored component against a snapshot's component (numerics and speed)",
@@ -146,7 +168,6 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--script", type=Path, default=None, help="the training script defining the model's class (as for cb replay)"
     )
-    return parser
 
 
 def _add_compile(p: argparse.ArgumentParser, top: bool) -> None:
@@ -288,19 +309,39 @@ def _device(args: argparse.Namespace, snapshot: Path) -> str | None:
     return None
 
 
-def _replay(args: argparse.Namespace) -> int:
+def _open_snapshot(args: argparse.Namespace) -> tuple[Snapshot, Path, str] | None:
+    """The snapshot ``replay`` / ``compare`` take, its directory and where it runs; ``None`` after a line on stderr.
+
+    Finds the snapshot (:func:`_snapshot_dir`), picks the device (:func:`_device`),
+    says on stdout that it loads it (and that snapshots are pickles), and loads it
+    onto that device with ``--script``'s module for a class in ``__main__``.
+    """
     from cb_callback._whatif.snapshot import SnapshotError, load_snapshot
 
     directory = _snapshot_dir(args)
     if directory is None:
-        return 2
+        return None
     device = _device(args, directory)
     if device is None:
-        return 2
-    out = args.out if args.out is not None else directory / "replay"
+        return None
     print(f"cb: loading {directory} ({_TRUST.lower()})")
     try:
         snapshot = load_snapshot(directory, map_location=device, script=args.script)
+    except (SnapshotError, ValueError) as e:
+        print(f"cb: error: {e}", file=sys.stderr)
+        return None
+    return snapshot, directory, device
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from cb_callback._whatif.snapshot import SnapshotError
+
+    opened = _open_snapshot(args)
+    if opened is None:
+        return 2
+    snapshot, directory, device = opened
+    out = args.out if args.out is not None else directory / "replay"
+    try:
         options = _compile_options(args) | ({"descend": args.descend} if args.descend else {})
         cfg = snapshot.benchmark_config(device=device, **options)  # an invalid option fails here, not mid-way
     except (SnapshotError, ValueError) as e:
@@ -485,17 +526,13 @@ def _compare_cmd(args: argparse.Namespace) -> int:
     from torch import nn
 
     from cb_callback._whatif.compare import compare_components
-    from cb_callback._whatif.snapshot import SnapshotError, load_snapshot, precision_context
+    from cb_callback._whatif.snapshot import SnapshotError, precision_context
 
-    directory = _snapshot_dir(args)
-    if directory is None:
+    opened = _open_snapshot(args)
+    if opened is None:
         return 2
-    device = _device(args, directory)
-    if device is None:
-        return 2
-    print(f"cb: loading {directory} ({_TRUST.lower()})")
+    snapshot, _, device = opened
     try:
-        snapshot = load_snapshot(directory, map_location=device, script=args.script)
         factory = _candidate_factory(args.candidate)
         cfg = snapshot.benchmark_config(device=device, output_dir=None, reporters=(), **_compile_options(args))
     except (SnapshotError, ValueError) as e:

@@ -227,20 +227,9 @@ def resolve_peaks(
         ``"fp64"`` a float64 GEMM, and ``"fp8"`` is unknown. Other device types
         are unknown. Overrides are never measured or looked up.
     """
-    keyless = dtype not in DTYPES
-    if keyless and not _torch_dtype_name(dtype):
-        raise ValueError(
-            f"dtype={dtype!r} is not a peak key; use one of {DTYPES} (or a torch dtype's full "
-            "name, e.g. 'torch.int8', for one without a peak)"
-        )
-    _check_override("peak_flops", peak_flops)
-    _check_override("peak_bandwidth", peak_bandwidth)
+    keyless = _checked_request(dtype, peak_flops, peak_bandwidth)
     device = torch.device(device)
-    found = _Found(flops=peak_flops, bandwidth=peak_bandwidth)
-    if peak_flops is not None:
-        found.flops_source, found.flops_ref = "user", "user override"
-    if peak_bandwidth is not None:
-        found.bandwidth_source, found.bandwidth_ref = "user", "user override"
+    found = _overridden(peak_flops, peak_bandwidth)
     needs_flops, needs_bandwidth = peak_flops is None, peak_bandwidth is None
     if keyless and needs_flops:
         _warn_once(
@@ -249,6 +238,56 @@ def resolve_peaks(
             "MFU is left empty; pass peak_flops=<FLOP/s> to set it.",
         )
         needs_flops = False
+    name = _resolve_on_device(found, device, dtype, needs_flops, needs_bandwidth)
+    return Peaks(
+        device_name=name,
+        dtype=dtype,
+        flops=found.flops,
+        bandwidth=found.bandwidth,
+        flops_source=found.flops_source,
+        bandwidth_source=found.bandwidth_source,
+        reference=f"flops: {found.flops_ref}; bandwidth: {found.bandwidth_ref}",
+        verified=found.verified,
+        levels=found.levels,
+        calibration=found.notes,
+    )
+
+
+def _checked_request(dtype: str, peak_flops: float | None, peak_bandwidth: float | None) -> bool:
+    """Whether ``dtype`` is keyless (a torch dtype's full name, no peak key), once it and the overrides are valid.
+
+    Raises:
+        ValueError: ``dtype`` neither a peak key nor a torch dtype's full name, or a non-positive override.
+    """
+    keyless = dtype not in DTYPES
+    if keyless and not _torch_dtype_name(dtype):
+        raise ValueError(
+            f"dtype={dtype!r} is not a peak key; use one of {DTYPES} (or a torch dtype's full "
+            "name, e.g. 'torch.int8', for one without a peak)"
+        )
+    _check_override("peak_flops", peak_flops)
+    _check_override("peak_bandwidth", peak_bandwidth)
+    return keyless
+
+
+def _overridden(peak_flops: float | None, peak_bandwidth: float | None) -> _Found:
+    """The peaks the user set (source ``"user"``), the others still unknown."""
+    found = _Found(flops=peak_flops, bandwidth=peak_bandwidth)
+    if peak_flops is not None:
+        found.flops_source, found.flops_ref = "user", "user override"
+    if peak_bandwidth is not None:
+        found.bandwidth_source, found.bandwidth_ref = "user", "user override"
+    return found
+
+
+def _resolve_on_device(
+    found: _Found, device: torch.device, dtype: str, needs_flops: bool, needs_bandwidth: bool
+) -> str:
+    """Fill what ``found`` still needs by the device's type: CUDA from the tables, CPU measured, others unknown.
+
+    Returns:
+        The device's name (the CUDA device name, the CPU's, else ``str(device)``).
+    """
     if device.type == "cuda":
         name = _cuda_device_name(device)
         _from_table(found, name, dtype, needs_flops, needs_bandwidth)
@@ -263,18 +302,7 @@ def resolve_peaks(
                 f"cb_callback: no peaks are known for {device.type!r} devices, so MFU and "
                 f"bandwidth utilisation are left empty; {_fix_hint()}.",
             )
-    return Peaks(
-        device_name=name,
-        dtype=dtype,
-        flops=found.flops,
-        bandwidth=found.bandwidth,
-        flops_source=found.flops_source,
-        bandwidth_source=found.bandwidth_source,
-        reference=f"flops: {found.flops_ref}; bandwidth: {found.bandwidth_ref}",
-        verified=found.verified,
-        levels=found.levels,
-        calibration=found.notes,
-    )
+    return name
 
 
 @dataclass

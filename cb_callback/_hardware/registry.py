@@ -197,8 +197,26 @@ def register_device_peaks(
     where = f"register_device_peaks({name!r})"
     token = _checked_entry(where, name, model, flops, bandwidth, source, form, memory_gb, default_form, verified)
 
+    spec = _new_spec(name, token, flops, bandwidth, source, verified, form, memory_gb, default_form)
+    _refuse_duplicate(where, spec)
+    _REGISTERED.append(spec)
+    return spec
+
+
+def _new_spec(
+    name: str,
+    token: str,
+    flops: Mapping[str, float],
+    bandwidth: float,
+    source: str,
+    verified: bool,
+    form: str | None,
+    memory_gb: int | None,
+    default_form: bool,
+) -> GpuSpec:
+    """The checked arguments as a :class:`GpuSpec`: figures as floats, a peak key left out ``None``."""
     figures = {key: float(flops[key]) if key in flops else None for key in DTYPES}
-    spec = GpuSpec(
+    return GpuSpec(
         name=name,
         model=token,
         form=form,
@@ -214,8 +232,16 @@ def register_device_peaks(
         verified=verified,
         fp64=figures["fp64"],
     )
+
+
+def _refuse_duplicate(where: str, spec: GpuSpec) -> None:
+    """Raise unless ``spec`` is new: no entry, built-in or registered, has its name or overlaps it.
+
+    Raises:
+        ValueError: naming the first such entry (built-in ones first, then in registration order).
+    """
     for existing in (*GPU_SPECS, *_REGISTERED):
-        if existing.name.lower() == name.lower():
+        if existing.name.lower() == spec.name.lower():
             raise ValueError(f"{where}: the {_describe(existing)} already has this name")
         if overlap(existing, spec):
             raise ValueError(
@@ -225,5 +251,3 @@ def register_device_peaks(
                 "tells them apart, or pass peak_flops=<FLOP/s> / peak_bandwidth=<bytes/s> to override a "
                 "built-in entry's figures"
             )
-    _REGISTERED.append(spec)
-    return spec

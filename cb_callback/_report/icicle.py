@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from matplotlib import colormaps
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Normalize, to_rgba
+from matplotlib.colors import Colormap, Normalize, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.patches import Patch, Rectangle
@@ -284,6 +285,21 @@ def icicle_figure(report: Report, metric: str = "mfu") -> Figure:
         ax.text(0.5, 0.5, "no measured components", ha="center", va="center", fontsize=14)
         return fig
 
+    norm, cmap = _colour_key(fig, report, rects, label, scale, cmap_name)
+    levels = max(r.depth for r in rects) + 1
+    _depth_axes(ax, levels)
+    _draw_bars(ax, canvas, report, rects, norm, cmap, scale, column, levels)
+    return fig
+
+
+def _colour_key(
+    fig: Figure, report: Report, rects: Sequence[IcicleRect], label: str, scale: float, cmap_name: str
+) -> tuple[Normalize, Colormap]:
+    """Add the colorbar (its range :func:`colour_range`, extended when a bar saturates) and the legend.
+
+    Returns:
+        ``(norm, cmap)``: the bars' colour is ``cmap(norm(value * scale))``.
+    """
     low, high = colour_range(report, rects, scale)
     norm = Normalize(vmin=low, vmax=high)
     cmap = colormaps[cmap_name]
@@ -307,8 +323,11 @@ def icicle_figure(report: Report, metric: str = "mfu") -> Figure:
         handles=legend, loc="lower left", bbox_to_anchor=(_AXES_BOX[0], _AXES_BOX[1] + _AXES_BOX[3] + 0.005),
         ncols=2, frameon=False, fontsize=_FONT_SIZE + 1, borderaxespad=0.0,
     )  # fmt: skip
+    return norm, cmap
 
-    levels = max(r.depth for r in rects) + 1
+
+def _depth_axes(ax: Axes, levels: int) -> None:
+    """Shares of the root's time across (as percent), one labelled row per depth down, no top or right spine."""
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(levels, 0.0)
     ax.set_yticks([d + 0.5 for d in range(levels)], [f"depth {d}" for d in range(levels)])
@@ -317,6 +336,19 @@ def icicle_figure(report: Report, metric: str = "mfu") -> Figure:
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
 
+
+def _draw_bars(
+    ax: Axes,
+    canvas: FigureCanvasAgg,
+    report: Report,
+    rects: Sequence[IcicleRect],
+    norm: Normalize,
+    cmap: Colormap,
+    scale: float,
+    column: str,
+    levels: int,
+) -> None:
+    """One rectangle per bar, tagged with its path, and its label where it fits (:func:`fit_label`)."""
     axes_px = _AXES_BOX[2] * _FIGSIZE[0] * _DPI
     bar_px = _AXES_BOX[3] * _FIGSIZE[1] * _DPI / levels * (1.0 - _ROW_GAP)
     lines_fit = int((bar_px - _PAD_PX) // _LINE_PX)
@@ -341,7 +373,6 @@ def icicle_figure(report: Report, metric: str = "mfu") -> Figure:
             ha="center", va="center", fontsize=_FONT_SIZE, clip_on=True,
             color="white" if _is_dark(color) else "black",
         )  # fmt: skip
-    return fig
 
 
 def save_icicles(

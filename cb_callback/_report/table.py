@@ -234,40 +234,80 @@ def format_summary(report: Report, top: int = 10) -> str:
         measured-vs-planned split follow
         (:func:`cb_callback._report.distributed.distributed_lines`).
     """
-    lines = ["cb_callback component benchmark", *_metadata_lines(report.metadata)]
+    multi = _multi(report)
+    lines = [
+        "cb_callback component benchmark",
+        *_metadata_lines(report.metadata),
+        _counts_line(report),
+        *_triage_lines(report.metadata),
+        *_insitu_lines(report),
+        *_budget_lines(report.metadata),
+        *_batches_lines(report, multi),
+        *_component_tables(report, top, multi),
+        *_error_lines(report),
+    ]
+    what_if = compile_lines(report)
+    if what_if:
+        lines += ["", *what_if]
+    lines += distributed_lines(report)
+    reduced = reduced_lines(report)
+    lines += ["", *reduced] if reduced else []
+    lines += quality_lines(report)
+    return "\n".join(lines)
+
+
+def _counts_line(report: Report) -> str:
+    """``components: N (n ok, n failed, ...)``: the rows by status, in :data:`STATUSES` order, unknown ones after."""
     counts = Counter(r.status for r in report.rows)
     order = [s for s in STATUSES if counts[s]] + sorted(s for s in counts if s not in STATUSES)
-    lines.append(
-        f"components: {len(report.rows)}" + (" (" + ", ".join(f"{counts[s]} {s}" for s in order) + ")" if order else "")
+    return f"components: {len(report.rows)}" + (
+        " (" + ", ".join(f"{counts[s]} {s}" for s in order) + ")" if order else ""
     )
 
-    triage = report.metadata.get("triage")
-    if isinstance(triage, dict):
-        left = ((report.metadata.get("cost") or {}).get("budget") or {}).get("replays_left") or 0
-        planned = triage.get("replayed")
-        replayed = f"{planned} to replay, {left} of them left by budget_s" if left else f"{planned} replayed"
-        lines.append(
-            f"triage (in situ): {replayed}, {triage.get('copied')} taken from a "
-            f"representative ({triage.get('groups')} {'group' if triage.get('groups') == 1 else 'groups'} of "
-            "repeated structure), "
-            f"{triage.get('not_descended')} not descended into"
-        )
+
+def _triage_lines(metadata: dict[str, Any]) -> list[str]:
+    """The in-situ triage's line (replayed, copied from a representative, not descended into); none without one."""
+    triage = metadata.get("triage")
+    if not isinstance(triage, dict):
+        return []
+    left = ((metadata.get("cost") or {}).get("budget") or {}).get("replays_left") or 0
+    planned = triage.get("replayed")
+    replayed = f"{planned} to replay, {left} of them left by budget_s" if left else f"{planned} replayed"
+    return [
+        f"triage (in situ): {replayed}, {triage.get('copied')} taken from a "
+        f"representative ({triage.get('groups')} {'group' if triage.get('groups') == 1 else 'groups'} of "
+        "repeated structure), "
+        f"{triage.get('not_descended')} not descended into"
+    ]
+
+
+def _insitu_lines(report: Report) -> list[str]:
+    """The line on the rows kept with the step's own numbers (not replayed); none without such rows."""
     insitu = [r for r in report.rows if r.details.get("as") == "insitu"]
-    if insitu:
-        counted = sum(1 for r in insitu if (r.details.get("insitu") or {}).get("counted") == "census")
-        backward = sum(1 for r in insitu if finite(bwd := (r.details.get("insitu") or {}).get("bwd_ms")) and bwd >= 0)
-        lines.append(
-            f"in situ: {len(insitu)} rows not replayed keep the step's own numbers (skipped (in situ): "
-            f"insitu_ms; the backward in the step on {backward} of them (details['insitu']['bwd_ms']); "
-            f"FLOPs and bytes from the census on {counted}; no isolated time or memory)"
-        )
-    lines += _budget_lines(report.metadata)
-    multi = _multi(report)
-    if multi:
-        lines.append(
-            f"batches: {report.metadata['batches']} (each row is its median batch by fwd + bwd; "
-            f"{P90_HEADER}: the 90th percentile of its per-batch fwd + bwd)"
-        )
+    if not insitu:
+        return []
+    counted = sum(1 for r in insitu if (r.details.get("insitu") or {}).get("counted") == "census")
+    backward = sum(1 for r in insitu if finite(bwd := (r.details.get("insitu") or {}).get("bwd_ms")) and bwd >= 0)
+    return [
+        f"in situ: {len(insitu)} rows not replayed keep the step's own numbers (skipped (in situ): "
+        f"insitu_ms; the backward in the step on {backward} of them (details['insitu']['bwd_ms']); "
+        f"FLOPs and bytes from the census on {counted}; no isolated time or memory)"
+    ]
+
+
+def _batches_lines(report: Report, multi: bool) -> list[str]:
+    """With several captured batches, the ``batches:`` line saying what a row and :data:`P90_HEADER` are."""
+    if not multi:
+        return []
+    return [
+        f"batches: {report.metadata['batches']} (each row is its median batch by fwd + bwd; "
+        f"{P90_HEADER}: the 90th percentile of its per-batch fwd + bwd)"
+    ]
+
+
+def _component_tables(report: Report, top: int, multi: bool) -> list[str]:
+    """The ``whole model:`` table (the roots) and the ``top`` hotspots' table, each after a blank line."""
+    lines: list[str] = []
     header = _with_p90(list(SUMMARY_HEADERS), None, multi)
     roots = _roots(report)
     if roots:
@@ -290,25 +330,25 @@ def format_summary(report: Report, top: int = 10) -> str:
             + "):",
             *_aligned(header, [_with_p90(_hot_cells(r, n, share, calls), r, multi) for r, n, share, calls in hot]),
         ]
+    return lines
 
-    # Only ``error`` counts: a row that has just a note is a normal container, not a failure.
-    # An ``ok`` row with an error was measured on some batches and failed on others.
+
+def _error_lines(report: Report) -> list[str]:
+    """``errors:`` and one line per row holding an ``error``, cut to :data:`_ERROR_CHARS`; none without such rows.
+
+    Only ``error`` counts: a row that has just a note is a normal container, not a
+    failure. An ``ok`` row with an error was measured on some batches and failed on others.
+    """
     troubled = [r for r in report.rows if r.status in ("failed", "estimated", "ok") and r.error]
-    if troubled:
-        lines += ["", "errors:"]
-        for r in troubled:
-            error = " ".join(str(r.error).split())
-            if len(error) > _ERROR_CHARS:
-                error = error[: _ERROR_CHARS - 3] + "..."
-            lines.append(f"  {_path_label(r)} [{r.status}]: {error}")
-    what_if = compile_lines(report)
-    if what_if:
-        lines += ["", *what_if]
-    lines += distributed_lines(report)
-    reduced = reduced_lines(report)
-    lines += ["", *reduced] if reduced else []
-    lines += quality_lines(report)
-    return "\n".join(lines)
+    if not troubled:
+        return []
+    lines = ["", "errors:"]
+    for r in troubled:
+        error = " ".join(str(r.error).split())
+        if len(error) > _ERROR_CHARS:
+            error = error[: _ERROR_CHARS - 3] + "..."
+        lines.append(f"  {_path_label(r)} [{r.status}]: {error}")
+    return lines
 
 
 def _saved(r: ComponentRow) -> tuple[int, float]:

@@ -467,12 +467,71 @@ def compare_components(
         they cannot see fusion with the neighbours in the real model, which is
         often why a component is re-authored.
     """
+    cfg = _checked_config(reference, candidate, config, options, backward)
+    sides = _place(reference, candidate, _as_inputs(inputs, reference), cfg, load_state)
+    tensors, not_compared = _compare_numerics(sides, cfg, backward, rtol, atol, forward_context)
+    report = _time_both(sides, cfg, forward_context)
+    return sides.comparison(tensors, report, not_compared)
+
+
+def _checked_config(
+    reference: nn.Module,
+    candidate: nn.Module,
+    config: BenchmarkConfig | None,
+    options: dict[str, Any],
+    backward: bool,
+) -> BenchmarkConfig:
+    """The comparison's config (``config`` with ``options`` and ``backward``), after checking both are modules.
+
+    Raises:
+        ValueError: an invalid option, or ``reference`` or ``candidate`` not an ``nn.Module``.
+    """
     base = config or BenchmarkConfig()
     cfg = base.replace(**options) if options else base
     cfg = cfg.replace(backward=backward)
     if not isinstance(reference, nn.Module) or not isinstance(candidate, nn.Module):
         raise ValueError("reference and candidate must be nn.Modules")
-    captured = _as_inputs(inputs, reference)
+    return cfg
+
+
+@dataclass
+class _Sides:
+    """Both modules on the comparison's device and the captured call moved there.
+
+    Attributes:
+        reference: the reference (a copy when it had to move to ``device``).
+        candidate: the copy of the candidate, holding the reference's state.
+        captured: the captured call, its arguments on ``device``.
+        device: where both run.
+        loaded: candidate keys loaded from the reference (empty with ``load_state``).
+        missing: candidate keys not loaded.
+        unused: reference keys the candidate did not take.
+        notes: lines for the comparison's summary, appended to by later steps.
+    """
+
+    reference: nn.Module
+    candidate: nn.Module
+    captured: ComponentInputs
+    device: torch.device
+    loaded: list[str]
+    missing: list[str]
+    unused: list[str]
+    notes: list[str]
+
+    def comparison(self, tensors: list[TensorComparison], report: Report, not_compared: dict[str, str]) -> Comparison:
+        """The :class:`Comparison` of these sides: the compared ``tensors`` and both rows of ``report``."""
+        rows = (report.row("reference"), report.row("candidate"))
+        return Comparison(tensors, rows, report, self.loaded, self.missing, self.unused, not_compared, self.notes)
+
+
+def _place(
+    reference: nn.Module,
+    candidate: nn.Module,
+    captured: ComponentInputs,
+    cfg: BenchmarkConfig,
+    load_state: Callable[[nn.Module, nn.Module], Any] | None,
+) -> _Sides:
+    """Move the reference (a copy) to the config's device, copy the candidate there, load its state, move the inputs."""
     device = torch.device(cfg.device) if cfg.device is not None else model_device(reference)
     if model_device(reference) != device:
         reference = copy.deepcopy(reference).to(device)
@@ -488,11 +547,29 @@ def compare_components(
         loaded, missing, unused = _load_state(reference, cand)
     args, kwargs = to_device((captured.args, captured.kwargs), device)
     captured = dataclasses.replace(captured, args=tuple(args), kwargs=dict(kwargs))
+    return _Sides(reference, cand, captured, device, loaded, missing, unused, notes)
 
-    params, not_compared = _shared_parameters(reference, cand, backward)
+
+def _compare_numerics(
+    sides: _Sides,
+    cfg: BenchmarkConfig,
+    backward: bool,
+    rtol: float | None,
+    atol: float | None,
+    forward_context: Callable[[], AbstractContextManager[Any]] | None,
+) -> tuple[list[TensorComparison], dict[str, str]]:
+    """Run both sides seeded and compare their outputs, then (when the call ran with grad) their gradients.
+
+    Returns:
+        ``(tensors, not_compared)``: the compared tensors, and the parameters whose
+        gradients are not compared with why (:func:`_shared_parameters`). A call
+        captured without grad adds a note to ``sides.notes``.
+    """
+    params, not_compared = _shared_parameters(sides.reference, sides.candidate, backward)
+    captured, device = sides.captured, sides.device
     # Shapes that differ are compared as a mismatch: gradients w.r.t. each side's own parameter.
-    ref_run, gouts = _run(reference, captured, device, cfg.seed, backward, params, None, forward_context)
-    cand_run, _ = _run(cand, captured, device, cfg.seed, backward, params, gouts, forward_context)
+    ref_run, gouts = _run(sides.reference, captured, device, cfg.seed, backward, params, None, forward_context)
+    cand_run, _ = _run(sides.candidate, captured, device, cfg.seed, backward, params, gouts, forward_context)
 
     tensors = _compare_outputs(ref_run, cand_run, rtol, atol)
     grad_ran = backward and captured.grad_enabled
@@ -502,16 +579,20 @@ def compare_components(
         for n in params:
             tensors.append(_compare(f"grad[{n}]", ref_run.param_grads[n], cand_run.param_grads[n], rtol, atol))
     elif backward:
-        notes.append("the captured call ran without grad (no_grad): outputs compared only")
+        sides.notes.append("the captured call ran without grad (no_grad): outputs compared only")
+    return tensors, not_compared
 
-    report = profile_captured(
-        _Pair(reference, cand),
-        {"reference": captured, "candidate": captured},
+
+def _time_both(
+    sides: _Sides, cfg: BenchmarkConfig, forward_context: Callable[[], AbstractContextManager[Any]] | None
+) -> Report:
+    """Time both sides in one engine run (children of one root, on the same captured call)."""
+    return profile_captured(
+        _Pair(sides.reference, sides.candidate),
+        {"reference": sides.captured, "candidate": sides.captured},
         config=cfg.replace(max_depth=1, include=(), exclude=()),
         forward_context=forward_context,
     )
-    rows = (report.row("reference"), report.row("candidate"))
-    return Comparison(tensors, rows, report, loaded, missing, unused, not_compared, notes)
 
 
 def _shared_parameters(reference: nn.Module, candidate: nn.Module, backward: bool) -> tuple[list[str], dict[str, str]]:

@@ -148,28 +148,13 @@ def compile_what_if(
         if not items:
             raise ValueError("nothing to compile: no measured batch")
         first = items[0].replay
-        dynamo.reset()
-        try:
-            info.update(explain_breaks(first))
-        except Exception as e:  # explain is a diagnostic: the what-if goes on without it
-            info["explain_error"] = _error_text(e)
-        dynamo.reset()
+        _explain_into(info, first)
         limit.enter_context(_recompile_limit(len(items)))
         compiled_fn = torch.compile(first.module, **options)
         runs, per, agree = _compile_and_warm(items, compiled_fn, sampler, config)
         warm = _unique_graphs()
         info["compile_s"], info["graphs"] = per[0]["compile_s"], per[0]["graphs"]
-        sets = interleave(
-            [*(i.eager for i in items), *runs],
-            budgets_s=[i.budget_s for i in items] * 2,
-            rounds=config.rounds,
-            min_repeats=config.min_repeats,
-            max_repeats=config.max_repeats,
-            canary=canary,
-        )
-        for s in sets:
-            if s.error is not None:
-                raise s.error
+        sets = _timed_rounds(items, runs, config, canary)
         info["recompiles"] = sum(p["graphs"] for p in per[1:]) + _unique_graphs() - warm
         compiled_ms = _report_batch(info, per, agree, sets, config.backward, report_batch)
         if len(items) > 1:
@@ -183,6 +168,43 @@ def compile_what_if(
     finally:
         limit.close()
         dynamo.reset()
+
+
+def _explain_into(info: dict[str, Any], first: Replay) -> None:
+    """Put :func:`explain_breaks` of ``first`` into ``info`` (else ``explain_error``), dynamo reset before and after."""
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+    try:
+        info.update(explain_breaks(first))
+    except Exception as e:  # explain is a diagnostic: the what-if goes on without it
+        info["explain_error"] = _error_text(e)
+    dynamo.reset()
+
+
+def _timed_rounds(
+    items: Sequence[WhatIfInput],
+    runs: Sequence[Callable[[], Sample]],
+    config: BenchmarkConfig,
+    canary: Callable[[], float] | None,
+) -> list[SampleSet]:
+    """Every batch's eager runs, then its compiled ``runs``, sampled in the same interleaved rounds.
+
+    Raises:
+        Exception: the first error a sampled run raised.
+    """
+    sets = interleave(
+        [*(i.eager for i in items), *runs],
+        budgets_s=[i.budget_s for i in items] * 2,
+        rounds=config.rounds,
+        min_repeats=config.min_repeats,
+        max_repeats=config.max_repeats,
+        canary=canary,
+    )
+    for s in sets:
+        if s.error is not None:
+            raise s.error
+    return sets
 
 
 def _compile_and_warm(

@@ -363,6 +363,22 @@ def save_snapshot(
         "precision": precision,
         "metadata": meta,
     }
+    _write_pickle(out, payload, model)
+    description = _description(model, batches, cfg, captured_batch_size, precision, meta)
+    try:
+        (out / META_FILE).write_text(json.dumps(description, indent=1, default=str))
+    except OSError as e:
+        raise _with_path(e, out / META_FILE) from e
+    return out
+
+
+def _write_pickle(out: Path, payload: dict[str, Any], model: nn.Module) -> None:
+    """``torch.save`` the payload into ``snapshot.pt.tmp``, then move it onto ``snapshot.pt``.
+
+    Raises:
+        SnapshotError: something in the payload cannot be pickled (naming the model's class).
+        OSError: the file cannot be written, naming it; the partial ``.tmp`` is removed.
+    """
     tmp = out / (SNAPSHOT_FILE + ".tmp")
     try:
         with open(tmp, "wb") as f:  # a Python file: a failed write raises its OSError (ENOSPC ...)
@@ -381,10 +397,21 @@ def save_snapshot(
             "functions), or use mode='pause'."
         ) from e
     tmp.replace(out / SNAPSHOT_FILE)
-    description = {
+
+
+def _description(
+    model: nn.Module,
+    batches: Sequence[Mapping[str, ComponentInputs]],
+    cfg: BenchmarkConfig,
+    captured_batch_size: int | None,
+    precision: str | None,
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """``snapshot.json``'s content: what was captured, when, with which torch and options, from which script."""
+    return {
         "format": FORMAT,
         "model_class": _class_path(model),
-        "components_captured": len(calls),
+        "components_captured": len(batches[0]),
         "batches": len(batches),
         "captured_batch_size": captured_batch_size,
         "precision": precision,
@@ -395,11 +422,6 @@ def save_snapshot(
         **_main_script(),
         "warning": "snapshot.pt is a pickle: only load snapshots you trust.",
     }
-    try:
-        (out / META_FILE).write_text(json.dumps(description, indent=1, default=str))
-    except OSError as e:
-        raise _with_path(e, out / META_FILE) from e
-    return out
 
 
 def read_description(directory: str | Path) -> dict[str, Any]:
@@ -546,6 +568,23 @@ def load_snapshot(
         can run arbitrary code, and may run the training script's top level: only
         load snapshots you trust.
     """
+    path = _snapshot_file(directory, map_location)
+    description = read_description(path.parent)
+    model_class = description.get("model_class", "the model's class")
+    main = _MainScript(description, script)
+    if script is not None or str(model_class).startswith("__main__."):
+        main.load()
+    payload = _unpickle(path, map_location, main, model_class)
+    return _from_payload(path, payload)
+
+
+def _snapshot_file(directory: str | Path, map_location: str | torch.device | None) -> Path:
+    """The ``snapshot.pt`` of ``directory`` (or ``directory`` itself), once it exists and ``map_location`` is here.
+
+    Raises:
+        SnapshotError: no such file.
+        ValueError: ``map_location`` is a device this machine does not have.
+    """
     path = Path(directory)
     if path.is_dir():
         path = path / SNAPSHOT_FILE
@@ -553,21 +592,26 @@ def load_snapshot(
         raise SnapshotError(f"no snapshot at {path}: expected a directory with {SNAPSHOT_FILE}")
     if isinstance(map_location, (str, torch.device)) and (problem := device_problem(map_location)) is not None:
         raise ValueError(f"map_location={str(map_location)!r}: {problem}")
-    description = read_description(path.parent)
-    model_class = description.get("model_class", "the model's class")
-    main = _MainScript(description, script)
-    if script is not None or str(model_class).startswith("__main__."):
-        main.load()
+    return path
+
+
+def _unpickle(path: Path, map_location: str | torch.device | None, main: _MainScript, model_class: Any) -> Any:
+    """``torch.load`` of ``path`` with ``__main__`` as the training script, which is imported on a first miss.
+
+    Raises:
+        SnapshotError: a class cannot be imported, the file is truncated or not a
+            snapshot, or ``torch.load`` failed otherwise (each message names ``path``).
+    """
     try:
         try:
             with main.as_main():
-                payload = torch.load(path, map_location=map_location, weights_only=False)
+                return torch.load(path, map_location=map_location, weights_only=False)
         except AttributeError as e:
             if main.loaded is not None or main.already_main() or "__main__" not in str(e):
                 raise
             main.load()
             with main.as_main():
-                payload = torch.load(path, map_location=map_location, weights_only=False)
+                return torch.load(path, map_location=map_location, weights_only=False)
     except (AttributeError, ImportError) as e:
         raise SnapshotError(
             f"cannot load the snapshot {path}: a class it references cannot be imported here "
@@ -580,6 +624,14 @@ def load_snapshot(
         if any(marker in str(e) for marker in _FORMAT_ERRORS):
             raise SnapshotError(f"cannot read the snapshot {path} (truncated or not a snapshot?): {e}") from e
         raise SnapshotError(f"cannot load the snapshot {path}: {type(e).__name__}: {e}") from e
+
+
+def _from_payload(path: Path, payload: Any) -> Snapshot:
+    """The :class:`Snapshot` an unpickled payload holds, once it is one of a format this version reads.
+
+    Raises:
+        SnapshotError: not a cb_callback snapshot, or of a newer format.
+    """
     if not isinstance(payload, dict) or "model" not in payload:
         raise SnapshotError(f"{path} is not a cb_callback snapshot")
     if payload.get("format", 0) > FORMAT:
