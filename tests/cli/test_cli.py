@@ -20,12 +20,13 @@ PEAKS: dict[str, Any] = dict(peak_flops=1e11, peak_bandwidth=1e10)
 
 
 def _snapshot(directory: Path, device: str = "cpu") -> Path:
+    """A snapshot of a small MLP; ``descend="all"``: its replay's rows do not follow the machine's load."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     with Capture(model) as capture:
         model(torch.randn(5, 4))
     return save_snapshot(
-        directory, model, capture.calls, config=BenchmarkConfig(**FAST, **PEAKS), captured_batch_size=5,
+        directory, model, capture.calls, config=BenchmarkConfig(**FAST, **PEAKS, descend="all"), captured_batch_size=5,
         metadata={"capture_step": 3, "capture_device": device},
     )  # fmt: skip
 
