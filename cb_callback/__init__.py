@@ -92,3 +92,8 @@ def __getattr__(name: str) -> Any:
         )
         return getattr(importlib.import_module(home), name)
     raise AttributeError(f"module 'cb_callback' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names and the lazy ones (``ComponentBenchmark``, ``plugins``, ``reporters``); not the moved ones."""
+    return sorted({*globals(), "ComponentBenchmark", "plugins", "reporters"})

@@ -68,6 +68,13 @@ def test_an_unknown_name_is_still_an_attribute_error() -> None:
         _ = cb_callback.MetricPlugins
 
 
+def test_dir_lists_the_lazy_names_and_not_the_moved_ones() -> None:
+    names = dir(cb_callback)
+    assert {"ComponentBenchmark", "plugins", "reporters", *cb_callback.__all__} <= set(names)
+    assert not set(cb_callback.MOVED) & set(names)  # a moved name is for old code, not for completion
+    assert names == sorted(names)
+
+
 def test_the_callback_module_stays_thin() -> None:
     # Issue 25 §3: the callback is an adapter; its arguments are derived from BenchmarkConfig (test_callback_args).
     from pathlib import Path

@@ -12,7 +12,7 @@ import inspect
 import math
 import os
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from cb_callback._engine.run.config import BenchmarkConfig
@@ -133,11 +133,16 @@ def state_key_fields(
     }  # fmt: skip
 
 
-def _check_option_names(options: Mapping[str, Any]) -> None:
-    """A keyword the callback does not take raises the ``TypeError`` Python would, with the closest names."""
+def _check_option_names(options: Mapping[str, Any], own: Iterable[str] = ()) -> None:
+    """A keyword the callback does not take raises the ``TypeError`` Python would, with the closest names.
+
+    The names offered are the engine's options and the callback's ``own`` arguments
+    (``capture_stpe`` is told ``capture_step``).
+    """
+    names = sorted(set(ENGINE_OPTIONS) | set(own))
     for name in options:
         if name not in ENGINE_OPTIONS:
-            close = difflib.get_close_matches(name, sorted(ENGINE_OPTIONS), n=3)
+            close = difflib.get_close_matches(name, names, n=3)
             hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             raise TypeError(f"ComponentBenchmark() got an unexpected keyword argument {name!r}{hint}")
 
@@ -159,7 +164,8 @@ def check_callback_args(args: Mapping[str, Any], options: Mapping[str, Any] | No
             callback's own arguments, ``ComponentBenchmark: <BenchmarkConfig's message>``
             for the engine's.
     """
-    _check_option_names(options or {})
+    options = options or {}
+    _check_option_names(options, own=[n for n in args if n not in ENGINE_OPTIONS and n not in options])
     capture_step, capture_batch_size = args["capture_step"], args["capture_batch_size"]
     fork_timeout_s, output_dir = args["fork_timeout_s"], args["output_dir"]
     if not _is_int(capture_step) or capture_step < 0:

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 import json
 import math
 import shutil
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
@@ -107,8 +108,20 @@ def error_text(e: BaseException) -> str:
 _JSON: TypeAlias = "bool | int | float | str | list[_JSON] | dict[str, _JSON] | None"
 
 
+def _is_numpy_scalar(value: object) -> bool:
+    """Whether ``value`` is a numpy scalar (``np.int64``, ``np.float32``, ``np.bool_``, ...), numpy not imported."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and callable(getattr(value, "item", None)) and getattr(value, "shape", None) == ()
+
+
 def _json_safe(value: object) -> _JSON:
-    """Replace NaN/inf by ``None`` (JSON has no NaN) and containers recursively."""
+    """Replace NaN/inf by ``None`` (JSON has no NaN) and containers recursively.
+
+    A numpy scalar (what ``np.prod(shape)`` or a numpy metric gives a plugin) is written as the
+    Python number or bool it holds (``.item()``), never as its text: the file must load again.
+    """
+    if _is_numpy_scalar(value):
+        value = value.item()  # type: ignore[attr-defined]
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
@@ -125,6 +138,7 @@ _REQUIRED = ("path", "module_type", "depth", "parent")  # the fields without a d
 _TEXT = ("path", "module_type", "status")  # str
 _OPTIONAL_TEXT = ("parent", "error", "note", "bound")  # str or null
 _INTEGERS = ("depth", "calls")  # int
+_LARGEST_FLOAT = int(sys.float_info.max)  # a number column's integer past it cannot be a float
 _NUMBERS = tuple(c for c in COLUMNS if c not in (*_TEXT, *_OPTIONAL_TEXT, *_INTEGERS))  # number or null (NaN)
 
 
@@ -158,6 +172,8 @@ def _from_json(data: Any, where: str) -> ComponentRow:
         elif name in _NUMBERS:
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
             _checked(at, value, value is None or number, "a number or None")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _LARGEST_FLOAT:
+                raise ValueError(f"{at} is an integer of {len(str(abs(value)))} digits, too large for a float")
         elif name == "details":
             _checked(at, value, value is None or isinstance(value, dict), "an object (dict)")
     for name in _REQUIRED:

@@ -5,7 +5,8 @@ and TensorBoard tables; ``viewer.js`` follows the same rules in the page):
 
 - :func:`sig`: ``digits`` significant figures (3 by default), trailing zeros
   kept (``4.00``, ``0.0420``: the digits shown are the digits known), without an
-  exponent from ``1e-6`` up (``0.000134``, ``12346``); below that ``1.23e-7``;
+  exponent from ``1e-6`` up to below ``1e16`` (``0.000134``, ``12346``); outside that
+  ``1.23e-7``, ``1.00e300`` (a 300-digit number would fill the table);
 - a value that is not exactly 0 never shows as ``0``: it keeps its significant
   figures however small; exactly 0 (or ``-0.0``) is ``0``;
 - :func:`si`: a count (FLOP, bytes) with an SI prefix, a factor 1000 apart
@@ -29,6 +30,8 @@ SI_PREFIXES: tuple[str, ...] = ("", "k", "M", "G", "T", "P", "E")
 
 #: Below this magnitude :func:`sig` writes an exponent (``1.23e-7``).
 _SMALLEST_FIXED_EXPONENT = -6
+#: Above this magnitude :func:`sig` writes an exponent (``1.00e300``): 16 digits still read as a number.
+_LARGEST_FIXED_EXPONENT = 15
 
 
 def _exponent(v: float, digits: int) -> int:
@@ -49,7 +52,7 @@ def sig(value: object, digits: int = 3, *, scale: float = 1.0, missing: str = "-
     if v == 0:
         return "0"
     exp = _exponent(v, digits)
-    if exp < _SMALLEST_FIXED_EXPONENT:
+    if exp < _SMALLEST_FIXED_EXPONENT or exp > _LARGEST_FIXED_EXPONENT:
         mantissa, power = f"{v:.{digits - 1}e}".split("e")
         return f"{mantissa}e{int(power)}"
     return f"{v:.{max(digits - 1 - exp, 0)}f}"

@@ -164,8 +164,9 @@ class InSitu(TypedDict, total=False):
 
     #: The in-situ pass's forward per call, ms (= ``insitu_ms``).
     fwd_ms: float
-    #: Relative spread of that forward over the passes.
-    spread: float
+    #: Relative spread of that forward over the passes; NaN (``None`` once loaded: JSON has no NaN)
+    #: when one pass was timed.
+    spread: float | None
     #: In-situ passes timed.
     passes: int
     #: Its backward in the step per call, ms (a top's whole backward; below a top, on CPU, its autograd nodes').

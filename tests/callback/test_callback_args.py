@@ -49,6 +49,11 @@ def test_an_engine_option_reaches_the_config_and_an_unknown_keyword_is_a_type_er
     assert (cb.config.warmup, cb.config.descend, cb.config.budget_s) == (4, "all", 2.0)
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'warmpu'; did you mean 'warmup'\?"):
         ComponentBenchmark(warmpu=4)
+    # the callback's own arguments are offered too: the most mistyped is capture_step
+    with pytest.raises(TypeError, match=r"argument 'capture_stpe'; did you mean 'capture_step' or 'capture_steps'"):
+        ComponentBenchmark(capture_stpe=5)
+    with pytest.raises(TypeError, match=r"argument 'outputdir'; did you mean 'output_dir'\?$"):
+        ComponentBenchmark(outputdir="x")
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'progress'"):
         ComponentBenchmark(progress=print)  # the callback draws its own progress: not an argument
     with pytest.raises(ValueError, match=r"^ComponentBenchmark: .*warmup="):

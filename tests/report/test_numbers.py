@@ -35,6 +35,9 @@ NAN = math.nan
         (-2.5, "-2.50"),
         (1.0e-6, "0.00000100"),  # the smallest without an exponent
         (1.234e-7, "1.23e-7"),  # below: an exponent, without a padded "e-07"
+        (9.99e15, "9990000000000000"),  # the largest without an exponent: 16 digits
+        (1.0e16, "1.00e16"),  # above: an exponent, without a "+"
+        (-1.0e300, "-1.00e300"),  # not a 301-character cell
         (NAN, "-"),  # missing: the table's convention
         (math.inf, "-"),
         (None, "-"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -279,8 +280,8 @@ class BenchmarkConfig:
             v = getattr(self, name)
             if isinstance(v, str):
                 setattr(self, name, (v,))
-            elif not all(isinstance(p, str) for p in v):
-                raise bad(name, "expected glob patterns (strings)")
+            elif not isinstance(v, (list, tuple, set, frozenset)) or not all(isinstance(p, str) for p in v):
+                raise bad(name, "expected glob patterns (a string or a list of strings)")
             else:
                 setattr(self, name, tuple(v))
         for name in ("preprocessors", "metrics", "reporters"):
@@ -337,7 +338,12 @@ class BenchmarkConfig:
         """A copy with ``options`` changed; unknown names raise ``ValueError``."""
         unknown = sorted(set(options) - set(self.field_names()))
         if unknown:
-            raise ValueError(f"unknown option(s) {unknown}; BenchmarkConfig fields are {list(self.field_names())}")
+            close = {n: difflib.get_close_matches(n, self.field_names(), n=3) for n in unknown}
+            hints = "; ".join(f"{n!r}: did you mean {' or '.join(map(repr, c))}?" for n, c in close.items() if c)
+            raise ValueError(
+                f"unknown option(s) {unknown}{'; ' + hints if hints else ''}; "
+                f"BenchmarkConfig fields are {list(self.field_names())}"
+            )
         return dataclasses.replace(self, **options)
 
     def to_metadata(self) -> dict[str, Any]:

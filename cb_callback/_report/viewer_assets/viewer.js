@@ -32,7 +32,7 @@
     if (!isNum(v)) return "-";
     if (v === 0) return "0";
     var e = Number(v.toExponential(n - 1).split("e")[1]);  // the exponent once rounded (9.996 -> 1 at 3)
-    return e < -6 ? v.toExponential(n - 1).replace("e+", "e") : v.toFixed(Math.max(n - 1 - e, 0));
+    return e < -6 || e > 15 ? v.toExponential(n - 1).replace("e+", "e") : v.toFixed(Math.max(n - 1 - e, 0));
   }
   /* v × scale to 3 significant figures (a "%" column passes 100). */
   function num(v, scale) { return isNum(v) ? sigFixed(v * (scale || 1), 3) : "-"; }
