@@ -505,16 +505,17 @@ OWN_PAIR = ("fsdp_die", "fsdp_insitu_die", "fsdp_raise_unwritable")
 #: The state of torch's default generator in a fresh process (``torch.initial_seed()`` before any seeding):
 #: every scenario of a batch starts from it, as if it ran alone.
 FRESH_SEED = 67280421310721
-#: How long a rank that finished a scenario of a batch waits for the other to finish it too.
-AGREE_S = 120
+#: How long a rank that finished a scenario of a batch waits for the other to finish it too (the parent ends
+#: both first when the scenario runs past its own timeout).
+AGREE_S = 900
 
 
 def _worker(rank: int, scenarios: list[str], out: Path, store: Path) -> None:
     """Every scenario in turn on one process pair (one default process group), each into ``out/<scenario>``.
 
     After each scenario of a batch the ranks agree through the store that both finished it: a rank that raised
-    out of a scenario, or whose peer does not answer within :data:`AGREE_S`, ends the batch (exit code 1; what
-    came after would not be what it is alone)."""
+    out of a scenario, or whose peer does not finish it, ends the batch (exit code 1: what came after would not
+    be what it is alone)."""
     from datetime import timedelta
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
@@ -530,16 +531,15 @@ def _worker(rank: int, scenarios: list[str], out: Path, store: Path) -> None:
         (here / f"rank_{rank}.json").write_text(json.dumps(result, default=str))
         if len(scenarios) == 1:
             break
-        kv.set(f"batch/{i}/{rank}", "crash" if "crash" in result else "ok")
+        if "crash" in result:  # the other rank may be left in a collective: nothing later would be as alone
+            print(f"rank {rank}: the batch ends at {scenario}, which raised on this rank", flush=True)
+            os._exit(1)  # the parent ends the other rank too
+        kv.set(f"batch/{i}/{rank}", "ok")
         try:
             kv.wait([f"batch/{i}/{1 - rank}"], timedelta(seconds=AGREE_S))
-            other = kv.get(f"batch/{i}/{1 - rank}").decode()
-        except Exception as e:  # the other rank is still in this scenario
-            other = f"no answer ({type(e).__name__})"
-        if "crash" in result or other != "ok":
-            mine = "crash" if "crash" in result else "ok"
-            print(f"rank {rank}: the batch ends after {scenario} (this rank: {mine}, the other: {other})", flush=True)
-            os._exit(1)  # the parent ends the other rank too
+        except Exception as e:  # the other rank ended (the parent ends this one) or is still in this scenario
+            print(f"rank {rank}: the batch ends at {scenario}: the other rank did not finish it ({e!r})", flush=True)
+            os._exit(1)
     dist.destroy_process_group()
 
 
