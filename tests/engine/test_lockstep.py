@@ -166,7 +166,9 @@ def test_fsdp2_every_row_is_measured_with_its_communication_and_training_is_unto
 
 @pytest.mark.slow
 @scenarios("fsdp_zero")
-def test_fsdp2_with_ranks_zero_every_rank_takes_part_in_the_lockstep_replays(tmp_path: Path, lockstep: Lockstep) -> None:
+def test_fsdp2_with_ranks_zero_every_rank_takes_part_in_the_lockstep_replays(
+    tmp_path: Path, lockstep: Lockstep
+) -> None:
     ranks = _run("fsdp_zero", lockstep, tmp_path)
     assert ranks[0]["identical"] and ranks[1]["identical"]
     zero, one = ranks[0]["rows"], ranks[1]["rows"]
@@ -193,7 +195,9 @@ def test_a_plan_mismatch_is_an_error_on_every_rank_within_seconds(tmp_path: Path
 
 @pytest.mark.slow
 @scenarios("raise")
-def test_a_rank_that_raises_mid_replay_fails_that_component_on_every_rank_and_the_run_goes_on(tmp_path: Path, lockstep: Lockstep) -> None:
+def test_a_rank_that_raises_mid_replay_fails_that_component_on_every_rank_and_the_run_goes_on(
+    tmp_path: Path, lockstep: Lockstep
+) -> None:
     ranks = _run("raise", lockstep, tmp_path)
     for rank, result in enumerate(ranks):
         rows = result["rows"]
@@ -215,7 +219,9 @@ def test_a_rank_that_raises_mid_replay_fails_that_component_on_every_rank_and_th
 
 @pytest.mark.slow
 @scenarios("settle")
-def test_a_long_component_in_lockstep_stops_on_every_rank_once_every_rank_agrees(tmp_path: Path, lockstep: Lockstep) -> None:
+def test_a_long_component_in_lockstep_stops_on_every_rank_once_every_rank_agrees(
+    tmp_path: Path, lockstep: Lockstep
+) -> None:
     ranks = _run("settle", lockstep, tmp_path)
     for rank, result in enumerate(ranks):
         rows = result["rows"]
@@ -278,7 +284,9 @@ def test_fsdp2_a_run_that_raises_on_one_rank_fails_that_component_on_every_rank_
 
 @pytest.mark.slow
 @scenarios("fsdp_raise_unwritable")
-def test_a_first_pass_that_cannot_be_finished_for_the_others_names_the_rank_and_its_error(tmp_path: Path, lockstep: Lockstep) -> None:
+def test_a_first_pass_that_cannot_be_finished_for_the_others_names_the_rank_and_its_error(
+    tmp_path: Path, lockstep: Lockstep
+) -> None:
     ranks = _run("fsdp_raise_unwritable", lockstep, tmp_path)
     # RaiseInRoot raises on rank 1 in the root's first lockstep pass (its forward, after the all-gathers);
     # the ledger cannot write down a reduce op here (patched), so rank 1 cannot issue rank 0's backward
@@ -345,7 +353,9 @@ def _same_plan(ranks: list[dict[str, Any]]) -> None:
 
 @pytest.mark.slow
 @scenarios("fsdp_triage")
-def test_fsdp2_the_in_situ_pass_and_the_triage_run_on_every_rank_and_decide_one_plan(tmp_path: Path, lockstep: Lockstep) -> None:
+def test_fsdp2_the_in_situ_pass_and_the_triage_run_on_every_rank_and_decide_one_plan(
+    tmp_path: Path, lockstep: Lockstep
+) -> None:
     ranks = _run("fsdp_triage", lockstep, tmp_path)
     _same_plan(ranks)
     for rank, result in enumerate(ranks):
@@ -468,7 +478,9 @@ def test_ddp_a_timed_in_situ_pass_whose_backward_raises_on_one_rank_is_drained_a
 
 @pytest.mark.slow
 @scenarios("fsdp_insitu_die")
-def test_a_rank_that_dies_in_the_in_situ_pass_leaves_the_other_a_report_that_names_it(tmp_path: Path, lockstep: Lockstep) -> None:
+def test_a_rank_that_dies_in_the_in_situ_pass_leaves_the_other_a_report_that_names_it(
+    tmp_path: Path, lockstep: Lockstep
+) -> None:
     # rank 1's process ends in the root's 4th forward (the in-situ pass's first timed pass)
     result = _survivor("fsdp_insitu_die", lockstep, tmp_path)
     # rank 0's collective with the dead rank raised: the ranks are lost, no plan, and every component that
