@@ -9,6 +9,7 @@ its traceback; one that the batch did not reach (it ended at a failed scenario) 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -104,11 +105,26 @@ class Lockstep:
 
 @pytest.fixture(scope="module")
 def lockstep(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Lockstep:
-    """Every scenario the selected tests of this module read, in one run of the script."""
-    names = sorted({n for item in request.session.items if item.module is request.module for n in _wanted(item)})
-    out = tmp_path_factory.mktemp("lockstep")
-    proc = _script(names, out) if names else None
-    return Lockstep(names, out, proc)
+    """Every scenario the selected tests of this module read, in one run of the script.
+
+    Under pytest-xdist every worker given a test of this module gets here: the first runs the script, the
+    others wait for it (a lock in the folder the workers share) and read its results (the same selection)."""
+    here = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    names = sorted({n for item in here for n in _wanted(item)})
+    assert set(names) <= set(ALL), set(names) - set(ALL)  # (the tests' timeout counts every scenario's)
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        out = tmp_path_factory.mktemp("lockstep")
+        return Lockstep(names, out, _script(names, out) if names else None)
+    shared = tmp_path_factory.getbasetemp().parent / "lockstep"
+    shared.mkdir(exist_ok=True)
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        log = shared / "proc.json"
+        if not log.exists():
+            proc = _script(names, shared / "out") if names else None
+            log.write_text(json.dumps(None if proc is None else [proc.args, proc.returncode, proc.stdout, proc.stderr]))
+        ran = json.loads(log.read_text())
+    return Lockstep(names, shared / "out", None if ran is None else subprocess.CompletedProcess(*ran))
 
 
 def _run(scenario: str, lockstep: Lockstep, tmp_path: Path) -> list[dict[str, Any]]:
@@ -494,3 +510,18 @@ def test_a_rank_that_dies_in_the_in_situ_pass_leaves_the_other_a_report_that_nam
         "": f"{lost}; no child could be measured to estimate it"
     }
     assert result["seconds"] < 20
+
+
+#: every scenario a test of this module reads
+ALL = [
+    "unsharded", "fsdp", "fsdp_zero", "mismatch", "raise", "settle", *FAULTS, "fsdp_raise_unwritable", "fsdp_die",
+    "fsdp_triage", *INSITU_FAULTS, "routed", "ddp_insitu_raise_timed_bwd", "ddp_insitu_raise_mid_bwd",
+    "fsdp_insitu_die",
+]  # fmt: skip
+
+# A hang fails the scenario's test at the scenario's timeout, not the whole run at pytest-timeout's 300 s: the
+# test that runs the batch (the fixture) may take as long as every scenario's timeout together.
+pytestmark = [
+    pytest.mark.timeout(sum(TIMEOUT_S.get(n, DEFAULT_TIMEOUT_S) for n in ALL) + 120),
+    pytest.mark.xdist_group("lockstep"),
+]
