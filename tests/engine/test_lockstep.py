@@ -87,7 +87,8 @@ class Lockstep:
         """The folder of ``scenario``'s results: the batch's, or (where the batch ended before it) its own run's
         in ``tmp_path``."""
         here = self.out / scenario
-        assert not (here / "timeout.txt").exists(), f"{scenario}: " + (here / "timeout.txt").read_text() + self.log()
+        timeout = here / "timeout.txt"
+        assert not timeout.exists(), f"{scenario}: {timeout.read_text()} in the batch\n{self.log()}"
         for r in (0, 1):  # a rank that raised out of the scenario (the batch ended there)
             mine = here / f"rank_{r}.json"
             if mine.exists():
