@@ -95,8 +95,8 @@ class Lockstep:
                 assert "crash" not in (result := json.loads(mine.read_text())), result["crash"]
         done = {"unsharded": ["unsharded.json"]}.get(scenario, ["rank_0.json", "rank_1.json"])
         if all((here / f).exists() for f in done) or (here / "exitcodes.json").exists():
-            # the batch's ranks exit cleanly after its last scenario (after any other, the next one's start
-            # shows that both finished it)
+            # the batch's ranks exit cleanly after its last scenario (after any other, both agreed that they
+            # finished it before they began the next)
             assert self.proc is None or self.proc.returncode == 0 or scenario != self.last, self.log()
             return here
         proc = _script([scenario], tmp_path)  # not reached by the batch: alone
@@ -132,6 +132,8 @@ def _run(scenario: str, lockstep: Lockstep, tmp_path: Path) -> list[dict[str, An
     here = lockstep.run(scenario, tmp_path)
     if scenario == "unsharded":
         return [json.loads((here / "unsharded.json").read_text())]
+    if (here / "exitcodes.json").exists():  # a pair of its own: both ranks exited cleanly
+        assert json.loads((here / "exitcodes.json").read_text()) == [0, 0], lockstep.log()
     results = [json.loads((here / f"rank_{r}.json").read_text()) for r in (0, 1)]
     for r in results:
         assert "crash" not in r, r["crash"]
