@@ -15,6 +15,7 @@ SCRIPT = REPO / "tests" / "_ddp_collective_script.py"
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the subprocess's 480 s (two fits' 240 s) fails a hang first
 def test_a_communicating_component_is_measured_in_lockstep_with_ranks_zero_and_all(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "CB_DISABLE": ""}
     # Both fits in one pair of processes, one after the other: the unprofiled twin ("plain"), then "profiled".
