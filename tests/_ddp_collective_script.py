@@ -6,10 +6,13 @@ wait forever for the other: it is replayed on both ranks together (lockstep),
 with ``ranks="zero"`` and with ``ranks="all"`` (run by test_ddp_collectives.py;
 each rank writes ``rank_<r>.json``).
 
-With ``plain`` the same fit runs without the callbacks (the unprofiled twin); each rank also writes its
-final parameters (``params``: name -> the tensor's values as nested lists).
+Two fits, one after another in the same two processes (the second Trainer finds the ranks launched and
+the process group made): ``plain``, the same fit without the callbacks (the unprofiled twin), then
+``profiled``; each rank writes ``OUT/<mode>/rank_<r>.json``, with its final parameters (``params``: name ->
+the tensor's values as nested lists).
 
-Usage: ``PYTHONPATH=<repo> python tests/_ddp_collective_script.py OUT [plain]``
+Usage: ``PYTHONPATH=<repo> python tests/_ddp_collective_script.py OUT [MODE[,MODE]]`` (``plain,profiled``
+unless given)
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 
-def main(out: Path, plain: bool = False) -> None:
+def main(out: Path, plain: bool) -> None:
+    """One fit, into ``out``: without the callbacks where ``plain``."""
     import lightning.pytorch as pl
     import torch
     import torch.distributed as dist
@@ -69,4 +73,7 @@ def main(out: Path, plain: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), plain=sys.argv[2:] == ["plain"])
+    modes = sys.argv[2].split(",") if sys.argv[2:] else ["plain", "profiled"]
+    for mode in modes:
+        (Path(sys.argv[1]) / mode).mkdir(parents=True, exist_ok=True)
+        main(Path(sys.argv[1]) / mode, plain=mode == "plain")

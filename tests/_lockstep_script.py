@@ -1,8 +1,10 @@
 """Two CPU ranks (gloo) profiling in lockstep: an FSDP2 model, a plan mismatch, a rank that raises.
 
-Run by test_lockstep.py, one scenario per process pair; each rank writes ``rank_<r>.json`` into OUT.
+Run by test_lockstep.py: the scenarios one after another on one process pair (those after which the
+process group is no use, :data:`OWN_PAIR`, on a pair of their own); each rank writes ``rank_<r>.json``
+into ``OUT/<scenario>/``.
 
-Usage: ``PYTHONPATH=<repo> python tests/_lockstep_script.py SCENARIO OUT``
+Usage: ``PYTHONPATH=<repo> python tests/_lockstep_script.py SCENARIO[=TIMEOUT_S][,SCENARIO...] OUT``
 """
 
 from __future__ import annotations
@@ -424,95 +426,184 @@ def routed(rank: int, out: Path) -> dict[str, Any]:
 
 
 def unsharded_flops(out: Path) -> None:
-    """The same model, not sharded, on one process: the FLOPs the sharded profile must equal."""
+    """The same model, not sharded, on one process: the FLOPs the sharded profile must equal. Every row
+    replayed (descend_share=0): the sharded profile replays every unit's children in lockstep, and a block's
+    share of the step, a timing, may read under descend_share=0.05 on a busy machine (its children then not
+    replayed: no FLOPs to compare with)."""
     from cb_callback import profile_components
 
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    report = profile_components(Net(), batch(0), **OPTS)
+    report = profile_components(Net(), batch(0), **{**OPTS, "descend_share": 0.0})
     result = {"rows": rows(report), "seconds": time.perf_counter() - t0}
     (out / "unsharded.json").write_text(json.dumps(result))
 
 
-def _worker(rank: int, scenario: str, out: Path) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank, world_size=2)
-    try:
-        if scenario in ("fsdp", "fsdp_zero"):
-            result = fsdp(rank, out, "zero" if scenario == "fsdp_zero" else "all")
-        elif scenario == "mismatch":
-            result = mismatch(rank, out)
-        elif scenario == "settle":
-            result = settle(rank, out)
-        elif scenario == "fsdp_raise":
-            result = fsdp_raise(rank, out)
-        elif scenario == "fsdp_raise_pass":
-            result = fsdp_raise(rank, out, at=3)
-        elif scenario == "fsdp_raise_bwd":
-            result = fsdp_raise(rank, out, backward=True)
-        elif scenario == "fsdp_raise_pass_bwd":
-            result = fsdp_raise(rank, out, at=3, backward=True)
-        elif scenario == "fsdp_raise_unwritable":  # the backward's reduce-scatters cannot be written down
-            from cb_callback._engine.distributed import ledger
+def run_scenario(rank: int, scenario: str, out: Path) -> dict[str, Any]:
+    """One scenario on this rank (the default process group initialized): its result, to be written down."""
+    if scenario in ("fsdp", "fsdp_zero"):
+        return fsdp(rank, out, "zero" if scenario == "fsdp_zero" else "all")
+    if scenario == "mismatch":
+        return mismatch(rank, out)
+    if scenario == "settle":
+        return settle(rank, out)
+    if scenario == "fsdp_raise":
+        return fsdp_raise(rank, out)
+    if scenario == "fsdp_raise_pass":
+        return fsdp_raise(rank, out, at=3)
+    if scenario == "fsdp_raise_bwd":
+        return fsdp_raise(rank, out, backward=True)
+    if scenario == "fsdp_raise_pass_bwd":
+        return fsdp_raise(rank, out, at=3, backward=True)
+    if scenario == "fsdp_raise_unwritable":  # the backward's reduce-scatters cannot be written down
+        from cb_callback._engine.distributed import ledger
 
-            encode = ledger._encode
+        encode = ledger._encode
 
-            def no_reduce_op(leaf: Any) -> Any:
-                if isinstance(leaf, torch.ScriptObject) and "ReduceOp" in str(leaf._type().qualified_name()):
-                    raise ledger._Unwritable("ReduceOp")
-                return encode(leaf)
+        def no_reduce_op(leaf: Any) -> Any:
+            if isinstance(leaf, torch.ScriptObject) and "ReduceOp" in str(leaf._type().qualified_name()):
+                raise ledger._Unwritable("ReduceOp")
+            return encode(leaf)
 
-            ledger._encode = no_reduce_op  # type: ignore[assignment]
-            result = fsdp_raise(rank, out, at=3)
-        elif scenario == "fsdp_raise_comm":
-            result = fsdp_raise(rank, out, at=6)
-        elif scenario == "fsdp_die":  # rank 1's process ends in the root's first timed run
-            result = fsdp_raise(rank, out, die=True)
-        elif scenario == "fsdp_raise_slice":  # one slice of 4 timed runs after an untimed one: the 2nd raises
-            result = fsdp_raise(rank, out, at=6, min_repeats=4, max_repeats=4, rounds=1)
-        elif scenario == "fsdp_triage":  # the in-situ pass and the triage on both ranks; `after` sleeps 0.2 s
-            result = fsdp_raise(rank, out, at=-1, sleep_s=0.2, identical=True, **TRIAGE)
-        elif scenario == "fsdp_insitu_raise":  # the root's 3rd forward: the in-situ pass's warm-up
-            result = fsdp_raise(rank, out, at=3, **TRIAGE)
-        elif scenario == "fsdp_insitu_raise_bwd":  # the 3rd's backward: the in-situ pass's warm-up's
-            result = fsdp_raise(rank, out, at=3, backward=True, **TRIAGE)
-        elif scenario == "fsdp_insitu_raise_timed":  # the 5th: the in-situ pass's second timed pass
-            result = fsdp_raise(rank, out, at=5, identical=True, **TRIAGE)
-        elif scenario == "fsdp_insitu_raise_timed_bwd":  # the 4th's backward: the first timed pass's
-            result = fsdp_raise(rank, out, at=4, backward=True, identical=True, **TRIAGE)
-        elif scenario == "ddp_insitu_raise_mid_bwd":  # DDP: the 4th's backward, after some buckets' all-reduce
-            result = ddp_raise(rank, out, at=4, backward=True, mid=True)
-        elif scenario == "routed":
-            result = routed(rank, out)
-        elif scenario == "ddp_insitu_raise_timed_bwd":  # DDP: the 4th forward's backward (the first timed pass)
-            result = ddp_raise(rank, out, at=4, backward=True)
-        elif scenario == "fsdp_census_raise":  # the 7th: the census (after the warm-up and 3 passes)
-            result = fsdp_raise(rank, out, at=7, **TRIAGE)
-        elif scenario == "fsdp_insitu_die":  # rank 1's process ends in the in-situ pass's first timed pass
-            result = fsdp_raise(rank, out, at=4, die=True, **TRIAGE)
-        else:
-            result = raises(rank, out)
-    except Exception:
-        result = {"crash": traceback.format_exc()}
-    (out / f"rank_{rank}.json").write_text(json.dumps(result, default=str))
+        ledger._encode = no_reduce_op  # type: ignore[assignment]
+        try:
+            return fsdp_raise(rank, out, at=3)
+        finally:
+            ledger._encode = encode  # type: ignore[assignment]
+    if scenario == "fsdp_raise_comm":
+        return fsdp_raise(rank, out, at=6)
+    if scenario == "fsdp_die":  # rank 1's process ends in the root's first timed run
+        return fsdp_raise(rank, out, die=True)
+    if scenario == "fsdp_raise_slice":  # one slice of 4 timed runs after an untimed one: the 2nd raises
+        return fsdp_raise(rank, out, at=6, min_repeats=4, max_repeats=4, rounds=1)
+    if scenario == "fsdp_triage":  # the in-situ pass and the triage on both ranks; `after` sleeps 0.2 s
+        return fsdp_raise(rank, out, at=-1, sleep_s=0.2, identical=True, **TRIAGE)
+    if scenario == "fsdp_insitu_raise":  # the root's 3rd forward: the in-situ pass's warm-up
+        return fsdp_raise(rank, out, at=3, **TRIAGE)
+    if scenario == "fsdp_insitu_raise_bwd":  # the 3rd's backward: the in-situ pass's warm-up's
+        return fsdp_raise(rank, out, at=3, backward=True, **TRIAGE)
+    if scenario == "fsdp_insitu_raise_timed":  # the 5th: the in-situ pass's second timed pass
+        return fsdp_raise(rank, out, at=5, identical=True, **TRIAGE)
+    if scenario == "fsdp_insitu_raise_timed_bwd":  # the 4th's backward: the first timed pass's
+        return fsdp_raise(rank, out, at=4, backward=True, identical=True, **TRIAGE)
+    if scenario == "ddp_insitu_raise_mid_bwd":  # DDP: the 4th's backward, after some buckets' all-reduce
+        return ddp_raise(rank, out, at=4, backward=True, mid=True)
+    if scenario == "routed":
+        return routed(rank, out)
+    if scenario == "ddp_insitu_raise_timed_bwd":  # DDP: the 4th forward's backward (the first timed pass)
+        return ddp_raise(rank, out, at=4, backward=True)
+    if scenario == "fsdp_census_raise":  # the 7th: the census (after the warm-up and 3 passes)
+        return fsdp_raise(rank, out, at=7, **TRIAGE)
+    if scenario == "fsdp_insitu_die":  # rank 1's process ends in the in-situ pass's first timed pass
+        return fsdp_raise(rank, out, at=4, die=True, **TRIAGE)
+    if scenario == "raise":
+        return raises(rank, out)
+    raise ValueError(f"no scenario {scenario!r}")
+
+
+#: Scenarios that need a process pair of their own: rank 1's process ends (``os._exit``) part way, or rank 1
+#: ends its part while rank 0 is left in a collective that only rank 1's process group closing ends (the
+#: default process group is no use for another scenario after either).
+OWN_PAIR = ("fsdp_die", "fsdp_insitu_die", "fsdp_raise_unwritable")
+#: The state of torch's default generator in a fresh process (``torch.initial_seed()`` before any seeding):
+#: every scenario of a batch starts from it, as if it ran alone.
+FRESH_SEED = 67280421310721
+#: How long a rank that finished a scenario of a batch waits for the other to finish it too (the parent ends
+#: both first when the scenario runs past its own timeout).
+AGREE_S = 900
+
+
+def _worker(rank: int, scenarios: list[str], out: Path, store: Path) -> None:
+    """Every scenario in turn on one process pair (one default process group), each into ``out/<scenario>``.
+
+    After each scenario of a batch the ranks agree through the store that both finished it: a rank that raised
+    out of a scenario, or whose peer does not finish it, ends the batch (exit code 1: what came after would not
+    be what it is alone)."""
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    kv = dist.distributed_c10d._get_default_store()
+    for i, scenario in enumerate(scenarios):
+        here = out / scenario
+        here.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(FRESH_SEED)
+        try:
+            result = run_scenario(rank, scenario, here)
+        except Exception:
+            result = {"crash": traceback.format_exc()}
+        (here / f"rank_{rank}.json").write_text(json.dumps(result, default=str))
+        if len(scenarios) == 1:
+            break
+        if "crash" in result:  # the other rank may be left in a collective: nothing later would be as alone
+            print(f"rank {rank}: the batch ends at {scenario}, which raised on this rank", flush=True)
+            os._exit(1)  # the parent ends the other rank too
+        kv.set(f"batch/{i}/{rank}", "ok")
+        try:
+            kv.wait([f"batch/{i}/{1 - rank}"], timedelta(seconds=AGREE_S))
+        except Exception as e:  # the other rank ended (the parent ends this one) or is still in this scenario
+            print(f"rank {rank}: the batch ends at {scenario}: the other rank did not finish it ({e!r})", flush=True)
+            os._exit(1)
     dist.destroy_process_group()
 
 
-def main(scenario: str, out: Path) -> None:
+def _batch(scenarios: dict[str, float], out: Path) -> None:
+    """``scenarios`` (name -> timeout in seconds) one after another on one process pair; a scenario that runs
+    past its timeout ends the batch (both ranks killed, ``<scenario>/timeout.txt`` written)."""
+    names = list(scenarios)
+    procs = mp.start_processes(
+        _worker, args=(names, out, out / "store"), nprocs=2, join=False, start_method="fork"
+    )  # fmt: skip
+    began = time.monotonic()
+    done = 0
+    while not procs.join(timeout=0.5):
+        while done < len(names) and all((out / names[done] / f"rank_{r}.json").exists() for r in (0, 1)):
+            done, began = done + 1, time.monotonic()
+        if done < len(names) and time.monotonic() - began > scenarios[names[done]]:
+            for p in procs.processes:
+                p.kill()
+            (out / names[done]).mkdir(parents=True, exist_ok=True)
+            (out / names[done] / "timeout.txt").write_text(f"ran past its {scenarios[names[done]]:g} s")
+            sys.exit(f"{names[done]} ran past its {scenarios[names[done]]:g} s: the batch was ended there")
+
+
+def main(scenarios: dict[str, float], out: Path) -> None:
+    """Run ``scenarios`` (name -> timeout in seconds), each writing into ``OUT/<scenario>/``.
+
+    ``unsharded`` runs in a process of its own (no process group); a scenario of :data:`OWN_PAIR` alone on a
+    process pair of its own; the others one after another on one process pair. Every process is forked from
+    this one (it imported torch and the package, and started no process group): none imports them again."""
+    import cb_callback  # noqa: F401  (imported once, before the fork)
+
     out.mkdir(parents=True, exist_ok=True)
-    if scenario == "unsharded":
-        unsharded_flops(out)
-        return
-    if scenario in ("fsdp_die", "fsdp_insitu_die"):  # mp.spawn would kill rank 0 once rank 1 died: two processes
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_worker, args=(r, scenario, out)) for r in (0, 1)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=150)
-        (out / "exitcodes.json").write_text(json.dumps([p.exitcode for p in procs]))
-        return
-    mp.spawn(_worker, args=(scenario, out), nprocs=2, join=True)
+    ctx = mp.get_context("fork")
+    for scenario, timeout in scenarios.items():
+        here = out / scenario
+        if scenario == "unsharded":
+            here.mkdir(exist_ok=True)
+            alone = ctx.Process(target=unsharded_flops, args=(here,))
+            alone.start()
+            alone.join(timeout=timeout)
+            if alone.exitcode is None:
+                alone.kill()
+        elif scenario in OWN_PAIR:
+            here.mkdir(exist_ok=True)
+            # rank 1's process may end: two processes of our own (mp.start_processes would end rank 0 with it)
+            procs = [ctx.Process(target=_worker, args=(r, [scenario], out, here / "store")) for r in (0, 1)]
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + timeout
+            for p in procs:
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
+            for p in procs:
+                if p.exitcode is None:
+                    p.kill()
+            (here / "exitcodes.json").write_text(json.dumps([p.exitcode for p in procs]))
+    pair = {s: t for s, t in scenarios.items() if s != "unsharded" and s not in OWN_PAIR}
+    if pair:
+        _batch(pair, out)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    # SCENARIO[=TIMEOUT_S][,SCENARIO[=TIMEOUT_S]...] OUT (a timeout of 240 s unless given)
+    items = [item.partition("=") for item in sys.argv[1].split(",")]
+    main({name: float(t or 240) for name, _, t in items}, Path(sys.argv[2]))

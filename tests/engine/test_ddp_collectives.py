@@ -15,17 +15,18 @@ SCRIPT = REPO / "tests" / "_ddp_collective_script.py"
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the subprocess's 480 s (two fits' 240 s) fails a hang first
 def test_a_communicating_component_is_measured_in_lockstep_with_ranks_zero_and_all(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "CB_DISABLE": ""}
-    runs = {}
-    for mode in ("profiled", "plain"):
-        # Before the fix this hung in both modes (rank 0 replayed the all-reduce alone): the timeout fails it.
-        out = tmp_path / mode
-        out.mkdir()
-        args = [sys.executable, str(SCRIPT), str(out), *(["plain"] if mode == "plain" else [])]
-        proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        runs[mode] = [json.loads((out / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    # Both fits in one pair of processes, one after the other: the unprofiled twin ("plain"), then "profiled".
+    # Before the fix this hung in both modes (rank 0 replayed the all-reduce alone): the timeout fails it.
+    args = [sys.executable, str(SCRIPT), str(tmp_path), "plain,profiled"]
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=480)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = {
+        mode: [json.loads((tmp_path / mode / f"rank_{r}.json").read_text()) for r in (0, 1)]
+        for mode in ("profiled", "plain")
+    }
     ranks = runs["profiled"]
     # two captures (steps 1 and 2) changed nothing: every rank's weights equal the unprofiled twin's, exactly
     assert [r["params"] for r in ranks] == [r["params"] for r in runs["plain"]]

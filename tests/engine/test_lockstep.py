@@ -1,19 +1,26 @@
 """Lockstep replay across two CPU ranks (gloo): FSDP2 measured whole, a plan mismatch, a rank that raises.
 
-Each scenario runs ``tests/_lockstep_script.py`` in a subprocess with a timeout that fails the test:
-nothing here can hang CI.
+The scenarios run in ``tests/_lockstep_script.py``: those the selected tests need, once per module (the
+``lockstep`` fixture), one after another on one process pair (each with its own model, seeds and output
+folder; ``OWN_PAIR``'s, after which a rank's process group is no use, on pairs of their own). Every scenario
+has a timeout that fails its test: nothing here can hang CI. A scenario that raised fails its own test with
+its traceback; one that the batch did not reach (it ended at a failed scenario) runs alone.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+
+from tests._lockstep_script import OWN_PAIR
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "_lockstep_script.py"
@@ -28,33 +35,123 @@ BLOCK_COMM = 3 * BLOCK_PARAMS * 4
 # all-gather) plus the three blocks'.
 ROOT_COMM = 2 * HEAD_PARAMS * 4 + 3 * BLOCK_COMM
 
+#: scenario -> its timeout in seconds (past it, its test fails)
+TIMEOUT_S: dict[str, int] = {
+    "mismatch": 120, "raise": 180, "settle": 180, "fsdp_raise_unwritable": 180, "fsdp_die": 180, "fsdp_insitu_die": 180,
+}  # fmt: skip
+DEFAULT_TIMEOUT_S = 240
 
-def _run(scenario: str, out: Path, timeout: int = 240) -> list[dict[str, Any]]:
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def scenarios(*names: str) -> Callable[[F], F]:
+    """The scenarios a test reads (beyond its ``scenario`` parameter): the ``lockstep`` fixture runs them."""
+
+    def mark(test: F) -> F:
+        test.scenarios = names  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
+def _wanted(item: pytest.Item) -> list[str]:
+    callspec = getattr(item, "callspec", None)
+    param = [callspec.params["scenario"]] if callspec is not None and "scenario" in callspec.params else []
+    return [*getattr(getattr(item, "function", None), "scenarios", ()), *param]
+
+
+def _script(names: list[str], out: Path) -> subprocess.CompletedProcess[str]:
+    """``names`` in one run of the script (each within its timeout; the run within their sum)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "CB_DISABLE": ""}
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), scenario, str(out)], cwd=REPO, env=env, capture_output=True, text=True,
+    arg = ",".join(f"{n}={TIMEOUT_S.get(n, DEFAULT_TIMEOUT_S)}" for n in names)
+    timeout = sum(TIMEOUT_S.get(n, DEFAULT_TIMEOUT_S) for n in names) + 60
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), arg, str(out)], cwd=REPO, env=env, capture_output=True, text=True,
         timeout=timeout,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+class Lockstep:
+    """The scenarios run by one run of the script: each test reads its own (:meth:`run`)."""
+
+    def __init__(self, names: list[str], out: Path, proc: subprocess.CompletedProcess[str] | None) -> None:
+        self.out, self.proc = out, proc
+        #: the last scenario of the batch on one process pair
+        self.last = next((n for n in reversed(names) if n != "unsharded" and n not in OWN_PAIR), None)
+
+    def log(self, proc: subprocess.CompletedProcess[str] | None = None) -> str:
+        proc = proc or self.proc
+        return "" if proc is None else proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    def run(self, scenario: str, tmp_path: Path) -> Path:
+        """The folder of ``scenario``'s results: the batch's, or (where the batch ended before it) its own run's
+        in ``tmp_path``."""
+        here = self.out / scenario
+        timeout = here / "timeout.txt"
+        assert not timeout.exists(), f"{scenario}: {timeout.read_text()} in the batch\n{self.log()}"
+        for r in (0, 1):  # a rank that raised out of the scenario (the batch ended there)
+            mine = here / f"rank_{r}.json"
+            if mine.exists():
+                assert "crash" not in (result := json.loads(mine.read_text())), result["crash"]
+        done = {"unsharded": ["unsharded.json"]}.get(scenario, ["rank_0.json", "rank_1.json"])
+        if all((here / f).exists() for f in done) or (here / "exitcodes.json").exists():
+            # the batch's ranks exit cleanly after its last scenario (after any other, both agreed that they
+            # finished it before they began the next)
+            assert self.proc is None or self.proc.returncode == 0 or scenario != self.last, self.log()
+            return here
+        proc = _script([scenario], tmp_path)  # not reached by the batch: alone
+        assert proc.returncode == 0, self.log(proc)
+        return tmp_path / scenario
+
+
+@pytest.fixture(scope="module")
+def lockstep(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Lockstep:
+    """Every scenario the selected tests of this module read, in one run of the script.
+
+    Under pytest-xdist every worker given a test of this module gets here: the first runs the script, the
+    others wait for it (a lock in the folder the workers share) and read its results (the same selection)."""
+    here = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    names = sorted({n for item in here for n in _wanted(item)})
+    assert set(names) <= set(ALL), set(names) - set(ALL)  # (the tests' timeout counts every scenario's)
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        out = tmp_path_factory.mktemp("lockstep")
+        return Lockstep(names, out, _script(names, out) if names else None)
+    shared = tmp_path_factory.getbasetemp().parent / "lockstep"
+    shared.mkdir(exist_ok=True)
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        log = shared / "proc.json"
+        if not log.exists():
+            proc = _script(names, shared / "out") if names else None
+            log.write_text(json.dumps(None if proc is None else [proc.args, proc.returncode, proc.stdout, proc.stderr]))
+        ran = json.loads(log.read_text())
+    return Lockstep(names, shared / "out", None if ran is None else subprocess.CompletedProcess(*ran))
+
+
+def _run(scenario: str, lockstep: Lockstep, tmp_path: Path) -> list[dict[str, Any]]:
+    here = lockstep.run(scenario, tmp_path)
     if scenario == "unsharded":
-        return [json.loads((out / "unsharded.json").read_text())]
-    results = [json.loads((out / f"rank_{r}.json").read_text()) for r in (0, 1)]
+        return [json.loads((here / "unsharded.json").read_text())]
+    if (here / "exitcodes.json").exists():  # a pair of its own: both ranks exited cleanly
+        assert json.loads((here / "exitcodes.json").read_text()) == [0, 0], lockstep.log()
+    results = [json.loads((here / f"rank_{r}.json").read_text()) for r in (0, 1)]
     for r in results:
         assert "crash" not in r, r["crash"]
     return results
 
 
 @pytest.fixture(scope="module")
-def unsharded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    (result,) = _run("unsharded", tmp_path_factory.mktemp("unsharded"))
+def unsharded(lockstep: Lockstep, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    (result,) = _run("unsharded", lockstep, tmp_path_factory.mktemp("unsharded"))
     return result
 
 
 @pytest.mark.slow
+@scenarios("fsdp", "unsharded")
 def test_fsdp2_every_row_is_measured_with_its_communication_and_training_is_untouched(
-    tmp_path: Path, unsharded: dict[str, Any]
+    tmp_path: Path, lockstep: Lockstep, unsharded: dict[str, Any]
 ) -> None:
-    ranks = _run("fsdp", tmp_path)
+    ranks = _run("fsdp", lockstep, tmp_path)
     for rank, result in enumerate(ranks):
         # a step after profiling leaves the same local shards and gradients as on an unprofiled twin
         assert result["identical"] and result["identical_grads"], rank
@@ -87,8 +184,11 @@ def test_fsdp2_every_row_is_measured_with_its_communication_and_training_is_unto
 
 
 @pytest.mark.slow
-def test_fsdp2_with_ranks_zero_every_rank_takes_part_in_the_lockstep_replays(tmp_path: Path) -> None:
-    ranks = _run("fsdp_zero", tmp_path)
+@scenarios("fsdp_zero")
+def test_fsdp2_with_ranks_zero_every_rank_takes_part_in_the_lockstep_replays(
+    tmp_path: Path, lockstep: Lockstep
+) -> None:
+    ranks = _run("fsdp_zero", lockstep, tmp_path)
     assert ranks[0]["identical"] and ranks[1]["identical"]
     zero, one = ranks[0]["rows"], ranks[1]["rows"]
     assert {p for p, r in zero.items() if r["status"] != "ok"} == {"blocks"}
@@ -98,8 +198,9 @@ def test_fsdp2_with_ranks_zero_every_rank_takes_part_in_the_lockstep_replays(tmp
 
 
 @pytest.mark.slow
-def test_a_plan_mismatch_is_an_error_on_every_rank_within_seconds(tmp_path: Path) -> None:
-    ranks = _run("mismatch", tmp_path, timeout=120)
+@scenarios("mismatch")
+def test_a_plan_mismatch_is_an_error_on_every_rank_within_seconds(tmp_path: Path, lockstep: Lockstep) -> None:
+    ranks = _run("mismatch", lockstep, tmp_path)
     message = (
         "cb_callback: the ranks cannot profile in lockstep: component 5 is missing on rank 0 and 4 (ReLU) on "
         "rank 1. Every rank must profile the same model (same tree) with the same options; nothing was replayed"
@@ -112,8 +213,11 @@ def test_a_plan_mismatch_is_an_error_on_every_rank_within_seconds(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_a_rank_that_raises_mid_replay_fails_that_component_on_every_rank_and_the_run_goes_on(tmp_path: Path) -> None:
-    ranks = _run("raise", tmp_path, timeout=180)
+@scenarios("raise")
+def test_a_rank_that_raises_mid_replay_fails_that_component_on_every_rank_and_the_run_goes_on(
+    tmp_path: Path, lockstep: Lockstep
+) -> None:
+    ranks = _run("raise", lockstep, tmp_path)
     for rank, result in enumerate(ranks):
         rows = result["rows"]
         # Center (path 1) raises on rank 1 at its sixth call, a timed run of the root's lockstep
@@ -133,8 +237,11 @@ def test_a_rank_that_raises_mid_replay_fails_that_component_on_every_rank_and_th
 
 
 @pytest.mark.slow
-def test_a_long_component_in_lockstep_stops_on_every_rank_once_every_rank_agrees(tmp_path: Path) -> None:
-    ranks = _run("settle", tmp_path, timeout=180)
+@scenarios("settle")
+def test_a_long_component_in_lockstep_stops_on_every_rank_once_every_rank_agrees(
+    tmp_path: Path, lockstep: Lockstep
+) -> None:
+    ranks = _run("settle", lockstep, tmp_path)
     for rank, result in enumerate(ranks):
         rows = result["rows"]
         # The root and SlowCenter (path 1) communicate: lockstep. Each run sleeps 150 ms, more than its
@@ -160,14 +267,15 @@ FAULTS = {
     "fsdp_raise_pass": "replay raised RuntimeError: rank 1 runs out of memory",
     "fsdp_raise_pass_bwd": "replay raised RuntimeError: rank 1 runs out of memory in the backward",
 }
+TIMEOUT_S.update(dict.fromkeys(FAULTS, 180))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", list(FAULTS))
 def test_fsdp2_a_run_that_raises_on_one_rank_fails_that_component_on_every_rank_and_no_rank_hangs(
-    tmp_path: Path, scenario: str
+    tmp_path: Path, lockstep: Lockstep, scenario: str
 ) -> None:
-    ranks = _run(scenario, tmp_path, timeout=180)
+    ranks = _run(scenario, lockstep, tmp_path)
     for rank, result in enumerate(ranks):
         rows = result["rows"]
         # RaiseInRoot (after the head) raises on rank 1 part way through one of the root's lockstep runs: in
@@ -194,8 +302,11 @@ def test_fsdp2_a_run_that_raises_on_one_rank_fails_that_component_on_every_rank_
 
 
 @pytest.mark.slow
-def test_a_first_pass_that_cannot_be_finished_for_the_others_names_the_rank_and_its_error(tmp_path: Path) -> None:
-    ranks = _run("fsdp_raise_unwritable", tmp_path, timeout=180)
+@scenarios("fsdp_raise_unwritable")
+def test_a_first_pass_that_cannot_be_finished_for_the_others_names_the_rank_and_its_error(
+    tmp_path: Path, lockstep: Lockstep
+) -> None:
+    ranks = _run("fsdp_raise_unwritable", lockstep, tmp_path)
     # RaiseInRoot raises on rank 1 in the root's first lockstep pass (its forward, after the all-gathers);
     # the ledger cannot write down a reduce op here (patched), so rank 1 cannot issue rank 0's backward
     # reduce-scatters for it: rank 1 ends the lockstep phase with its own error (every row not measured yet
@@ -212,25 +323,21 @@ def test_a_first_pass_that_cannot_be_finished_for_the_others_names_the_rank_and_
         assert result["seconds"] < 25 and result["untouched"] is True
 
 
-def _survivor(scenario: str, tmp_path: Path) -> dict[str, Any]:
+def _survivor(scenario: str, lockstep: Lockstep, tmp_path: Path) -> dict[str, Any]:
     """Rank 0's result of a scenario whose rank 1 process ends (exit code 3) part way; rank 0 exits cleanly."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CB_DISABLE": ""}
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), scenario, str(tmp_path)], cwd=REPO, env=env, capture_output=True,
-        text=True, timeout=180,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert json.loads((tmp_path / "exitcodes.json").read_text()) == [0, 3]
-    assert not (tmp_path / "rank_1.json").exists()
-    result: dict[str, Any] = json.loads((tmp_path / "rank_0.json").read_text())
+    here = lockstep.run(scenario, tmp_path)
+    assert json.loads((here / "exitcodes.json").read_text()) == [0, 3]
+    assert not (here / "rank_1.json").exists()
+    result: dict[str, Any] = json.loads((here / "rank_0.json").read_text())
     assert "crash" not in result, result.get("crash")
     return result
 
 
 @pytest.mark.slow
-def test_a_rank_that_dies_leaves_the_others_a_report_that_names_it(tmp_path: Path) -> None:
+@scenarios("fsdp_die")
+def test_a_rank_that_dies_leaves_the_others_a_report_that_names_it(tmp_path: Path, lockstep: Lockstep) -> None:
     # rank 1's process ends in the root's first timed run
-    result = _survivor("fsdp_die", tmp_path)
+    result = _survivor("fsdp_die", lockstep, tmp_path)
     # Rank 0's collective with the dead rank raised (gloo: connection reset or closed); the profile returns
     # a report within seconds, not at lockstep_timeout_s=30: every lockstep row not measured before fails
     # with the lost rank named, and metadata["ranks"]["lost"] says the same.
@@ -264,8 +371,11 @@ def _same_plan(ranks: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp2_the_in_situ_pass_and_the_triage_run_on_every_rank_and_decide_one_plan(tmp_path: Path) -> None:
-    ranks = _run("fsdp_triage", tmp_path, timeout=240)
+@scenarios("fsdp_triage")
+def test_fsdp2_the_in_situ_pass_and_the_triage_run_on_every_rank_and_decide_one_plan(
+    tmp_path: Path, lockstep: Lockstep
+) -> None:
+    ranks = _run("fsdp_triage", lockstep, tmp_path)
     _same_plan(ranks)
     for rank, result in enumerate(ranks):
         rows, insitu = result["rows"], result["insitu"]
@@ -315,9 +425,9 @@ INSITU_FAULTS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", list(INSITU_FAULTS))
 def test_fsdp2_an_in_situ_pass_or_census_that_raises_on_one_rank_leaves_every_rank_measuring(
-    tmp_path: Path, scenario: str
+    tmp_path: Path, lockstep: Lockstep, scenario: str
 ) -> None:
-    ranks = _run(scenario, tmp_path, timeout=240)
+    ranks = _run(scenario, lockstep, tmp_path)
     where, expected = INSITU_FAULTS[scenario]
     _same_plan(ranks)
     for rank, result in enumerate(ranks):
@@ -349,10 +459,11 @@ def test_fsdp2_an_in_situ_pass_or_census_that_raises_on_one_rank_leaves_every_ra
 
 
 @pytest.mark.slow
+@scenarios("routed")
 def test_members_called_alike_on_one_rank_only_are_not_copies_on_any_and_the_ranks_keep_one_plan(
-    tmp_path: Path,
+    tmp_path: Path, lockstep: Lockstep
 ) -> None:
-    ranks = _run("routed", tmp_path, timeout=240)
+    ranks = _run("routed", lockstep, tmp_path)
     _same_plan(ranks)
     for rank, result in enumerate(ranks):
         # experts 0 and 1 are alike on rank 0 (4 rows each) and not on rank 1 (2 and 6 rows): they are no
@@ -366,12 +477,12 @@ def test_members_called_alike_on_one_rank_only_are_not_copies_on_any_and_the_ran
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["ddp_insitu_raise_timed_bwd", "ddp_insitu_raise_mid_bwd"])
 def test_ddp_a_timed_in_situ_pass_whose_backward_raises_on_one_rank_is_drained_and_agreed_on(
-    tmp_path: Path, scenario: str
+    tmp_path: Path, lockstep: Lockstep, scenario: str
 ) -> None:
     # mid: the raise comes after the later blocks' buckets were all-reduced, DDP's reducer part way through an
     # iteration; every rank resets it after the failed pass (before, the root's replay and the next training
     # step raised "Expected to have finished reduction in the prior iteration" on rank 1)
-    ranks = _run(scenario, tmp_path, timeout=240)
+    ranks = _run(scenario, lockstep, tmp_path)
     expected = "the in-situ pass of root: RuntimeError: rank 1 runs out of memory in the backward"
     _same_plan(ranks)
     for rank, result in enumerate(ranks):
@@ -385,9 +496,12 @@ def test_ddp_a_timed_in_situ_pass_whose_backward_raises_on_one_rank_is_drained_a
 
 
 @pytest.mark.slow
-def test_a_rank_that_dies_in_the_in_situ_pass_leaves_the_other_a_report_that_names_it(tmp_path: Path) -> None:
+@scenarios("fsdp_insitu_die")
+def test_a_rank_that_dies_in_the_in_situ_pass_leaves_the_other_a_report_that_names_it(
+    tmp_path: Path, lockstep: Lockstep
+) -> None:
     # rank 1's process ends in the root's 4th forward (the in-situ pass's first timed pass)
-    result = _survivor("fsdp_insitu_die", tmp_path)
+    result = _survivor("fsdp_insitu_die", lockstep, tmp_path)
     # rank 0's collective with the dead rank raised: the ranks are lost, no plan, and every component that
     # communicates (all of this FSDP2 model's) fails with that said, within seconds
     lost = result["lost"]
@@ -399,3 +513,18 @@ def test_a_rank_that_dies_in_the_in_situ_pass_leaves_the_other_a_report_that_nam
         "": f"{lost}; no child could be measured to estimate it"
     }
     assert result["seconds"] < 20
+
+
+#: every scenario a test of this module reads
+ALL = [
+    "unsharded", "fsdp", "fsdp_zero", "mismatch", "raise", "settle", *FAULTS, "fsdp_raise_unwritable", "fsdp_die",
+    "fsdp_triage", *INSITU_FAULTS, "routed", "ddp_insitu_raise_timed_bwd", "ddp_insitu_raise_mid_bwd",
+    "fsdp_insitu_die",
+]  # fmt: skip
+
+# A hang fails the scenario's test at the scenario's timeout, not the whole run at pytest-timeout's 300 s: the
+# test that runs the batch (the fixture) may take as long as every scenario's timeout together.
+pytestmark = [
+    pytest.mark.timeout(sum(TIMEOUT_S.get(n, DEFAULT_TIMEOUT_S) for n in ALL) + 120),
+    pytest.mark.xdist_group("lockstep"),
+]
