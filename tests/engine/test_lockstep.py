@@ -251,10 +251,12 @@ def test_a_long_component_in_lockstep_stops_on_every_rank_once_every_rank_agrees
             assert rows[path]["status"] == "ok", (rank, path, rows[path])
             assert rows[path]["lockstep"]["repeats"] == 5 and rows[path]["repeats"] == 2, (rank, path)
             assert rows[path]["settled"] is True, (rank, path)
-        # the Linears are rank-local and short (budget 0.1 s over a run of microseconds): max_repeats = 50,
-        # or twice that when their first samples read noisy and they were re-measured (pooled): never settled
+        # the Linears are rank-local and short: a pass takes min(max_repeats = 50, budget 0.1 s / one run),
+        # 50 on a quiet machine, and a re-measurement (first samples read noisy) as many again, pooled;
+        # how many a busy machine leaves is its own (86 seen under a load of 9), but never more than two
+        # passes' worth, never fewer than min_repeats, and a short component never settles
         for path in ("0", "2"):
-            assert rows[path]["repeats"] in (50, 100) and rows[path]["settled"] is False, (rank, path)
+            assert 5 <= rows[path]["repeats"] <= 100 and rows[path]["settled"] is False, (rank, path)
 
 
 #: scenario -> where RaiseInRoot raises on rank 1 (see tests/_lockstep_script.py), and the error every rank
