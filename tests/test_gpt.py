@@ -125,10 +125,11 @@ def test_whatif_example_runs_its_three_checks(capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     assert f"report.html:  {tmp_path.resolve() / 'report.html'}" in out  # the page it wrote, by its path
     assert (tmp_path / "report.html").is_file()
-    # the what-if of the compile_top=2 components that cost the most as measured: the root on a quiet machine,
-    # not always beside two CPU hogs (a child's times can read above the root's); each one's line is printed
+    # the what-if of the compile_top=2 components that cost the most as measured (the root on a quiet machine,
+    # not always beside two CPU hogs: a child's times can read above the root's) and of the blocks that take a
+    # compiled representative's rows; the summary prints the line of each (of its top 5)
     compiled = [r.path for r in Report.load(tmp_path) if "compile" in r.details and math.isfinite(r.compiled_ms)]
-    assert len(compiled) == 2, compiled
+    assert 2 <= len(compiled) <= 5, compiled
     for path in compiled:
         assert f"compiling {path or 'root'} whole:" in out
     assert "p90 ms" in out
