@@ -73,6 +73,7 @@ def main(out: Path, mode: str) -> None:
     from cb_callback import ComponentBenchmark
 
     torch.set_num_threads(1)
+    out.mkdir(parents=True, exist_ok=True)
     bench = None
     if mode != "plain":
         # the in-situ pass and the triage run on every rank; descend_share=0: every row replayed

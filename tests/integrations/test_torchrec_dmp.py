@@ -41,10 +41,11 @@ def _run(out: Path, shardings: str, *extra: str) -> dict[str, list[dict[str, Any
     return {s: [json.loads((out / s / f"rank_{r}.json").read_text()) for r in (0, 1)] for s in shardings.split(",")}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    """The 4 sharding types gloo runs and a plan mixing them, even batches (4 samples per rank), one 2-rank launch."""
-    return _run(tmp_path_factory.mktemp("dmp"), ",".join(RUNS))
+@pytest.fixture
+def runs(dmp_runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """The 4 sharding types gloo runs and a plan mixing them, even batches (4 samples per rank), one 2-rank launch
+    (tests/integrations/conftest.py: shared with test_torchrec_rows)."""
+    return dmp_runs
 
 
 def _status(result: dict[str, Any]) -> dict[str, str]:
