@@ -286,7 +286,16 @@ def main(argv: list[str]) -> int:
     store = out / "store"
     if store.exists():
         os.remove(store)
-    mp.spawn(run_rank, args=(str(store), str(out), shardings, uneven), nprocs=WORLD, join=True)
+    # Forked ranks inherit these imports (seconds each): this process has started no process group and run no op.
+    import torchrec.distributed.embeddingbag
+    import torchrec.distributed.model_parallel
+    import torchrec.distributed.planner  # noqa: F401
+
+    import cb_callback.integrations.torchrec  # noqa: F401
+
+    mp.start_processes(
+        run_rank, args=(str(store), str(out), shardings, uneven), nprocs=WORLD, join=True, start_method="fork"
+    )
     print(summary(out, shardings))
     return 0
 
