@@ -27,6 +27,9 @@ Several sharding types (``table_wise,row_wise``) run one after the other in the 
 collective has a 60 s timeout (the process group's), so a rank left alone fails instead of hanging; the caller
 bounds the whole run with its own timeout too.
 
+A run named ``SHARDING+uneven`` (``row_wise+uneven``) is that sharding type with ``--uneven``'s batches, into
+``OUT/SHARDING+uneven/``, among runs with even ones: put it last (its collectives may fail on both ranks).
+
 Usage: ``PYTHONPATH=<repo> python tests/_dmp_script.py OUT SHARDING[,SHARDING...] [--uneven]``
 """
 
@@ -245,9 +248,10 @@ def run_rank(rank: int, store: str, out: str, shardings: list[str], uneven: bool
     timeout = datetime.timedelta(seconds=60)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD, timeout=timeout)
     try:
-        for sharding in shardings:
-            result = profile_one(rank, sharding, uneven)
-            folder = Path(out, sharding)
+        for run in shardings:
+            sharding, plus = run.split("+", 1) if "+" in run else (run, "")
+            result = profile_one(rank, sharding, uneven or plus == "uneven")
+            folder = Path(out, run)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"rank_{rank}.json").write_text(json.dumps(result, indent=1, default=str))
             dist.barrier()
@@ -278,7 +282,7 @@ def main(argv: list[str]) -> int:
     import torch.multiprocessing as mp
 
     shardings = argv[1].split(",") if len(argv) > 1 else []
-    if not shardings or not set(shardings) <= set(SHARDINGS):
+    if not shardings or not {s.removesuffix("+uneven") for s in shardings} <= set(SHARDINGS):
         print(f"usage: _dmp_script.py OUT SHARDING[,SHARDING...] [--uneven]; SHARDING in {SHARDINGS}", file=sys.stderr)
         return 2
     out, uneven = Path(argv[0]), "--uneven" in argv[2:]
@@ -286,7 +290,16 @@ def main(argv: list[str]) -> int:
     store = out / "store"
     if store.exists():
         os.remove(store)
-    mp.spawn(run_rank, args=(str(store), str(out), shardings, uneven), nprocs=WORLD, join=True)
+    # Forked ranks inherit these imports (seconds each): this process has started no process group and run no op.
+    import torchrec.distributed.embeddingbag
+    import torchrec.distributed.model_parallel
+    import torchrec.distributed.planner  # noqa: F401
+
+    import cb_callback.integrations.torchrec  # noqa: F401
+
+    mp.start_processes(
+        run_rank, args=(str(store), str(out), shardings, uneven), nprocs=WORLD, join=True, start_method="fork"
+    )
     print(summary(out, shardings))
     return 0
 

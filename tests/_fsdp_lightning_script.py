@@ -6,13 +6,18 @@ with momentum on a fixed dataset. Each rank writes ``OUT/rank_<r>.pt``: the loss
 parameters and of the optimizer's momentum after training, and, when profiled, the report's rows (rank 0's
 report; ``ranks="zero"``, the default) and the callback's mode at the end.
 
-Usage: ``PYTHONPATH=<repo> python tests/_fsdp_lightning_script.py OUT plain|pause|fork``
+Several modes (``plain,pause,fork``) train one after the other in the same two processes, a Trainer each (the
+process group Lightning started for the first is the later ones'), each into ``OUT/<mode>/``; before each,
+rank 0 prints ``MARK + mode`` on stdout and stderr, so the caller can tell each fit's output.
+
+Usage: ``PYTHONPATH=<repo> python tests/_fsdp_lightning_script.py OUT plain|pause|fork[,...]``
 (Lightning starts rank 1 by running this script again: everything is under the ``__main__`` guard.)
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +29,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests._lockstep_script import Net
+
+MARK = "== _fsdp_lightning_script mode: "
 
 
 class Sharded(pl.LightningModule):
@@ -66,6 +73,7 @@ def main(out: Path, mode: str) -> None:
     from cb_callback import ComponentBenchmark
 
     torch.set_num_threads(1)
+    out.mkdir(parents=True, exist_ok=True)
     bench = None
     if mode != "plain":
         # the in-situ pass and the triage run on every rank; descend_share=0: every row replayed
@@ -99,4 +107,8 @@ def main(out: Path, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2])
+    for name in sys.argv[2].split(","):
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # rank 0 (the launcher sets LOCAL_RANK for rank 1)
+            print(MARK + name, flush=True)
+            print(MARK + name, file=sys.stderr, flush=True)
+        main(Path(sys.argv[1]) / name, name)

@@ -21,6 +21,13 @@ from torch import nn
 # starts from an empty one (_own_peak_cache), so a fake clock's figure never reaches the next.
 os.environ["CB_CACHE_DIR"] = tempfile.mkdtemp(prefix="cb-test-cache-")
 
+# One compute thread, here and in the processes the tests start (examples, 2-rank scripts, fork
+# mode's child): on a 2-CPU machine shared with other work, two OpenMP threads wait at every op's
+# barrier for the one the scheduler took away (the what-if example took 35 s on 2 threads under
+# load, 9 s on 1). Tests about thread counts set their own (torch.set_num_threads).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _own_peak_cache(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:

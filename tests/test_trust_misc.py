@@ -436,10 +436,27 @@ if __name__ == "__main__":
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return _run_together([(args, cwd)])[0]
+
+
+def _run_together(commands: list[tuple[list[str], Path]]) -> list[subprocess.CompletedProcess[str]]:
+    """Each ``python ARGS`` in its directory, all at once (each mostly imports torch), waited for in order."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
+    procs = [
+        (args, subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True))
+        for args, cwd in commands
+    ]  # fmt: skip
+    done = []
+    for args, proc in procs:
+        try:
+            out, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for _, p in procs:
+                p.kill()
+            raise
+        done.append(subprocess.CompletedProcess(args, proc.returncode, out, err))
+    return done
 
 
 def _assert_replayed(out: Path) -> None:
@@ -477,16 +494,14 @@ def test_cb_replay_finds_a_model_class_defined_in_the_training_script(tmp_path: 
     moved.mkdir()
     for name in ("train.py", "helpers.py"):
         shutil.move(str(project / name), str(moved / name))
-    lost = _run(
-        ["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "b")], elsewhere
-    )
+    # the replays without and with --script: independent, run at once
+    lost, found = _run_together([
+        (["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "b")], elsewhere),
+        (["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "c"),
+          "--script", str(moved / "train.py")], elsewhere),
+    ])  # fmt: skip
     assert lost.returncode == 2  # could not replay (1: replayed, files not written)
     assert f"the script is not at {project / 'train.py'}: pass it with `cb replay --script PATH`" in lost.stderr
-    found = _run(
-        ["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "c"),
-         "--script", str(moved / "train.py")],
-        elsewhere,
-    )  # fmt: skip
     assert found.returncode == 0, found.stderr
     _assert_replayed(tmp_path / "c")
     assert (moved / "imports.log").read_text() == "top __mp_main__\n"

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "_dmp_script.py"
 GLOO_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
 RUNS = (*GLOO_TYPES, "mixed")  # mixed: t0 table-wise on rank 0, t1 column-wise, t2 row-wise, t3 data-parallel
+UNEVEN = "row_wise+uneven"  # row-wise, rank 0 training 4 samples and rank 1 three (the script's --uneven)
 EBC = "sparse_arch.embedding_bag_collection"
 ROWS = {"t0": 100, "t1": 110, "t2": 120, "t3": 130}  # the script's tables, all of dim 8, fp32
 # torchrec's default bandwidths (planner/constants.py), bytes per ms
@@ -41,10 +42,11 @@ def _run(out: Path, shardings: str, *extra: str) -> dict[str, list[dict[str, Any
     return {s: [json.loads((out / s / f"rank_{r}.json").read_text()) for r in (0, 1)] for s in shardings.split(",")}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    """The 4 sharding types gloo runs and a plan mixing them, even batches (4 samples per rank), one 2-rank launch."""
-    return _run(tmp_path_factory.mktemp("dmp"), ",".join(RUNS))
+@pytest.fixture
+def runs(dmp_runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """The 4 sharding types gloo runs and a plan mixing them, even batches (4 samples per rank), and UNEVEN, one
+    2-rank launch (tests/integrations/conftest.py: shared with test_torchrec_rows)."""
+    return dmp_runs
 
 
 def _status(result: dict[str, Any]) -> dict[str, str]:
@@ -180,11 +182,12 @@ def test_each_sharding_type_trains_and_profiles_on_gloo_and_leaves_training_unto
 
 
 @pytest.mark.slow
-def test_row_wise_with_unequal_batches_needs_nccl(tmp_path: Path) -> None:
+def test_row_wise_with_unequal_batches_needs_nccl(runs: dict[str, list[dict[str, Any]]]) -> None:
     # rank 0 trains 4 samples, rank 1 three: the row-wise output dist reduce-scatters unequal splits
     # (gloo runs it) and its backward all-gathers them into a list of unequal tensors, which gloo refuses
     # on both ranks at once: an error, not a hang
-    (r0, r1) = _run(tmp_path, "row_wise", "--uneven")["row_wise"]
+    (r0, r1) = runs[UNEVEN]
+    assert r0["sharding"] == "row_wise" and r0["uneven"] and r1["uneven"]
     assert "ProcessGroupGloo::allgather: invalid tensor size at index 1 (expected (4, 32), got (3, 32))" in r0["error"]
     assert "ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (3, 32), got (4, 32))" in r1["error"]
 

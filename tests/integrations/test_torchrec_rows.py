@@ -3,7 +3,6 @@ measured (not derived by subtraction), and ``batch_size=`` replication of variab
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -261,11 +260,12 @@ def test_a_fused_lookups_backward_alone_runs_the_tbe_backward_every_run() -> Non
 
 
 @pytest.mark.slow
-def test_two_rank_dmp_backward_compute_is_measured_never_clamped(tmp_path: Path) -> None:
-    from tests.integrations.test_torchrec_dmp import DETAILS, EBC, _run
+def test_two_rank_dmp_backward_compute_is_measured_never_clamped(dmp_runs: dict[str, list[dict[str, Any]]]) -> None:
+    from tests.integrations.test_torchrec_dmp import DETAILS, EBC
 
-    runs = _run(tmp_path, "table_wise,row_wise")
-    for sharding, ranks in runs.items():
+    # the 2-rank launch test_torchrec_dmp reads too (tests/integrations/conftest.py)
+    for sharding in ("table_wise", "row_wise"):
+        ranks = dmp_runs[sharding]
         for res in ranks:
             assert res["error"] is None, res.get("traceback")
             assert res["state_diff_after_profile"] == [] and res["state_diff_after_step"] == []  # training untouched
