@@ -179,7 +179,8 @@ class BenchmarkConfig:
         compile_options: keyword arguments of ``torch.compile`` (``backend``,
             ``mode``, ``dynamic``, ``fullgraph``, ``options``); ``None``: its defaults.
         compile_top: compile only the ``K`` most expensive measured components
-            (``total_ms × calls``; the root is one of them); ``None``: every
+            (``total_ms × calls``, as measured; the root is a candidate like any
+            other, first only when its times read highest); ``None``: every
             measured one, most expensive first, while ``max_total_time_s`` lasts.
     """
 
