@@ -32,13 +32,15 @@ from cb_callback._engine.counting.census import Census, census_of
 from cb_callback._engine.derive.quality import Assessment, LoadProbe, assess
 from cb_callback._engine.derive.rollup import derive_all, estimate_parents, fill_share, pairs_by_batch
 from cb_callback._engine.distributed import lockstep
+from cb_callback._engine.distributed.coordinator import Coordinator
 from cb_callback._engine.distributed.fsdp import fsdp1_problem, has_unit
-from cb_callback._engine.distributed.lockstep import Coordinator, check_plan
+from cb_callback._engine.distributed.lockstep import check_plan
 from cb_callback._engine.replay.batches import batch_size_of, merged_calls
 from cb_callback._engine.replay.preprocessors import builtin_preprocessors
 from cb_callback._engine.replay.state import StateGuard
 from cb_callback._engine.run.component import ComponentRun
 from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.context import RunContext
 from cb_callback._engine.run.extensions import EXTENSIONS
 from cb_callback._engine.run.metadata import insitu_ratio, run_cost, run_metadata
 from cb_callback._engine.run.plugins import models_restored
@@ -146,6 +148,7 @@ def _profile(
         prepared.metrics, forward_context, sizes, lockstep=coord is not None,
     )  # fmt: skip
     nodes, modules = build_tree(model, calls, cfg.max_depth)
+    ctx = RunContext(run, nodes, modules, batches, coord)
     if coord is not None:
         check_plan(coord, [(n.path, n.module_type) for n in nodes], _plan_options(cfg, len(batches)))
     # The guard also restores the RNG a CPU calibration draws from; every preprocessor of the run
@@ -157,9 +160,9 @@ def _profile(
         load = LoadProbe()
         canary = cpu_canary() if device.type == "cpu" and cfg.insitu_passes else None
         around = [canary()] if canary is not None else []  # the machine's speed around the in-situ pass
-        insitu, plan = _triage(run, nodes, modules, batches, calls, cfg, device, coord, meta)
+        insitu, plan = _triage(ctx, meta)
         around += [canary()] if canary is not None else []
-        schedule = Schedule(run, nodes, modules, batches, calls, cfg, device, budget0, coord, insitu, plan)
+        schedule = Schedule(ctx, budget0, insitu, plan)
         schedule.canary_s += around
         schedule.run_levels()
         if coord is not None:
@@ -211,22 +214,12 @@ def _profile(
     if (budget := schedule.budget_info()) is not None:
         meta["cost"]["budget"] = budget
     report = Report([rows[n.path] for n in nodes], meta)
-    ctx = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
-    _write(report, prepared.reporters, ctx)
+    where = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
+    _write(report, prepared.reporters, where)
     return report
 
 
-def _triage(
-    run: ComponentRun,
-    nodes: Sequence[Node],
-    modules: Mapping[str, nn.Module],
-    batches: Sequence[Mapping[str, ComponentInputs]],
-    calls: Mapping[str, ComponentInputs],
-    cfg: BenchmarkConfig,
-    device: torch.device,
-    coord: Coordinator | None,
-    meta: dict[str, Any],
-) -> tuple[list[InSituTimes], Plan | None]:
+def _triage(ctx: RunContext, meta: dict[str, Any]) -> tuple[list[InSituTimes], Plan | None]:
     """Each batch's in-situ pass, then (``descend="hotspots"``) the triage's plan from its times.
 
     No in-situ pass with ``insitu_passes=0`` or ``max_total_time_s=0``. Under
@@ -234,8 +227,11 @@ def _triage(
     (:mod:`cb_callback._engine.selection.ranked_triage`). No plan (``hotspots`` descends
     level by level on measured shares) when a top component's pass raised
     (under several ranks: on any rank), nothing was timed, or the ranks'
-    plans differ.
+    plans differ. ``meta`` (the report's metadata) gets ``insitu`` and ``triage``.
     """
+    run, nodes, modules, batches, calls, cfg, coord = (
+        ctx.run, ctx.nodes, ctx.modules, ctx.batches, ctx.calls, ctx.cfg, ctx.coord
+    )  # fmt: skip
     if cfg.insitu_passes == 0 or cfg.max_total_time_s == 0:
         return [], None
     census: Census | None = None
@@ -244,7 +240,7 @@ def _triage(
         paths = [n.path for n in nodes]
         census = census_of(run, nodes, modules, batches, [top_paths(b, paths) for b in batches])
         run.instrumented_s += census.seconds  # an observed pass (cost: instrumented_s, of it census_s)
-    out = _insitu_times(run, nodes, modules, batches, cfg, device, coord, meta, census)
+    out = _insitu_times(ctx, meta, census)
     if out is None:
         return [], None
     untimed = any(t.errors for t in out) or not all(t.times for t in out)
@@ -269,7 +265,7 @@ def _triage(
     # and so do replayed rows on one rank, whose replays then only time (and observe memory). Under several
     # ranks every rank counts (the census communicates); the plans are compared below.
     if census is None:
-        census, why = _census(run, nodes, modules, batches, [t.tops for t in out], coord)
+        census, why = _census(ctx, [t.tops for t in out])
         if census is None:
             meta["triage"] = {"skipped": why}
             return out, None
@@ -293,21 +289,12 @@ def _triage(
     return out, plan
 
 
-def _insitu_times(
-    run: ComponentRun,
-    nodes: Sequence[Node],
-    modules: Mapping[str, nn.Module],
-    batches: Sequence[Mapping[str, ComponentInputs]],
-    cfg: BenchmarkConfig,
-    device: torch.device,
-    coord: Coordinator | None,
-    meta: dict[str, Any],
-    census: Census | None = None,
-) -> list[InSituTimes] | None:
+def _insitu_times(ctx: RunContext, meta: dict[str, Any], census: Census | None = None) -> list[InSituTimes] | None:
     """Each batch's in-situ pass (:func:`time_in_situ`; ``metadata["insitu"]``); under several ranks on
     every rank at once (:func:`cb_callback._engine.selection.ranked_triage.in_situ`), ``None`` when it failed on one.
     A top the ``census`` counted (a forward and backward on the same call, just before) needs no warm-up."""
-    paths = [n.path for n in nodes]
+    run, modules, batches, cfg, device, coord = ctx.run, ctx.modules, ctx.batches, ctx.cfg, ctx.device, ctx.coord
+    paths = [n.path for n in ctx.nodes]
     only = set(paths)
     ranked = coord is not None
 
@@ -368,16 +355,10 @@ def _step_costs(
     return costs, step
 
 
-def _census(
-    run: ComponentRun,
-    nodes: Sequence[Node],
-    modules: Mapping[str, nn.Module],
-    batches: Sequence[Mapping[str, ComponentInputs]],
-    tops: Sequence[Sequence[str]],
-    coord: Coordinator | None,
-) -> tuple[Census | None, str]:
+def _census(ctx: RunContext, tops: Sequence[Sequence[str]]) -> tuple[Census | None, str]:
     """The census of the step's FLOPs (:func:`census_of`); under several ranks every rank's at once
     (``None`` and why, on every rank, when it raised on any: the triage then has no plan)."""
+    run, nodes, modules, batches, coord = ctx.run, ctx.nodes, ctx.modules, ctx.batches, ctx.coord
     if coord is None:
         return census_of(run, nodes, modules, batches, tops), ""
 
