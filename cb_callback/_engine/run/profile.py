@@ -23,6 +23,7 @@ from cb_callback._engine.capture.inputs import (
     InputCopyError,
     copy_call,
     leading_batch_size,
+    tensor_copier,
     to_device,
 )
 from cb_callback._engine.capture.tree import Node, build_tree
@@ -513,7 +514,8 @@ def _capture(prepared: Prepared, inputs: Sequence[tuple[tuple[Any, ...], dict[st
     output does not reach it (a probe only logged) gets no backward.
     """
     model, meta = prepared.model, prepared.metadata
-    own = _input_copier(model)
+    # The model's own parameters and buffers are kept (an argument may be one, or a dict keyed by one).
+    own = tensor_copier(leaf="as_given", keep=(*model.parameters(), *model.buffers()))
     captures = []
     for i, (b_args, b_kwargs) in enumerate(inputs):
         b_args, b_kwargs = to_device((tuple(b_args), b_kwargs), prepared.device)
@@ -540,28 +542,6 @@ def _capture(prepared: Prepared, inputs: Sequence[tuple[tuple[Any, ...], dict[st
                     stacklevel=4,
                 )
     return captures
-
-
-def _input_copier(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """How the capture forward's copy of the inputs copies a tensor.
-
-    The model's own parameters and buffers are kept (an argument may be one, or
-    a dict keyed by one); any other tensor is cloned with its ``requires_grad``,
-    and one that was not a leaf stays a non-leaf (``ReLU(inplace=True)`` on an
-    upstream output works on the copy as on the original).
-    """
-    own = {id(t) for t in (*model.parameters(), *model.buffers())}
-
-    def copy(t: torch.Tensor) -> torch.Tensor:
-        if id(t) in own:
-            return t
-        out = t.detach().clone()
-        if not t.requires_grad:
-            return out
-        out.requires_grad_(True)
-        return out if t.is_leaf else out.clone()
-
-    return copy
 
 
 def _batch_inputs(
