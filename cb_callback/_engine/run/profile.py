@@ -11,6 +11,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,12 +130,56 @@ def _profile(
 ) -> Report:
     """The phases of a run on a prepared model: tree, peaks, levels, what-ifs, artifacts, roll-up, report."""
     wall0, timed0 = time.perf_counter(), timed_seconds()
-    model, cfg, device, meta = prepared.model, prepared.config, prepared.device, prepared.metadata
+    cfg, device, meta = prepared.config, prepared.device, prepared.metadata
+    if len(batches) > 1:
+        meta["batches"] = len(batches)
+    dtype = infer_dtype(prepared.model, device, cfg)
+    ctx = _run_context(prepared, batches, forward_context)
+    measured = _measure(ctx, prepared, dtype, meta)
+    schedule, insitu, plan, peaks = measured.schedule, measured.insitu, measured.plan, measured.peaks
+    rows = schedule.rows
+    _roll_up(ctx, schedule, peaks, meta)
+    assessment = _assess(schedule, peaks, dtype, device, measured.load, len(batches))
+    for path, row in rows.items():  # always a list: [] on a clean row
+        row.details["flags"] = list(assessment.flags.get(path, []))
+        row.details.update(assessment.details.get(path, {}))  # what a flag explains (above_parent's why)
+    meta["quality"] = assessment.quality
+    meta["quality"]["insitu_ratio"] = insitu_ratio(rows, insitu[0] if insitu else None)
+    wall_s, timed_s = time.perf_counter() - wall0, timed_seconds() - timed0
+    meta.update(
+        run_metadata(
+            device=device, peaks=peaks, dtype=dtype, cfg=cfg, captured_batch_size=prepared.context.batch_size,
+            wall_s=wall_s, timed_s=timed_s, calibration_s=measured.calibration_s,
+        )
+    )  # fmt: skip
+    meta["cost"] = run_cost(
+        wall_s=wall_s, timed_s=timed_s, calibration_s=measured.calibration_s,
+        insitu_s=sum(t.seconds for t in insitu), insitu_timed_s=sum(t.timed_s for t in insitu),
+        instrumented_s=ctx.run.instrumented_s, floor_s=ctx.run.floor_s, compile_s=measured.compile_s,
+        artifacts_s=measured.artifacts_s, census_s=plan.census_s if plan is not None else 0.0,
+    )  # fmt: skip
+    if (budget := schedule.budget_info()) is not None:
+        meta["cost"]["budget"] = budget
+    report = Report([rows[n.path] for n in ctx.nodes], meta)
+    where = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
+    _write(report, prepared.reporters, where)
+    return report
+
+
+def _run_context(
+    prepared: Prepared,
+    batches: Sequence[Mapping[str, ComponentInputs]],
+    forward_context: Callable[[], AbstractContextManager[Any]] | None,
+) -> RunContext:
+    """The run's context: its component measurer, its tree and, under several ranks, its coordinator.
+
+    Raises:
+        ValueError: a model sharded with FSDP1; ``budget_s`` under several ranks; ranks whose trees or
+            plan options differ (:func:`check_plan`, on every rank).
+    """
+    model, cfg, device = prepared.model, prepared.config, prepared.device
     multi = len(batches) > 1
     calls = batches[0] if not multi else merged_calls(batches)
-    if multi:
-        meta["batches"] = len(batches)
-    dtype = infer_dtype(model, device, cfg)
     sizes = [prepared.context.batch_size, *(batch_size_of(c) for c in batches[1:])] if multi else []
     if (problem := fsdp1_problem(model)) is not None:
         raise ValueError(f"cb_callback: {problem}")
@@ -152,6 +197,39 @@ def _profile(
     ctx = RunContext(run, nodes, modules, batches, coord)
     if coord is not None:
         check_plan(coord, [(n.path, n.module_type) for n in nodes], _plan_options(cfg, len(batches)))
+    return ctx
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What the measuring phases of a run leave (:func:`_measure`).
+
+    Attributes:
+        schedule: the rows, samples and pendings of every replay.
+        insitu: each batch's in-situ pass (empty: none ran).
+        plan: the triage's plan (``None``: none).
+        peaks: the peaks MFU and bandwidth utilisation divide by.
+        load: the machine's load over the timed phases (stopped before the artifact passes).
+        calibration_s: seconds the peaks' calibration took (outside ``max_total_time_s``).
+        compile_s: seconds the compile what-ifs took (0 without ``compile``).
+        artifacts_s: seconds the artifact passes took.
+    """
+
+    schedule: Schedule
+    insitu: list[InSituTimes]
+    plan: Plan | None
+    peaks: Peaks
+    load: LoadProbe
+    calibration_s: float
+    compile_s: float
+    artifacts_s: float
+
+
+def _measure(ctx: RunContext, prepared: Prepared, dtype: str, meta: dict[str, Any]) -> _Measured:
+    """Every phase that runs the model, in order: the peaks' calibration, the in-situ pass and the triage,
+    the levels, the lockstep phase, the compile what-ifs, the artifact passes; then the rows taken from
+    elsewhere (copies, in-situ). The model's state is put back after them (also on error)."""
+    model, cfg, device, coord = prepared.model, ctx.cfg, ctx.device, ctx.coord
     # The guard also restores the RNG a CPU calibration draws from; every preprocessor of the run
     # (profile_components prepared them) is undone after the replays, also on error.
     with models_restored(prepared.preprocessors, model, prepared.context), StateGuard(model):
@@ -178,46 +256,28 @@ def _profile(
         _compiled_net_of_floor(schedule.rows.values())
         schedule.fill_copies()
         schedule.fill_insitu()
-    rows = schedule.rows
-    estimate_parents(nodes, rows)
+    return _Measured(schedule, insitu, plan, peaks, load, budget0 - calibration0, compile_s, artifacts_s)
+
+
+def _roll_up(ctx: RunContext, schedule: Schedule, peaks: Peaks, meta: dict[str, Any]) -> None:
+    """The numbers derived from the measured rows: parents estimated from children, rates and shares,
+    under several ranks ``metadata["ranks"]`` (and with ``ranks="all"`` every rank's figures), the
+    compile speed-ups."""
+    rows, cfg, coord = schedule.rows, ctx.cfg, ctx.coord
+    estimate_parents(ctx.nodes, rows)
     derive_all(rows.values(), peaks)
     fill_share(rows, schedule.per_batch)
     if coord is not None:
         meta["ranks"] = {"world_size": coord.world, "rank": coord.rank, "profiles": cfg.ranks}
         if coord.lost is not None:
             meta["ranks"]["lost"] = coord.lost
-            warnings.warn(f"cb_callback: {coord.lost}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"cb_callback: {coord.lost}", RuntimeWarning, stacklevel=3)  # the entry point's caller
         if cfg.ranks == "all":
             lockstep.merge_ranks(coord, rows)
     for row in rows.values():
         row.compile_speedup = EXTENSIONS.get("compile_speedup")(row)
     if cfg.compile:
-        EXTENSIONS.get("fill_children_separately")(rows, {n.path: n.children for n in nodes})
-    assessment = _assess(schedule, peaks, dtype, device, load, len(batches))
-    for path, row in rows.items():  # always a list: [] on a clean row
-        row.details["flags"] = list(assessment.flags.get(path, []))
-        row.details.update(assessment.details.get(path, {}))  # what a flag explains (above_parent's why)
-    meta["quality"] = assessment.quality
-    meta["quality"]["insitu_ratio"] = insitu_ratio(rows, insitu[0] if insitu else None)
-    wall_s, timed_s = time.perf_counter() - wall0, timed_seconds() - timed0
-    meta.update(
-        run_metadata(
-            device=device, peaks=peaks, dtype=dtype, cfg=cfg, captured_batch_size=prepared.context.batch_size,
-            wall_s=wall_s, timed_s=timed_s, calibration_s=budget0 - calibration0,
-        )
-    )  # fmt: skip
-    meta["cost"] = run_cost(
-        wall_s=wall_s, timed_s=timed_s, calibration_s=budget0 - calibration0,
-        insitu_s=sum(t.seconds for t in insitu), insitu_timed_s=sum(t.timed_s for t in insitu),
-        instrumented_s=run.instrumented_s, floor_s=run.floor_s,
-        compile_s=compile_s, artifacts_s=artifacts_s, census_s=plan.census_s if plan is not None else 0.0,
-    )  # fmt: skip
-    if (budget := schedule.budget_info()) is not None:
-        meta["cost"]["budget"] = budget
-    report = Report([rows[n.path] for n in nodes], meta)
-    where = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
-    _write(report, prepared.reporters, where)
-    return report
+        EXTENSIONS.get("fill_children_separately")(rows, {n.path: n.children for n in ctx.nodes})
 
 
 def _triage(ctx: RunContext, meta: dict[str, Any]) -> tuple[list[InSituTimes], Plan | None]:
