@@ -88,6 +88,7 @@ from cb_callback._engine.derive.advice import (
     parent_advice,
     peak_advice,
 )
+from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._hardware.load import (
     LOAD_EXCESS_PER_CPU,
     available_cpus,
@@ -448,7 +449,7 @@ def assess(
     *,
     load: LoadProbe,
     threads: int,
-    config: Any = None,
+    config: BenchmarkConfig | None = None,
     calibration_spread: float | None = None,
     slowdown: float | None = None,
     pairs: Iterable[tuple[str, str]] | None = None,
@@ -581,7 +582,7 @@ def _rows_advice(
     found: _Found,
     timed: Mapping[str, SampleSet],
     by_path: Mapping[str, ComponentRow],
-    config: Any,
+    config: BenchmarkConfig | None,
     peaks: Mapping[str, Any],
 ) -> list[str]:
     """The advice on the flagged rows: noisy, slower than their parent, over a peak, unlike in situ, and

@@ -84,6 +84,7 @@ from cb_callback._engine.distributed.fsdp import is_unit, save_fsdp_state, unsha
 from cb_callback._engine.replay.isolate import PassContext, Phase, Replay, instrumented_pass
 from cb_callback._engine.run.component import ComponentRun, Pending
 from cb_callback._engine.run.context import RunContext
+from cb_callback._engine.run.schedule import Schedule
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.model import error_text as _error_text
 
@@ -158,7 +159,7 @@ def run_plan(
     *,
     rows: Callable[[str, int], ComponentRow],
     profiles: bool,
-    time_local: Callable[[list[Pending]], Mapping[tuple[str, int], SampleSet]],
+    time_local: Callable[[list[Pending]], None],
 ) -> dict[tuple[str, int], Pending]:
     """Run the plan on every rank (see the module docstring); return the lockstep components' pendings.
 
@@ -440,7 +441,7 @@ def _children(
     ctx: RunContext,
     rows: Callable[[str, int], ComponentRow],
     profiles: bool,
-    time_local: Callable[[list[Pending]], Mapping[tuple[str, int], SampleSet]],
+    time_local: Callable[[list[Pending]], None],
 ) -> None:
     """A unit's children, replayed rank-locally while the unit is unsharded (one all-gather on every rank)."""
     run, modules, batches = ctx.run, ctx.modules, ctx.batches
@@ -500,7 +501,7 @@ def plan_of(deferred: Sequence[Sequence[tuple[str, int, str]]], order: Sequence[
     return steps
 
 
-def phase(schedule: Any, coord: Coordinator) -> None:
+def phase(schedule: Schedule, coord: Coordinator) -> None:
     """The lockstep phase of a run (after every level's rank-local replays; see the module docstring).
     With the ranks already lost (the in-situ pass found a rank gone), every deferred row fails with why."""
     if coord.lost is not None:

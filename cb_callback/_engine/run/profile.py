@@ -38,6 +38,7 @@ from cb_callback._engine.distributed.coordinator import Coordinator
 from cb_callback._engine.distributed.fsdp import fsdp1_problem, has_unit
 from cb_callback._engine.distributed.lockstep import check_plan
 from cb_callback._engine.replay.batches import batch_size_of, merged_calls
+from cb_callback._engine.replay.isolate import Replay
 from cb_callback._engine.replay.preprocessors import builtin_preprocessors
 from cb_callback._engine.replay.state import StateGuard
 from cb_callback._engine.run.component import ComponentRun
@@ -372,7 +373,7 @@ def _insitu_times(ctx: RunContext, meta: dict[str, Any], census: Census | None =
             if guard is not None:
                 guard.batch = b
 
-            def replay_of(top: str, batch_calls: Mapping[str, ComponentInputs] = batch_calls, b: int = b) -> Any:
+            def replay_of(top: str, batch_calls: Mapping[str, ComponentInputs] = batch_calls, b: int = b) -> Replay:
                 inputs = run.inputs_for(top, modules[top], batch_calls, b, keep=True)
                 # the backward as the step's (every node runs): an FSDP2 unit's own nodes lead to no target
                 accumulate = ranked or has_unit(modules[top])

@@ -594,11 +594,11 @@ def time_interleaved(
 
 
 def artifact_targets(
-    pending: Sequence[Any],
+    pending: Sequence[Pending],
     cfg: BenchmarkConfig,
     rows: Mapping[str, ComponentRow],
     cost: Mapping[str, float | None],
-) -> list[Any]:
+) -> list[Pending]:
     """The components artifacts are written for: all, or the ``artifacts_top`` most expensive.
 
     Most expensive by ``cost`` (:func:`cb_callback._engine.selection.descend.step_cost_ms`:
@@ -607,7 +607,7 @@ def artifact_targets(
     median batch). ``pending`` holds :class:`Pending` (anything with ``row`` and
     ``batch``).
     """
-    chosen: dict[str, Any] = {}
+    chosen: dict[str, Pending] = {}
     for p in pending:
         if p.row.status != "ok" or _across_ranks(p.row):
             continue
