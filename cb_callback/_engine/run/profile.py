@@ -54,7 +54,7 @@ from cb_callback._hardware.peaks import (
     recalibrate_cpu_flops,
     resolve_peaks,
 )
-from cb_callback._report.context import ReportContext
+from cb_callback._report.context import ReportContext, Reporter
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._report.model import error_text as _error_text
 
@@ -320,7 +320,7 @@ def _assess(
     )  # fmt: skip
 
 
-def _write(report: Report, reporters: Sequence[Any], ctx: ReportContext) -> None:
+def _write(report: Report, reporters: Sequence[Reporter], ctx: ReportContext) -> None:
     for reporter in reporters:
         try:
             reporter.write(report, ctx)
