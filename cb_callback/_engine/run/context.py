@@ -21,7 +21,7 @@ __all__ = ["RunContext"]
 class RunContext:
     """The parts of one run that the triage, the schedule and the lockstep phase all read.
 
-    Built once per run (:func:`cb_callback._engine.run.profile._profile`), after the
+    Built once per run (:func:`cb_callback._engine.run.profile._run_context`), after the
     tree and before the in-situ pass; none of its fields is replaced during the
     run (the objects themselves keep their own state: ``run`` counts its costs,
     ``coord`` notes a lost rank). What one phase decides (the in-situ times, the
