@@ -20,9 +20,9 @@ import contextlib
 import copy
 import functools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.utils import _pytree as pytree
@@ -38,6 +38,7 @@ __all__ = [
     "register_batch_rule",
     "replicate_batch",
     "slice_batch",
+    "tensor_copier",
     "to_device",
 ]
 
@@ -201,11 +202,51 @@ def _has_rule(x: Any) -> bool:
     return type(x) in _BATCH_RULES
 
 
-def _copy_tensor(t: torch.Tensor) -> torch.Tensor:
-    out = t.detach().clone()
-    if t.requires_grad and (out.is_floating_point() or out.is_complex()):
+def tensor_copier(
+    *,
+    leaf: Literal["always", "as_given", "never"] = "always",
+    keep: Iterable[torch.Tensor] = (),
+    leaves: list[torch.Tensor] | None = None,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How a copy of a call copies one tensor (:func:`copy_call`'s ``tensor_fn``).
+
+    Every tensor is detached and cloned. A clone of a tensor that requires grad
+    is made a leaf that requires grad (appended to ``leaves``, where the
+    gradients of a backward through the copy land), and what the copy holds is,
+    by ``leaf``:
+
+    - ``"always"``: that leaf (the captured copy: :func:`copy_call`'s default);
+    - ``"as_given"``: that leaf where the tensor was a leaf, else a clone of it,
+      a non-leaf as the tensor was (the capture forward's copy of the caller's
+      inputs: ``ReLU(inplace=True)`` on an upstream output works on the copy as
+      on the original);
+    - ``"never"``: a clone of it, a non-leaf (each replay's copy: an in-place op
+      on an input works, and the input's gradient lands on the leaf).
+
+    Args:
+        leaf: whether a copy that requires grad is held as a leaf (see above).
+        keep: tensors kept by reference, not copied (the model's own parameters
+            and buffers, which an argument may be or be keyed by).
+        leaves: where each leaf that requires grad is appended, in copy order.
+    """
+    kept = {id(t) for t in keep}
+
+    def copy_one(t: torch.Tensor) -> torch.Tensor:
+        if id(t) in kept:
+            return t
+        out = t.detach().clone()
+        if not t.requires_grad:
+            return out
         out.requires_grad_(True)
-    return out
+        if leaves is not None:
+            leaves.append(out)
+        return out if leaf == "always" or (leaf == "as_given" and t.is_leaf) else out.clone()
+
+    return copy_one
+
+
+#: :func:`copy_call`'s default: a detached clone, a leaf that keeps ``requires_grad``.
+_copy_tensor = tensor_copier()
 
 
 class InputCopyError(RuntimeError):

@@ -5,6 +5,7 @@ nodes it built (:mod:`cb_callback._engine.clocks.nodeclock`), before any isolate
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 import time
@@ -239,62 +240,113 @@ def time_in_situ(
         gets no times (``errors`` says why); the others keep theirs.
     """
     out = InSituTimes(tops=list(tops), passes=passes)
-    done: dict[str, int] = {}
+    tally = _Tally(out)
     t_start = time.perf_counter()
-    clock = HookClock(device)
-    per_pass: dict[str, list[tuple[float, int]]] = {}
-    bwd_s: dict[str, list[float]] = {}
-    node_s: dict[str, list[tuple[float, int]]] = {}  # per pass: a module's nodes' seconds, its calls
+    run = functools.partial(
+        _one_pass, root=root, clock=HookClock(device), only=only, device=device, backward=backward,
+        collectives=collectives,
+    )  # fmt: skip
     by_nodes = backward and device.type == "cpu"  # on CUDA a node's hooks see its launch, not its kernels
     for top in tops:
-        replay: Replay | None = None
-        top_s = 0.0
-        for i in range(0 if warm_up and top not in warmed else 1, passes + 1):
-            nodes = NodeClock() if by_nodes and i > 0 else None
-            error: str | None = None
-            if guard is not None:
-                guard.begin(top)
-            try:
-                replay = replay_of(top) if replay is None else replay
-                spent, seconds = _one_pass(
-                    replay, root, clock, only, device, backward, nodes, warm_up=i == 0, collectives=collectives
-                )  # fmt: skip
-            except Exception as e:
-                error = error_text(e)
-                if guard is not None:
-                    guard.failed()
-            finally:
-                if nodes is not None:
-                    nodes.close()
-            if guard is not None:
-                error = guard.end(error)
-            if error is not None:
-                out.errors[top] = error
-                break
-            if i == 0:
-                continue
-            if seconds is not None and nodes is not None:
-                seconds = max(seconds - nodes.hooks_s, 0.0)  # the top's whole backward, less the hooks'
-                for path, took in nodes.seconds.items():
-                    if spent.get(path):
-                        node_s.setdefault(path, []).append((took, len(spent[path])))
-            measured = sum(spent.get(top, [])) + (seconds or 0.0)
-            record_timed(measured)  # measured work, as a timed run's
-            out.timed_s += measured
-            for path, each in spent.items():
-                per_pass.setdefault(path, []).append((math.fsum(each), len(each)))
-            if seconds is not None:
-                bwd_s.setdefault(top, []).append(seconds)
-            done[top] = i
-            top_s += measured
-            if budget_s is not None and top_s >= budget_s:
-                break
+        first = 0 if warm_up and top not in warmed else 1
+        _time_top(top, replay_of, run, tally, range(first, passes + 1), budget_s, guard, by_nodes)
         if collectives and top in out.errors:
             break
-    out.passes = min(done.values(), default=0)
-    out.times = _medians(per_pass, bwd_s, node_s, out.passes)
+    out.passes = min(tally.done.values(), default=0)
+    out.times = _medians(tally.per_pass, tally.bwd_s, tally.node_s, out.passes)
     out.seconds = time.perf_counter() - t_start
     return out
+
+
+class _Pass(Protocol):
+    """One pass of a top: :func:`_one_pass` with the run's clock and options."""
+
+    def __call__(
+        self, replay: Replay, *, nodes: NodeClock | None, warm_up: bool
+    ) -> tuple[dict[str, list[float]], float | None]:
+        """Each module's forward seconds per call, and the top's backward seconds (``None``: none)."""
+
+
+@dataclass
+class _Tally:
+    """The timed passes of every top of one :func:`time_in_situ`, as they add up.
+
+    Attributes:
+        out: the result, whose ``timed_s`` and ``errors`` fill as the passes run.
+        per_pass: per module, each pass's forward seconds (summed over its calls) and its calls.
+        bwd_s: per top, each pass's whole backward seconds (less the node clock's hooks).
+        node_s: per module, each pass's seconds of the autograd nodes it built, and its calls.
+        done: per top, its last timed pass (1-based).
+    """
+
+    out: InSituTimes
+    per_pass: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    bwd_s: dict[str, list[float]] = field(default_factory=dict)
+    node_s: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    done: dict[str, int] = field(default_factory=dict)
+
+    def add(
+        self, top: str, i: int, spent: Mapping[str, list[float]], seconds: float | None, nodes: NodeClock | None
+    ) -> float:
+        """Timed pass ``i`` of ``top``: ``spent`` (each module's forward seconds per call), the backward's
+        ``seconds`` and the node clock's; returns the pass's measured seconds (its forward and backward),
+        which count as timed work (:func:`record_timed`)."""
+        if seconds is not None and nodes is not None:
+            seconds = max(seconds - nodes.hooks_s, 0.0)  # the top's whole backward, less the hooks'
+            for path, took in nodes.seconds.items():
+                if spent.get(path):
+                    self.node_s.setdefault(path, []).append((took, len(spent[path])))
+        measured = sum(spent.get(top, [])) + (seconds or 0.0)
+        record_timed(measured)  # measured work, as a timed run's
+        self.out.timed_s += measured
+        for path, each in spent.items():
+            self.per_pass.setdefault(path, []).append((math.fsum(each), len(each)))
+        if seconds is not None:
+            self.bwd_s.setdefault(top, []).append(seconds)
+        self.done[top] = i
+        return measured
+
+
+def _time_top(
+    top: str,
+    replay_of: Callable[[str], Replay],
+    run: _Pass,
+    tally: _Tally,
+    rounds: range,
+    budget_s: float | None,
+    guard: PassGuard | None,
+    by_nodes: bool,
+) -> None:
+    """The passes ``rounds`` of one top (pass 0 the untimed warm-up), each told to ``guard``; the first
+    that raises ends them (``tally.out.errors[top]``); after the first timed one they stop once they took
+    ``budget_s``. ``by_nodes``: each timed pass also clocks the autograd nodes every module built."""
+    replay: Replay | None = None
+    top_s = 0.0
+    for i in rounds:
+        nodes = NodeClock() if by_nodes and i > 0 else None
+        error: str | None = None
+        if guard is not None:
+            guard.begin(top)
+        try:
+            replay = replay_of(top) if replay is None else replay
+            spent, seconds = run(replay, nodes=nodes, warm_up=i == 0)
+        except Exception as e:
+            error = error_text(e)
+            if guard is not None:
+                guard.failed()
+        finally:
+            if nodes is not None:
+                nodes.close()
+        if guard is not None:
+            error = guard.end(error)
+        if error is not None:
+            tally.out.errors[top] = error
+            break
+        if i == 0:
+            continue
+        top_s += tally.add(top, i, spent, seconds, nodes)
+        if budget_s is not None and top_s >= budget_s:
+            break
 
 
 def _one_pass(

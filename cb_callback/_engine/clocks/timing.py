@@ -333,7 +333,8 @@ def interleave(
     always runs right after a slow phase. A slice of two or more runs starts
     with one untimed run, so every timed run finds the caches as the
     component's own previous run left them (as a loop of runs does), not as
-    the component before it did.
+    the component before it did. A sampler that raises is not called again;
+    its set keeps the exception in ``error``.
 
     Args:
         samplers: each times one run of one component and returns it.
@@ -343,9 +344,6 @@ def interleave(
         max_repeats: samples per component, at most.
         sets: sample sets to extend (extra rounds for a re-measurement); new ones
             by default.
-
-    A sampler that raises is not called again; its set keeps the exception in
-    ``error``.
         clock: seconds (a seam for tests).
         switches: the process's involuntary context switch count (a seam; default
             ``getrusage``).
@@ -365,60 +363,100 @@ def interleave(
     """
     if len(samplers) != len(budgets_s):
         raise ValueError("one budget per sampler is needed")
-    count = switches if switches is not None else _involuntary_switches
-    out = sets if sets is not None else [SampleSet() for _ in samplers]
-    extending = sets is not None
-    for s in out:  # a re-measurement takes its whole target: its first samples looked inconsistent
-        s.settled = False
-    rounds = max(rounds, 1)
-    target: list[int] = [0] * len(samplers)
-    long = [False] * len(samplers)  # one run takes the whole budget
-    start = [len(s.samples) for s in out]
+    run = _Interleaving(
+        samplers, budgets_s, max(rounds, 1), min_repeats, max_repeats, sets, clock,
+        switches if switches is not None else _involuntary_switches, on_round, canary, canary_s,
+    )  # fmt: skip
+    for r in range(run.rounds):
+        run.round(r)
+    return run.out
 
-    def take(i: int, n: int) -> None:
-        s = out[i]
+
+@dataclass
+class _Interleaving:
+    """One :func:`interleave` call: its options (as there) and, per component, its sample set (``out``),
+    the samples it takes in this call (``target``, set in round 1), whether it is long (one run takes its
+    whole budget) and how many samples its set held before the call (``start``)."""
+
+    samplers: list[Callable[[], Sample]]
+    budgets_s: list[float]
+    rounds: int
+    min_repeats: int
+    max_repeats: int
+    sets: list[SampleSet] | None
+    clock: Callable[[], float]
+    count: Callable[[], int]
+    on_round: Callable[[int], None] | None
+    canary: Callable[[], float] | None
+    canary_s: list[float] | None
+    out: list[SampleSet] = field(init=False)
+    target: list[int] = field(init=False)
+    long: list[bool] = field(init=False)
+    start: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.out = self.sets if self.sets is not None else [SampleSet() for _ in self.samplers]
+        for s in self.out:  # a re-measurement takes its whole target: its first samples looked inconsistent
+            s.settled = False
+        self.target = [0] * len(self.samplers)
+        self.long = [False] * len(self.samplers)
+        self.start = [len(s.samples) for s in self.out]
+
+    def round(self, r: int) -> None:
+        """Round ``r`` (0-based): the canary first, then every component's slice, in order on even rounds
+        and reversed on odd ones; then ``on_round(r + 1)``."""
+        if self.canary is not None and self.canary_s is not None:
+            self.canary_s.append(self.canary())
+        order = list(range(len(self.samplers)))
+        for i in order if r % 2 == 0 else order[::-1]:
+            if r == 0:
+                self._first(i)
+            else:
+                self._slice(i, r)
+        if self.on_round is not None:
+            self.on_round(r + 1)
+
+    def _first(self, i: int) -> None:
+        """Round 1 of component ``i``: one run, which sets its target and whether it is long."""
+        self._take(i, 1)
+        if self.out[i].error is not None:
+            return
+        est = self.out[i].samples[-1].total_ms / 1e3
+        need = math.ceil(self.budgets_s[i] / est) if est > 0 else self.max_repeats
+        self.target[i] = min(max(need, self.min_repeats, 1), self.max_repeats)
+        self.long[i] = self.budgets_s[i] > 0 and need <= 1 and self.sets is None
+
+    def _slice(self, i: int, r: int) -> None:
+        """A later round's slice of component ``i``: its remaining samples spread evenly over the remaining
+        rounds; none once a long component's runs of this call agree (``settled``)."""
+        s, start = self.out[i], self.start[i]
+        done = len(s.samples) - start
+        if self.long[i] and done < self.target[i] and runs_settled(s.samples[start:]):
+            self.target[i] = done
+            s.settled = True
+        want = math.ceil((self.target[i] - done) / (self.rounds - r)) if self.target[i] > done else 0
+        if want > 0:
+            self._take(i, want)
+
+    def _take(self, i: int, n: int) -> None:
+        """``n`` timed runs of component ``i`` into its set (after one untimed run when ``n >= 2``), with
+        their seconds and context switches; a run that raises ends it (``error``)."""
+        s = self.out[i]
         if s.error is not None:
             return
         try:
             if n >= 2:  # one untimed run first: the component before it left the caches cold
-                samplers[i]()
+                self.samplers[i]()
         except Exception as e:
             s.error = e
             return
-        c0, t0 = count(), clock()
+        c0, t0 = self.count(), self.clock()
         try:
             for _ in range(n):
-                s.samples.append(samplers[i]())
+                s.samples.append(self.samplers[i]())
         except Exception as e:  # the caller decides what a failed component becomes
             s.error = e
-        t1 = clock()
+        t1 = self.clock()
         s.timed_s += t1 - t0
-        s.switches += count() - c0
+        s.switches += self.count() - c0
         s.rounds += 1
-
-    order = list(range(len(samplers)))
-    for r in range(rounds):
-        if canary is not None and canary_s is not None:
-            canary_s.append(canary())
-        seq = order if r % 2 == 0 else order[::-1]
-        for i in seq:
-            if r == 0:
-                take(i, 1)
-                if out[i].error is not None:
-                    continue
-                est = out[i].samples[-1].total_ms / 1e3
-                need = math.ceil(budgets_s[i] / est) if est > 0 else max_repeats
-                target[i] = min(max(need, min_repeats, 1), max_repeats)
-                long[i] = budgets_s[i] > 0 and need <= 1 and not extending
-                continue
-            done = len(out[i].samples) - start[i]
-            if long[i] and done < target[i] and runs_settled(out[i].samples[start[i] :]):
-                target[i] = done
-                out[i].settled = True
-            # Spread the remaining samples evenly over the remaining rounds.
-            want = math.ceil((target[i] - done) / (rounds - r)) if target[i] > done else 0
-            if want > 0:
-                take(i, want)
-        if on_round is not None:
-            on_round(r + 1)
-    return out

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cb_callback._engine.clocks.timing import SampleSet
+from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._report.model import ComponentRow
 
 __all__ = [
@@ -93,7 +94,7 @@ def at_least(x: float, up: bool = True) -> tuple[str, float]:
     return f"{mantissa / 100:.2f}e{exp}", mantissa * 10.0 ** (exp - 2)
 
 
-def _now(config: Any, name: str, unit: str = "") -> str:
+def _now(config: BenchmarkConfig | None, name: str, unit: str = "") -> str:
     """``" (now 0.1 s)"``: the option's value in this run, when the config is known."""
     value = getattr(config, name, None)
     if value is None:
@@ -101,14 +102,14 @@ def _now(config: Any, name: str, unit: str = "") -> str:
     return f" (now {value:g} {unit})" if unit and isinstance(value, (int, float)) else f" (now {value})"
 
 
-def _more_runs(config: Any) -> str:
+def _more_runs(config: BenchmarkConfig | None) -> str:
     """``min_run_time_s (now 0.1 s) or rounds (now 5)``; with no config, the options with their units."""
     if config is None:
         return "min_run_time_s=<s> or rounds=<count>"
     return f"min_run_time_s{_now(config, 'min_run_time_s', 's')} or rounds{_now(config, 'rounds')}"
 
 
-def noisy_advice(noisy: Mapping[str, SampleSet], threshold: float, config: Any) -> list[str]:
+def noisy_advice(noisy: Mapping[str, SampleSet], threshold: float, config: BenchmarkConfig | None) -> list[str]:
     """The ``noisy`` rows, the most spread first, each with its noise (IQR ÷ median) and runs.
 
     The runs a sure median needs at the worst row's spread, ``(1.57 · noise / 0.05)²`` (see
@@ -133,7 +134,9 @@ def noisy_advice(noisy: Mapping[str, SampleSet], threshold: float, config: Any) 
     ]
 
 
-def parent_advice(pairs: Sequence[tuple[str, str]], rows: Mapping[str, ComponentRow], config: Any) -> list[str]:
+def parent_advice(
+    pairs: Sequence[tuple[str, str]], rows: Mapping[str, ComponentRow], config: BenchmarkConfig | None
+) -> list[str]:
     """The ``slower_than_parent`` pairs, each as ``child R× parent`` (the child's ``total_ms × calls``
     per call of the parent over the parent's ``total_ms``; just ``child > parent`` where the rows'
     medians do not show it, as when the engine compared them batch by batch)."""

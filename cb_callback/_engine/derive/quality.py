@@ -88,6 +88,7 @@ from cb_callback._engine.derive.advice import (
     parent_advice,
     peak_advice,
 )
+from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._hardware.load import (
     LOAD_EXCESS_PER_CPU,
     available_cpus,
@@ -448,7 +449,7 @@ def assess(
     *,
     load: LoadProbe,
     threads: int,
-    config: Any = None,
+    config: BenchmarkConfig | None = None,
     calibration_spread: float | None = None,
     slowdown: float | None = None,
     pairs: Iterable[tuple[str, str]] | None = None,
@@ -489,63 +490,132 @@ def assess(
         not how the machine ran) and ``advice`` (sentences; empty when clean).
     """
     by_path = {r.path: r for r in rows}
-    flags: dict[str, list[str]] = {}
+    timed = {p: s for p, s in samples.items() if s.samples and p in by_path and by_path[p].status == "ok"}
+    found = _flag_rows(rows, by_path, timed, pairs, slowdown)
+    machine = _machine(timed, load, threads, calibration_spread, slowdown)
+    _flag_contention(found, timed, machine, threads)
+    counts = {f: sum(f in v for v in found.flags.values()) for f in FLAGS}
+    contended = counts["contention"] > 0 or machine.busy
+    advice = _advice(counts, contended, load, machine, threads, calibration_spread, slowdown)
+    advice += _children_advice(load, threads)
+    advice += _rows_advice(found, timed, by_path, config, peaks or {})
+    quality = _quality(found, counts, contended, load, machine, threads, calibration_spread, slowdown, advice)
+    details = _above_parent_details(found.above)
+    return Assessment({p: [f for f in FLAGS if f in v] for p, v in found.flags.items()}, quality, details)
 
-    def add(path: str, flag: str) -> None:
-        have = flags.setdefault(path, [])
+
+@dataclass
+class _Found:
+    """What :func:`assess` found in the rows: each row's flags and the rows behind each piece of advice.
+
+    Attributes:
+        flags: each flagged row's flags, in the order found (:func:`assess` sorts them as :data:`FLAGS`).
+        slow: the ``(child, parent)`` pairs flagged ``slower_than_parent``.
+        over_flops: the rows over the FLOP peak.
+        over_bandwidth: the rows over the bandwidth peak.
+        mismatched: the paths flagged ``insitu_mismatch``.
+        at_floor: the paths flagged ``at_floor``.
+        above: ``(path, parent, ratio)`` of each row flagged ``above_parent``.
+    """
+
+    flags: dict[str, list[str]] = field(default_factory=dict)
+    slow: list[tuple[str, str]] = field(default_factory=list)
+    over_flops: list[ComponentRow] = field(default_factory=list)
+    over_bandwidth: list[ComponentRow] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+    at_floor: list[str] = field(default_factory=list)
+    above: list[tuple[str, str, float]] = field(default_factory=list)
+
+    def add(self, path: str, flag: str) -> None:
+        """Flag ``path`` with ``flag`` (once)."""
+        have = self.flags.setdefault(path, [])
         if flag not in have:
             have.append(flag)
 
-    timed = {p: s for p, s in samples.items() if s.samples and p in by_path and by_path[p].status == "ok"}
+
+def _flag_rows(
+    rows: Sequence[ComponentRow],
+    by_path: Mapping[str, ComponentRow],
+    timed: Mapping[str, SampleSet],
+    pairs: Iterable[tuple[str, str]] | None,
+    slowdown: float | None,
+) -> _Found:
+    """The flags each row earns on its own numbers, in this order: ``noisy``, ``slower_than_parent``,
+    ``over_peak``, ``insitu_mismatch``, then what the method limits (:func:`_method_flags`)."""
+    found = _Found()
     for path, s in timed.items():
         if is_noisy(s):
-            add(path, "noisy")
+            found.add(path, "noisy")
     medians = {p: by_path[p].total_ms for p in timed if math.isfinite(by_path[p].total_ms)}
-    slow = list(inconsistent_pairs(by_path, medians) if pairs is None else pairs)
-    for child, parent in slow:
-        add(child, "slower_than_parent")
-        add(parent, "slower_than_parent")
-    over_flops: list[ComponentRow] = []
-    over_bandwidth: list[ComponentRow] = []
+    found.slow = list(inconsistent_pairs(by_path, medians) if pairs is None else pairs)
+    for child, parent in found.slow:
+        found.add(child, "slower_than_parent")
+        found.add(parent, "slower_than_parent")
     for r in rows:
         if r.status == "ok" and (_over_flops(r) or _over_bandwidth(r)):
-            add(r.path, "over_peak")
+            found.add(r.path, "over_peak")
             if _over_flops(r):
-                over_flops.append(r)
+                found.over_flops.append(r)
             if _over_bandwidth(r):
-                over_bandwidth.append(r)
-
+                found.over_bandwidth.append(r)
     drift = slowdown - 1.0 if slowdown is not None and math.isfinite(slowdown) else 0.0
-    mismatched = [r.path for r in rows if insitu_mismatch(r, drift)]
-    for path in mismatched:
-        add(path, "insitu_mismatch")
-    at_floor, above = _method_flags(rows, by_path, add)
+    found.mismatched = [r.path for r in rows if insitu_mismatch(r, drift)]
+    for path in found.mismatched:
+        found.add(path, "insitu_mismatch")
+    found.at_floor, found.above = _method_flags(rows, by_path, found.add)
+    return found
 
-    machine = _machine(timed, load, threads, calibration_spread, slowdown)
+
+def _flag_contention(found: _Found, timed: Mapping[str, SampleSet], machine: _Machine, threads: int) -> None:
+    """``contention`` on a timed row only where other processes were busy and the row itself shows it:
+    context switches above :data:`SWITCHES_PER_S_THRESHOLD` per thread, or runs one quantum apart."""
     per_thread = max(threads, 1)
-    for path, s in timed.items():  # only where other processes were busy, and the row itself shows it
+    for path, s in timed.items():
         rate = s.switches_per_s / per_thread
         preempted = math.isfinite(rate) and rate > SWITCHES_PER_S_THRESHOLD
         quantised = machine.quantum is not None and _row_quantised(s, machine.quantum)
         if machine.others and (preempted or quantised):
-            add(path, "contention")
+            found.add(path, "contention")
 
-    counts = {f: sum(f in v for v in flags.values()) for f in FLAGS}
-    contended = counts["contention"] > 0 or machine.busy
-    advice = _advice(counts, contended, load, machine, threads, calibration_spread, slowdown)
-    advice += _children_advice(load, threads)
-    advice += noisy_advice({p: s for p, s in timed.items() if "noisy" in flags.get(p, ())}, NOISY_THRESHOLD, config)
-    advice += parent_advice(slow, by_path, config)
-    advice += peak_advice(over_flops, over_bandwidth, peaks or {})
-    advice += insitu_advice([by_path[p] for p in mismatched])
-    advice += method_advice(at_floor, above, {f: [p for p, v in flags.items() if f in v] for f in OWN_FLAGS})
-    quality = {
+
+def _rows_advice(
+    found: _Found,
+    timed: Mapping[str, SampleSet],
+    by_path: Mapping[str, ComponentRow],
+    config: BenchmarkConfig | None,
+    peaks: Mapping[str, Any],
+) -> list[str]:
+    """The advice on the flagged rows: noisy, slower than their parent, over a peak, unlike in situ, and
+    what the method limits."""
+    flags = found.flags
+    advice = noisy_advice({p: s for p, s in timed.items() if "noisy" in flags.get(p, ())}, NOISY_THRESHOLD, config)
+    advice += parent_advice(found.slow, by_path, config)
+    advice += peak_advice(found.over_flops, found.over_bandwidth, peaks)
+    advice += insitu_advice([by_path[p] for p in found.mismatched])
+    own = {f: [p for p, v in flags.items() if f in v] for f in OWN_FLAGS}
+    advice += method_advice(found.at_floor, found.above, own)
+    return advice
+
+
+def _quality(
+    found: _Found,
+    counts: dict[str, int],
+    contended: bool,
+    load: LoadProbe,
+    machine: _Machine,
+    threads: int,
+    calibration_spread: float | None,
+    slowdown: float | None,
+    advice: list[str],
+) -> dict[str, Any]:
+    """``metadata["quality"]`` (its keys: :func:`assess`'s Returns)."""
+    return {
         "verdict": _verdict(counts, contended),
         "flags": counts,
-        "flagged_rows": len(flags),
-        "insitu_mismatch": mismatched,
-        "at_floor": at_floor,
-        "above_parent": [{"path": p, "parent": q, "ratio": x} for p, q, x in above],
+        "flagged_rows": len(found.flags),
+        "insitu_mismatch": found.mismatched,
+        "at_floor": found.at_floor,
+        "above_parent": [{"path": p, "parent": q, "ratio": x} for p, q, x in found.above],
         "load_before": load.before,
         "load_after": load.after,
         "cpus": load.cpus,
@@ -563,12 +633,15 @@ def assess(
         "thresholds": _thresholds(),
         "advice": advice,
     }
+
+
+def _above_parent_details(above: Sequence[tuple[str, str, float]]) -> dict[str, RowDetails]:
+    """Each ``above_parent`` row's ``details["above_parent"]``: its parent, the ratio, and why."""
     why = (
         "the children's isolated replays, summed, each pay isolation's per-replay cost (the replay's Python, "
         "the backward's start, caches left cold) that the parent's one replay pays once"
     )
-    details: dict[str, RowDetails] = {p: {"above_parent": {"parent": q, "ratio": x, "why": why}} for p, q, x in above}
-    return Assessment({p: [f for f in FLAGS if f in v] for p, v in flags.items()}, quality, details)
+    return {p: {"above_parent": {"parent": q, "ratio": x, "why": why}} for p, q, x in above}
 
 
 def _thresholds() -> dict[str, float]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from cb_callback._engine.capture.tree import Node
 from cb_callback._engine.derive.estimate import derive, estimate_from_children
@@ -21,7 +21,7 @@ def row_cost(row: ComponentRow) -> float:
     return (or_zero(row.fwd_ms) + or_zero(row.bwd_ms)) * max(row.calls, 1)
 
 
-def estimate_parents(nodes: list[Node], rows: dict[str, ComponentRow]) -> None:
+def estimate_parents(nodes: Sequence[Node], rows: dict[str, ComponentRow]) -> None:
     """Bottom-up: a failed or container row takes its children's sums."""
     for node in sorted(nodes, key=lambda n: -n.depth):
         row = rows[node.path]

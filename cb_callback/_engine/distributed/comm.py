@@ -26,6 +26,8 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cb_callback._engine.distributed.ledger import Ledger
+
 __all__ = [
     "COLLECTIVE_NAMESPACES",
     "CollectiveCall",
@@ -120,7 +122,7 @@ class CommCounter(TorchDispatchMode):
         ledger: write each collective down before issuing it (a lockstep component's first pass).
     """
 
-    def __init__(self, wait: bool = False, keep: bool = False, ledger: Any = None) -> None:
+    def __init__(self, wait: bool = False, keep: bool = False, ledger: Ledger | None = None) -> None:
         super().__init__()
         #: A :class:`cb_callback._engine.distributed.ledger.Ledger` each collective is written to before it is issued.
         self.ledger = ledger

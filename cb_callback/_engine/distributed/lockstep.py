@@ -70,7 +70,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -78,85 +77,21 @@ from torch import nn
 
 from cb_callback._engine.capture.inputs import ComponentInputs
 from cb_callback._engine.clocks.timing import Sample, SampleSet, runs_settled
-from cb_callback._engine.distributed.collectives import CollectiveInReplay, distributed_world_size, refuse_collectives
+from cb_callback._engine.distributed.collectives import CollectiveInReplay, refuse_collectives
 from cb_callback._engine.distributed.comm import CommCounter, RunCount, comm_table, drain
+from cb_callback._engine.distributed.coordinator import DEFAULT_TIMEOUT_S, Coordinator
 from cb_callback._engine.distributed.fsdp import is_unit, save_fsdp_state, unsharded
-from cb_callback._engine.distributed.ledger import Ledger
 from cb_callback._engine.replay.isolate import PassContext, Phase, Replay, instrumented_pass
 from cb_callback._engine.run.component import ComponentRun, Pending
+from cb_callback._engine.run.context import RunContext
+from cb_callback._engine.run.schedule import Schedule
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.model import error_text as _error_text
 
 __all__ = ["COMM_PASSES", "DEFAULT_TIMEOUT_S", "Coordinator", "Step", "check_plan", "lost_peer", "run_plan"]
 
-#: The coordinator's timeout without ``lockstep_timeout_s``: half the default process group's (30 min).
-DEFAULT_TIMEOUT_S = 900.0
-
 #: Passes that time each collective of a lockstep component (``comm_ms`` is their median).
 COMM_PASSES = 3
-
-
-class Coordinator:
-    """Agreement among the ranks of the default process group, on a gloo group of its own.
-
-    Args:
-        timeout_s: how long an agreement waits for the slowest rank.
-    """
-
-    def __init__(self, timeout_s: float) -> None:
-        dist = torch.distributed
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.timeout_s = timeout_s
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-        #: Why the ranks stopped agreeing (a rank died, or did not answer within ``timeout_s``): after it
-        #: nothing more is asked of the others (``None``: they agree).
-        self.lost: str | None = None
-        Coordinator._made += 1  # every rank makes as many coordinators (lockstep needs every rank's profile)
-        self._id, self._ledgers = Coordinator._made, 0
-
-    #: Coordinators made in this process: a key that names this one on every rank.
-    _made = 0
-
-    def ledger(self) -> Ledger:
-        """A ledger for the next component's first lockstep pass (the same key on every rank)."""
-        self._ledgers += 1
-        store = torch.distributed.distributed_c10d._get_default_store()
-        return Ledger(store, f"{self._id}/{self._ledgers}", self.rank, self.world, self.timeout_s)
-
-    def lost_message(self, at: str, error: BaseException) -> str:
-        """What a rank says when the others stopped answering while it replayed ``at``."""
-        others = [r for r in range(self.world) if r != self.rank]
-        who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {others}"
-        first = (str(error).strip().splitlines() or [""])[0][:300]
-        return (
-            f"lost {who} during the lockstep replay of {at or 'root'}: it died or did not answer within "
-            f"lockstep_timeout_s={self.timeout_s:g} s ({type(error).__name__}: {first}); nothing after it was "
-            "replayed in lockstep"
-        )
-
-    @classmethod
-    def create(cls, timeout_s: float | None) -> Coordinator | None:
-        """A coordinator when the default process group has several ranks, else ``None``."""
-        if distributed_world_size() <= 1:
-            return None
-        return cls(DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s))
-
-    def agree(self, error: str | None) -> str | None:
-        """An agreement point: every rank's ``error``, the first one (named by its rank when another's),
-        else ``None``; the same on every rank."""
-        return _agree(self, error)
-
-    def gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, in rank order, on every rank."""
-        out: list[Any] = [None] * self.world
-        torch.distributed.all_gather_object(out, obj, group=self.group)
-        return out
-
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
-        box = [obj if self.rank == 0 else None]
-        torch.distributed.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
 
 
 def _dense_shapes(inputs: ComponentInputs | None) -> list[tuple[int, ...]] | None:
@@ -220,32 +155,30 @@ class Step:
 def run_plan(
     coord: Coordinator,
     plan: Sequence[Step],
+    ctx: RunContext,
     *,
-    run: ComponentRun,
     rows: Callable[[str, int], ComponentRow],
-    modules: Mapping[str, nn.Module],
-    batches: Sequence[Mapping[str, ComponentInputs]],
     profiles: bool,
-    time_local: Callable[[list[Pending]], Mapping[tuple[str, int], SampleSet]],
+    time_local: Callable[[list[Pending]], None],
 ) -> dict[tuple[str, int], Pending]:
     """Run the plan on every rank (see the module docstring); return the lockstep components' pendings.
 
     Args:
-        coord: the coordinator.
+        coord: the coordinator (``ctx.coord``).
         plan: the steps, the same on every rank.
-        run: how each component is measured.
+        ctx: the run: how each component is measured (``ctx.run``), the modules by path, each batch's
+            captured calls.
         rows: the row of ``(path, batch)``.
-        modules: the modules by path.
-        batches: each batch's captured calls.
         profiles: whether this rank fills rows (``ranks="zero"``: rank 0 only); every rank takes part
             in the collectives.
         time_local: times rank-local pendings (an FSDP unit's children) and fills their rows.
     """
+    run, modules, batches = ctx.run, ctx.modules, ctx.batches
     done: dict[tuple[str, int], Pending] = {}
     for i, step in enumerate(plan):
         try:
             if step.children:
-                _children(coord, step, run, rows, modules, batches, profiles, time_local)
+                _children(coord, step, ctx, rows, profiles, time_local)
                 continue
             pending = _component(
                 coord, step, run, rows(step.path, step.batch), modules[step.path], batches[step.batch]
@@ -290,20 +223,6 @@ def lost_peer(error: BaseException | str) -> bool:
     return isinstance(error, RuntimeError) and ("gloo" in text or "Connection" in text or "Timed out" in text)
 
 
-def _agree(coord: Coordinator, error: str | None) -> str | None:
-    """Every rank's error at an agreement point: the first one, named by its rank, else ``None``."""
-    return _first_error(coord, coord.gather(error))
-
-
-def _first_error(coord: Coordinator, errors: Sequence[str | None]) -> str | None:
-    """The first of every rank's errors (gathered), named by its rank when it is another's, else ``None``."""
-    first = next(((r, e) for r, e in enumerate(errors) if e is not None), None)
-    if first is None:
-        return None
-    rank, text = first
-    return text if rank == coord.rank else f"on rank {rank}: {text}"
-
-
 def _fail(row: ComponentRow, error: str) -> None:
     row.status, row.error = "failed", error
     row.note = None
@@ -322,7 +241,7 @@ def _component(
     probe_error = None if step.path in calls else "the real step did not call it on this rank"
     if probe_error is None:
         probe_error = _probe(run, row, module, calls, step.batch)
-    error = _agree(coord, probe_error)
+    error = coord.agree(probe_error)
     if error is not None:
         _fail(row, error)
         return None
@@ -349,7 +268,7 @@ def _component(
                 f"its first lockstep pass on rank {coord.rank} failed ({row.error or 'its replay failed'}) and could "
                 f"not be finished for the other ranks ({why}); nothing after it was replayed in lockstep"
             )
-    error = _agree(coord, None if pending is not None else (row.error or "its replay failed"))
+    error = coord.agree(None if pending is not None else (row.error or "its replay failed"))
     if error is not None or pending is None:
         restore()
         _fail(row, error or row.error or "its replay failed")
@@ -404,7 +323,7 @@ def _warm(coord: Coordinator, pending: Pending, n: int, kept: Sequence[tuple[Any
         except Exception as e:
             error = error or f"a warm-up run raised {_error_text(e)}"
             drain(count.rest(kept))
-    return _agree(coord, error)
+    return coord.agree(error)
 
 
 def _probe(
@@ -463,7 +382,7 @@ def _timed_runs(
         runs = samples.samples
         long = pending.budget_s > 0 and bool(runs) and runs[0].total_ms / 1e3 >= pending.budget_s
         states = coord.gather((error, long and runs_settled(runs)))
-        error = _first_error(coord, [e for e, _ in states])
+        error = coord.first_error([e for e, _ in states])
         if error is not None:
             return samples, error
         if len(runs) < repeats and all(done for _, done in states):
@@ -494,7 +413,7 @@ def _comm_times(
             continue
         totals.append(sum(c.ms for c in counter.calls))
         tables.append(comm_table(counter.calls))
-    error = _agree(coord, error)
+    error = coord.agree(error)
     if error is not None:
         return {}, error
     mid = sorted(range(len(totals)), key=totals.__getitem__)[len(totals) // 2]
@@ -519,16 +438,15 @@ class _Phases:
 def _children(
     coord: Coordinator,
     step: Step,
-    run: ComponentRun,
+    ctx: RunContext,
     rows: Callable[[str, int], ComponentRow],
-    modules: Mapping[str, nn.Module],
-    batches: Sequence[Mapping[str, ComponentInputs]],
     profiles: bool,
-    time_local: Callable[[list[Pending]], Mapping[tuple[str, int], SampleSet]],
+    time_local: Callable[[list[Pending]], None],
 ) -> None:
     """A unit's children, replayed rank-locally while the unit is unsharded (one all-gather on every rank)."""
+    run, modules, batches = ctx.run, ctx.modules, ctx.batches
     unit = modules[step.path]
-    error = _agree(coord, None if is_unit(unit) else f"{step.path or 'root'} is not an FSDP unit on this rank")
+    error = coord.agree(None if is_unit(unit) else f"{step.path or 'root'} is not an FSDP unit on this rank")
     if error is not None:
         for child in step.children:
             _fail(rows(child, step.batch), error)
@@ -583,7 +501,7 @@ def plan_of(deferred: Sequence[Sequence[tuple[str, int, str]]], order: Sequence[
     return steps
 
 
-def phase(schedule: Any, coord: Coordinator) -> None:
+def phase(schedule: Schedule, coord: Coordinator) -> None:
     """The lockstep phase of a run (after every level's rank-local replays; see the module docstring).
     With the ranks already lost (the in-situ pass found a rank gone), every deferred row fails with why."""
     if coord.lost is not None:
@@ -594,9 +512,8 @@ def phase(schedule: Any, coord: Coordinator) -> None:
     order = [n.path for n in schedule.nodes]
     plan = coord.broadcast(plan_of(every, order, schedule.units) if coord.rank == 0 else None)
     done = run_plan(
-        coord, plan, run=schedule.run, rows=schedule.row_of, modules=schedule.modules, batches=schedule.batches,
-        profiles=schedule.profiles, time_local=schedule.time_local,
-    )  # fmt: skip
+        coord, plan, schedule.ctx, rows=schedule.row_of, profiles=schedule.profiles, time_local=schedule.time_local
+    )
     for (path, _), pending in done.items():
         schedule.pending.append(pending)
         if not schedule.multi and pending.samples is not None:

@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
-from cb_callback._engine.capture.inputs import ComponentInputs, copy_call, holds_objects
+from cb_callback._engine.capture.inputs import ComponentInputs, copy_call, holds_objects, tensor_copier
 from cb_callback._engine.replay.callset import CallPlan, call_plan, reaches_no_loss
 
 __all__ = [
@@ -332,16 +332,7 @@ class Replay:
     def _fresh_call(self, call: ComponentInputs) -> ReplayInputs:
         """A new deep copy of one captured call (see :meth:`fresh_inputs`)."""
         leaves: list[torch.Tensor] = []
-
-        def tensor(t: torch.Tensor) -> torch.Tensor:
-            out = t.detach().clone()
-            if not t.requires_grad:
-                return out
-            out.requires_grad_(True)
-            leaves.append(out)
-            return out.clone()
-
-        args, kwargs = copy_call(call.args, call.kwargs, tensor)
+        args, kwargs = copy_call(call.args, call.kwargs, tensor_copier(leaf="never", leaves=leaves))
         return ReplayInputs(args, kwargs, leaves)
 
     def forward(self, inputs: ReplayInputs | None = None) -> Any:

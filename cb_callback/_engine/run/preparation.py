@@ -20,6 +20,7 @@ from cb_callback._engine.run.plugins import (
     validate_plugin,
 )
 from cb_callback._hardware.devices import device_problem
+from cb_callback._report.context import Reporter
 
 __all__ = ["Prepared", "infer_dtype", "prepare", "resolve_device"]
 
@@ -47,7 +48,7 @@ class Prepared:
     context: PrepareContext
     preprocessors: list[Preprocessor]
     metrics: list[Any]
-    reporters: list[Any]
+    reporters: list[Reporter]
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def with_batch_size(self, batch_size: int | None) -> Prepared:
@@ -70,7 +71,7 @@ def resolve_device(wanted: Any, model: nn.Module) -> torch.device:
     return torch.device(wanted)
 
 
-def _plugins(cfg: BenchmarkConfig) -> tuple[list[Any], list[Any], list[Any]]:
+def _plugins(cfg: BenchmarkConfig) -> tuple[list[Any], list[Any], list[Reporter]]:
     """The user's preprocessors, metric plugins (after the registered ones) and reporters, validated;
     then the entry points'."""
     found = load_entry_point_plugins() if cfg.load_plugins else {"metric": [], "reporter": [], "preprocessor": []}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,36 +23,38 @@ from cb_callback._engine.capture.inputs import (
     InputCopyError,
     copy_call,
     leading_batch_size,
+    tensor_copier,
     to_device,
 )
-from cb_callback._engine.capture.tree import Node, build_tree
-from cb_callback._engine.clocks.insitu import InSituTimes, time_in_situ, top_paths
+from cb_callback._engine.capture.tree import build_tree
+from cb_callback._engine.clocks.insitu import InSituTimes
 from cb_callback._engine.clocks.timing import canary_best, cpu_canary, timed_seconds
-from cb_callback._engine.counting.census import Census, census_of
 from cb_callback._engine.derive.quality import Assessment, LoadProbe, assess
 from cb_callback._engine.derive.rollup import derive_all, estimate_parents, fill_share, pairs_by_batch
 from cb_callback._engine.distributed import lockstep
-from cb_callback._engine.distributed.fsdp import fsdp1_problem, has_unit
-from cb_callback._engine.distributed.lockstep import Coordinator, check_plan
+from cb_callback._engine.distributed.coordinator import Coordinator
+from cb_callback._engine.distributed.fsdp import fsdp1_problem
+from cb_callback._engine.distributed.lockstep import check_plan
 from cb_callback._engine.replay.batches import batch_size_of, merged_calls
 from cb_callback._engine.replay.preprocessors import builtin_preprocessors
 from cb_callback._engine.replay.state import StateGuard
 from cb_callback._engine.run.component import ComponentRun
 from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.context import RunContext
 from cb_callback._engine.run.extensions import EXTENSIONS
 from cb_callback._engine.run.metadata import insitu_ratio, run_cost, run_metadata
 from cb_callback._engine.run.plugins import models_restored
 from cb_callback._engine.run.preparation import Prepared, infer_dtype, prepare
 from cb_callback._engine.run.schedule import Schedule
-from cb_callback._engine.selection import ranked_triage
-from cb_callback._engine.selection.triage import Plan, insitu_costs, triage
+from cb_callback._engine.run.triage_phase import triage_phase
+from cb_callback._engine.selection.triage import Plan
 from cb_callback._hardware.peaks import (
     Peaks,
     calibration_spread,
     recalibrate_cpu_flops,
     resolve_peaks,
 )
-from cb_callback._report.context import ReportContext
+from cb_callback._report.context import ReportContext, Reporter
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._report.model import error_text as _error_text
 
@@ -126,12 +128,56 @@ def _profile(
 ) -> Report:
     """The phases of a run on a prepared model: tree, peaks, levels, what-ifs, artifacts, roll-up, report."""
     wall0, timed0 = time.perf_counter(), timed_seconds()
-    model, cfg, device, meta = prepared.model, prepared.config, prepared.device, prepared.metadata
+    cfg, device, meta = prepared.config, prepared.device, prepared.metadata
+    if len(batches) > 1:
+        meta["batches"] = len(batches)
+    dtype = infer_dtype(prepared.model, device, cfg)
+    ctx = _run_context(prepared, batches, forward_context)
+    measured = _measure(ctx, prepared, dtype, meta)
+    schedule, insitu, plan, peaks = measured.schedule, measured.insitu, measured.plan, measured.peaks
+    rows = schedule.rows
+    _roll_up(ctx, schedule, peaks, meta)
+    assessment = _assess(schedule, peaks, dtype, device, measured.load, len(batches))
+    for path, row in rows.items():  # always a list: [] on a clean row
+        row.details["flags"] = list(assessment.flags.get(path, []))
+        row.details.update(assessment.details.get(path, {}))  # what a flag explains (above_parent's why)
+    meta["quality"] = assessment.quality
+    meta["quality"]["insitu_ratio"] = insitu_ratio(rows, insitu[0] if insitu else None)
+    wall_s, timed_s = time.perf_counter() - wall0, timed_seconds() - timed0
+    meta.update(
+        run_metadata(
+            device=device, peaks=peaks, dtype=dtype, cfg=cfg, captured_batch_size=prepared.context.batch_size,
+            wall_s=wall_s, timed_s=timed_s, calibration_s=measured.calibration_s,
+        )
+    )  # fmt: skip
+    meta["cost"] = run_cost(
+        wall_s=wall_s, timed_s=timed_s, calibration_s=measured.calibration_s,
+        insitu_s=sum(t.seconds for t in insitu), insitu_timed_s=sum(t.timed_s for t in insitu),
+        instrumented_s=ctx.run.instrumented_s, floor_s=ctx.run.floor_s, compile_s=measured.compile_s,
+        artifacts_s=measured.artifacts_s, census_s=plan.census_s if plan is not None else 0.0,
+    )  # fmt: skip
+    if (budget := schedule.budget_info()) is not None:
+        meta["cost"]["budget"] = budget
+    report = Report([rows[n.path] for n in ctx.nodes], meta)
+    where = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
+    _write(report, prepared.reporters, where)
+    return report
+
+
+def _run_context(
+    prepared: Prepared,
+    batches: Sequence[Mapping[str, ComponentInputs]],
+    forward_context: Callable[[], AbstractContextManager[Any]] | None,
+) -> RunContext:
+    """The run's context: its component measurer, its tree and, under several ranks, its coordinator.
+
+    Raises:
+        ValueError: a model sharded with FSDP1; ``budget_s`` under several ranks; ranks whose trees or
+            plan options differ (:func:`check_plan`, on every rank).
+    """
+    model, cfg, device = prepared.model, prepared.config, prepared.device
     multi = len(batches) > 1
     calls = batches[0] if not multi else merged_calls(batches)
-    if multi:
-        meta["batches"] = len(batches)
-    dtype = infer_dtype(model, device, cfg)
     sizes = [prepared.context.batch_size, *(batch_size_of(c) for c in batches[1:])] if multi else []
     if (problem := fsdp1_problem(model)) is not None:
         raise ValueError(f"cb_callback: {problem}")
@@ -146,8 +192,42 @@ def _profile(
         prepared.metrics, forward_context, sizes, lockstep=coord is not None,
     )  # fmt: skip
     nodes, modules = build_tree(model, calls, cfg.max_depth)
+    ctx = RunContext(run, nodes, modules, batches, coord)
     if coord is not None:
         check_plan(coord, [(n.path, n.module_type) for n in nodes], _plan_options(cfg, len(batches)))
+    return ctx
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What the measuring phases of a run leave (:func:`_measure`).
+
+    Attributes:
+        schedule: the rows, samples and pendings of every replay.
+        insitu: each batch's in-situ pass (empty: none ran).
+        plan: the triage's plan (``None``: none).
+        peaks: the peaks MFU and bandwidth utilisation divide by.
+        load: the machine's load over the timed phases (stopped before the artifact passes).
+        calibration_s: seconds the peaks' calibration took (outside ``max_total_time_s``).
+        compile_s: seconds the compile what-ifs took (0 without ``compile``).
+        artifacts_s: seconds the artifact passes took.
+    """
+
+    schedule: Schedule
+    insitu: list[InSituTimes]
+    plan: Plan | None
+    peaks: Peaks
+    load: LoadProbe
+    calibration_s: float
+    compile_s: float
+    artifacts_s: float
+
+
+def _measure(ctx: RunContext, prepared: Prepared, dtype: str, meta: dict[str, Any]) -> _Measured:
+    """Every phase that runs the model, in order: the peaks' calibration, the in-situ pass and the triage,
+    the levels, the lockstep phase, the compile what-ifs, the artifact passes; then the rows taken from
+    elsewhere (copies, in-situ). The model's state is put back after them (also on error)."""
+    model, cfg, device, coord = prepared.model, ctx.cfg, ctx.device, ctx.coord
     # The guard also restores the RNG a CPU calibration draws from; every preprocessor of the run
     # (profile_components prepared them) is undone after the replays, also on error.
     with models_restored(prepared.preprocessors, model, prepared.context), StateGuard(model):
@@ -157,9 +237,9 @@ def _profile(
         load = LoadProbe()
         canary = cpu_canary() if device.type == "cpu" and cfg.insitu_passes else None
         around = [canary()] if canary is not None else []  # the machine's speed around the in-situ pass
-        insitu, plan = _triage(run, nodes, modules, batches, calls, cfg, device, coord, meta)
+        insitu, plan = triage_phase(ctx, meta)
         around += [canary()] if canary is not None else []
-        schedule = Schedule(run, nodes, modules, batches, calls, cfg, device, budget0, coord, insitu, plan)
+        schedule = Schedule(ctx, budget0, insitu, plan)
         schedule.canary_s += around
         schedule.run_levels()
         if coord is not None:
@@ -174,220 +254,28 @@ def _profile(
         _compiled_net_of_floor(schedule.rows.values())
         schedule.fill_copies()
         schedule.fill_insitu()
-    rows = schedule.rows
-    estimate_parents(nodes, rows)
+    return _Measured(schedule, insitu, plan, peaks, load, budget0 - calibration0, compile_s, artifacts_s)
+
+
+def _roll_up(ctx: RunContext, schedule: Schedule, peaks: Peaks, meta: dict[str, Any]) -> None:
+    """The numbers derived from the measured rows: parents estimated from children, rates and shares,
+    under several ranks ``metadata["ranks"]`` (and with ``ranks="all"`` every rank's figures), the
+    compile speed-ups."""
+    rows, cfg, coord = schedule.rows, ctx.cfg, ctx.coord
+    estimate_parents(ctx.nodes, rows)
     derive_all(rows.values(), peaks)
     fill_share(rows, schedule.per_batch)
     if coord is not None:
         meta["ranks"] = {"world_size": coord.world, "rank": coord.rank, "profiles": cfg.ranks}
         if coord.lost is not None:
             meta["ranks"]["lost"] = coord.lost
-            warnings.warn(f"cb_callback: {coord.lost}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"cb_callback: {coord.lost}", RuntimeWarning, stacklevel=3)  # the entry point's caller
         if cfg.ranks == "all":
             lockstep.merge_ranks(coord, rows)
     for row in rows.values():
         row.compile_speedup = EXTENSIONS.get("compile_speedup")(row)
     if cfg.compile:
-        EXTENSIONS.get("fill_children_separately")(rows, {n.path: n.children for n in nodes})
-    assessment = _assess(schedule, peaks, dtype, device, load, len(batches))
-    for path, row in rows.items():  # always a list: [] on a clean row
-        row.details["flags"] = list(assessment.flags.get(path, []))
-        row.details.update(assessment.details.get(path, {}))  # what a flag explains (above_parent's why)
-    meta["quality"] = assessment.quality
-    meta["quality"]["insitu_ratio"] = insitu_ratio(rows, insitu[0] if insitu else None)
-    wall_s, timed_s = time.perf_counter() - wall0, timed_seconds() - timed0
-    meta.update(
-        run_metadata(
-            device=device, peaks=peaks, dtype=dtype, cfg=cfg, captured_batch_size=prepared.context.batch_size,
-            wall_s=wall_s, timed_s=timed_s, calibration_s=budget0 - calibration0,
-        )
-    )  # fmt: skip
-    meta["cost"] = run_cost(
-        wall_s=wall_s, timed_s=timed_s, calibration_s=budget0 - calibration0,
-        insitu_s=sum(t.seconds for t in insitu), insitu_timed_s=sum(t.timed_s for t in insitu),
-        instrumented_s=run.instrumented_s, floor_s=run.floor_s,
-        compile_s=compile_s, artifacts_s=artifacts_s, census_s=plan.census_s if plan is not None else 0.0,
-    )  # fmt: skip
-    if (budget := schedule.budget_info()) is not None:
-        meta["cost"]["budget"] = budget
-    report = Report([rows[n.path] for n in nodes], meta)
-    ctx = report_context or ReportContext(output_dir=Path(cfg.output_dir) if cfg.output_dir else None)
-    _write(report, prepared.reporters, ctx)
-    return report
-
-
-def _triage(
-    run: ComponentRun,
-    nodes: Sequence[Node],
-    modules: Mapping[str, nn.Module],
-    batches: Sequence[Mapping[str, ComponentInputs]],
-    calls: Mapping[str, ComponentInputs],
-    cfg: BenchmarkConfig,
-    device: torch.device,
-    coord: Coordinator | None,
-    meta: dict[str, Any],
-) -> tuple[list[InSituTimes], Plan | None]:
-    """Each batch's in-situ pass, then (``descend="hotspots"``) the triage's plan from its times.
-
-    No in-situ pass with ``insitu_passes=0`` or ``max_total_time_s=0``. Under
-    several ranks every rank runs the passes at once and decides one plan
-    (:mod:`cb_callback._engine.selection.ranked_triage`). No plan (``hotspots`` descends
-    level by level on measured shares) when a top component's pass raised
-    (under several ranks: on any rank), nothing was timed, or the ranks'
-    plans differ.
-    """
-    if cfg.insitu_passes == 0 or cfg.max_total_time_s == 0:
-        return [], None
-    census: Census | None = None
-    if coord is None and cfg.descend == "hotspots":
-        # The census first: its forward and backward of each top is the in-situ pass's warm-up too.
-        paths = [n.path for n in nodes]
-        census = census_of(run, nodes, modules, batches, [top_paths(b, paths) for b in batches])
-        run.instrumented_s += census.seconds  # an observed pass (cost: instrumented_s, of it census_s)
-    out = _insitu_times(run, nodes, modules, batches, cfg, device, coord, meta, census)
-    if out is None:
-        return [], None
-    untimed = any(t.errors for t in out) or not all(t.times for t in out)
-    if coord is not None:  # every rank decides, or none (the triage's agreements are collectives)
-        untimed = any(coord.gather(untimed))
-    if cfg.descend != "hotspots" or untimed:
-        return out, None
-    costs, step = _step_costs(nodes, out, batches)
-    times = out[0].times
-    others: list[Mapping[str, Any]] = []
-    if coord is not None:
-        costs, step = ranked_triage.reduce_costs(coord, costs, step)
-        times = ranked_triage.reduce_times(coord, times)
-        others = list(ranked_triage.every_rank_calls(coord, batches))
-    decide = functools.partial(
-        triage, nodes, modules, calls, costs, step, descend_share=cfg.descend_share,
-        representatives=cfg.representatives, insitu=times, batches=batches, others=others,
-    )  # fmt: skip
-    plan = decide()
-    # The census: every module's FLOPs and bytes in the step, in one instrumented pass of each top. A copy is
-    # proven by them (repeated structure); rows not replayed take theirs from it (details["as"] = "insitu"),
-    # and so do replayed rows on one rank, whose replays then only time (and observe memory). Under several
-    # ranks every rank counts (the census communicates); the plans are compared below.
-    if census is None:
-        census, why = _census(run, nodes, modules, batches, [t.tops for t in out], coord)
-        if census is None:
-            meta["triage"] = {"skipped": why}
-            return out, None
-        run.instrumented_s += census.seconds
-    counts: Sequence[Mapping[str, Any]] = census.flops
-    if coord is not None:
-        counts = ranked_triage.every_rank_counts(coord, census.flops)
-    plan = decide(census=counts) if plan.groups else plan
-    plan.census_s, plan.census = census.seconds, census.flops
-    if coord is None:  # a rank-local replay under several ranks counts its own (an FSDP2 unit's children)
-        run.take_census(census)
-    if coord is not None and (differs := ranked_triage.plan_difference(coord, plan)) is not None:
-        meta["triage"] = {"skipped": differs}
-        return out, None
-    groups = {id(info) for info in plan.groups.values()}
-    meta["triage"] = {
-        "replayed": plan.replayed, "copied": len(plan.copy), "not_descended": len(plan.skip),
-        "groups": len(groups), "measured_alone": len(plan.alone), "not_copies": len(plan.not_copies),
-    }  # fmt: skip
-    meta["triage"]["census"] = census.to_metadata()
-    return out, plan
-
-
-def _insitu_times(
-    run: ComponentRun,
-    nodes: Sequence[Node],
-    modules: Mapping[str, nn.Module],
-    batches: Sequence[Mapping[str, ComponentInputs]],
-    cfg: BenchmarkConfig,
-    device: torch.device,
-    coord: Coordinator | None,
-    meta: dict[str, Any],
-    census: Census | None = None,
-) -> list[InSituTimes] | None:
-    """Each batch's in-situ pass (:func:`time_in_situ`; ``metadata["insitu"]``); under several ranks on
-    every rank at once (:func:`cb_callback._engine.selection.ranked_triage.in_situ`), ``None`` when it failed on one.
-    A top the ``census`` counted (a forward and backward on the same call, just before) needs no warm-up."""
-    paths = [n.path for n in nodes]
-    only = set(paths)
-    ranked = coord is not None
-
-    def warmed(b: int) -> set[str]:
-        if census is None or b >= len(census.flops):
-            return set()
-        return {top for top in census.tops if top not in census.errors and top in batches[b]}
-
-    def passes(n: int, warm_up: bool = True, guard: ranked_triage.PassGuard | None = None) -> list[InSituTimes]:
-        out: list[InSituTimes] = []
-        for b, batch_calls in enumerate(batches):
-            if ranked and any(t.errors for t in out):
-                break  # a rank that went on would issue collectives the others do not
-            if guard is not None:
-                guard.batch = b
-
-            def replay_of(top: str, batch_calls: Mapping[str, ComponentInputs] = batch_calls, b: int = b) -> Any:
-                inputs = run.inputs_for(top, modules[top], batch_calls, b, keep=True)
-                # the backward as the step's (every node runs): an FSDP2 unit's own nodes lead to no target
-                accumulate = ranked or has_unit(modules[top])
-                return run.replay(modules[top], inputs, batch_calls[top], accumulate=accumulate)
-
-            out.append(
-                time_in_situ(
-                    top_paths(batch_calls, paths), replay_of, run.model, device, passes=n,
-                    budget_s=None if ranked else _insitu_budget(cfg), backward=cfg.backward, only=only,
-                    collectives=ranked, warm_up=warm_up, guard=guard, warmed=warmed(b),
-                )
-            )  # fmt: skip
-        return out
-
-    if coord is None:
-        out = passes(cfg.insitu_passes)
-    else:
-        ran, error = ranked_triage.in_situ(coord, run.model, passes, cfg.insitu_passes)
-        if ran is None:
-            meta["insitu"] = {"errors": {"": error}, "ranks": coord.world}
-            return None
-        out = ran
-    meta["insitu"] = out[0].to_metadata() if len(out) == 1 else {"batches": [t.to_metadata() for t in out]}
-    if coord is not None:
-        meta["insitu"]["ranks"] = coord.world  # every rank ran it; the triage decided on the max over them
-    return out
-
-
-def _step_costs(
-    nodes: Sequence[Node], out: Sequence[InSituTimes], batches: Sequence[Mapping[str, ComponentInputs]]
-) -> tuple[dict[str, float | None], float]:
-    """Each node's in-situ cost over the step (:func:`insitu_costs`, summed over the batches) and the
-    step's (the tops'), what the triage's shares divide."""
-    costs: dict[str, float | None] = {}
-    step = 0.0
-    for t, batch_calls in zip(out, batches, strict=True):
-        for path, c in insitu_costs(nodes, {p: t.cost_ms(p) for p in t.times}, batch_calls).items():
-            if c is not None:
-                costs[path] = (costs.get(path) or 0.0) + c
-        step += t.step_ms({p: c.calls for p, c in batch_calls.items()})
-    return costs, step
-
-
-def _census(
-    run: ComponentRun,
-    nodes: Sequence[Node],
-    modules: Mapping[str, nn.Module],
-    batches: Sequence[Mapping[str, ComponentInputs]],
-    tops: Sequence[Sequence[str]],
-    coord: Coordinator | None,
-) -> tuple[Census | None, str]:
-    """The census of the step's FLOPs (:func:`census_of`); under several ranks every rank's at once
-    (``None`` and why, on every rank, when it raised on any: the triage then has no plan)."""
-    if coord is None:
-        return census_of(run, nodes, modules, batches, tops), ""
-
-    def count() -> tuple[Census, str | None]:
-        census = census_of(run, nodes, modules, batches, tops, collectives=True)
-        errors = [f"{top or 'root'}: {e}" for top, e in census.errors.items()]
-        return census, f"the census of {errors[0]}" if errors else None
-
-    census, error = ranked_triage.together(coord, run.model, "the census", count)
-    return census, f"{error}; the ranks descend level by level instead"
+        EXTENSIONS.get("fill_children_separately")(rows, {n.path: n.children for n in ctx.nodes})
 
 
 def _compiled_net_of_floor(rows: Iterable[ComponentRow]) -> None:
@@ -396,12 +284,6 @@ def _compiled_net_of_floor(rows: Iterable[ComponentRow]) -> None:
         floor = row.details.get("floor_ms")
         if floor and math.isfinite(row.compiled_ms):
             row.compiled_ms = max(row.compiled_ms - floor["fwd"] - floor["bwd"], 0.0)
-
-
-def _insitu_budget(cfg: BenchmarkConfig) -> float:
-    """How long a top's in-situ passes may take before they stop (after the first): what its own
-    timed runs aim for (``min_run_time_s`` per pass), once per in-situ pass."""
-    return cfg.min_run_time_s * (2 if cfg.backward else 1) * cfg.insitu_passes
 
 
 def _plan_options(cfg: BenchmarkConfig, n_batches: int) -> dict[str, Any]:
@@ -438,7 +320,7 @@ def _assess(
     )  # fmt: skip
 
 
-def _write(report: Report, reporters: Sequence[Any], ctx: ReportContext) -> None:
+def _write(report: Report, reporters: Sequence[Reporter], ctx: ReportContext) -> None:
     for reporter in reporters:
         try:
             reporter.write(report, ctx)
@@ -532,7 +414,8 @@ def _capture(prepared: Prepared, inputs: Sequence[tuple[tuple[Any, ...], dict[st
     output does not reach it (a probe only logged) gets no backward.
     """
     model, meta = prepared.model, prepared.metadata
-    own = _input_copier(model)
+    # The model's own parameters and buffers are kept (an argument may be one, or a dict keyed by one).
+    own = tensor_copier(leaf="as_given", keep=(*model.parameters(), *model.buffers()))
     captures = []
     for i, (b_args, b_kwargs) in enumerate(inputs):
         b_args, b_kwargs = to_device((tuple(b_args), b_kwargs), prepared.device)
@@ -559,28 +442,6 @@ def _capture(prepared: Prepared, inputs: Sequence[tuple[tuple[Any, ...], dict[st
                     stacklevel=4,
                 )
     return captures
-
-
-def _input_copier(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """How the capture forward's copy of the inputs copies a tensor.
-
-    The model's own parameters and buffers are kept (an argument may be one, or
-    a dict keyed by one); any other tensor is cloned with its ``requires_grad``,
-    and one that was not a leaf stays a non-leaf (``ReLU(inplace=True)`` on an
-    upstream output works on the copy as on the original).
-    """
-    own = {id(t) for t in (*model.parameters(), *model.buffers())}
-
-    def copy(t: torch.Tensor) -> torch.Tensor:
-        if id(t) in own:
-            return t
-        out = t.detach().clone()
-        if not t.requires_grad:
-            return out
-        out.requires_grad_(True)
-        return out if t.is_leaf else out.clone()
-
-    return copy
 
 
 def _batch_inputs(

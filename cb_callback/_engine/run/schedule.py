@@ -10,9 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
-from cb_callback._engine.capture.inputs import ComponentInputs
 from cb_callback._engine.capture.tree import Node, filter_reasons
 from cb_callback._engine.clocks.insitu import InSituTimes
 from cb_callback._engine.clocks.timing import SampleSet, cpu_canary, interleave
@@ -20,8 +18,9 @@ from cb_callback._engine.derive.quality import inconsistent_pairs, is_noisy
 from cb_callback._engine.distributed.collectives import lockstep_reasons
 from cb_callback._engine.distributed.fsdp import has_unit, is_unit, shard_bytes, unit_of
 from cb_callback._engine.replay.batches import input_signature, merge_batches
-from cb_callback._engine.run.component import ComponentRun, Pending, params_mb
+from cb_callback._engine.run.component import Pending, params_mb
 from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.context import RunContext
 from cb_callback._engine.selection.descend import (
     below_cold,
     descendants_called,
@@ -59,21 +58,17 @@ class Schedule:
 
     def __init__(
         self,
-        run: ComponentRun,
-        nodes: Sequence[Node],
-        modules: Mapping[str, nn.Module],
-        batches: Sequence[Mapping[str, ComponentInputs]],
-        calls: Mapping[str, ComponentInputs],
-        cfg: BenchmarkConfig,
-        device: torch.device,
+        ctx: RunContext,
         budget0: float,
-        coord: Any = None,
         insitu: Sequence[InSituTimes] = (),
         plan: Plan | None = None,
     ) -> None:
-        self.run, self.nodes, self.modules, self.cfg, self.device = run, nodes, modules, cfg, device
+        #: The run's measurer, tree, batches and ranks (shared with the triage and the lockstep phase).
+        self.ctx = ctx
+        nodes, modules, batches, calls, cfg = ctx.nodes, ctx.modules, ctx.batches, ctx.calls, ctx.cfg
+        self.run, self.nodes, self.modules, self.cfg, self.device = ctx.run, nodes, modules, cfg, ctx.device
         #: The lockstep coordinator under several ranks (``None``: one process).
-        self.coord = coord
+        self.coord = coord = ctx.coord
         #: Whether this rank fills rows (``ranks="zero"``: rank 0 alone; every rank replays in lockstep).
         self.profiles = coord is None or cfg.ranks == "all" or coord.rank == 0
         self.units = {p for p, m in modules.items() if is_unit(m)} if coord is not None else set()
@@ -599,11 +594,11 @@ def time_interleaved(
 
 
 def artifact_targets(
-    pending: Sequence[Any],
+    pending: Sequence[Pending],
     cfg: BenchmarkConfig,
     rows: Mapping[str, ComponentRow],
     cost: Mapping[str, float | None],
-) -> list[Any]:
+) -> list[Pending]:
     """The components artifacts are written for: all, or the ``artifacts_top`` most expensive.
 
     Most expensive by ``cost`` (:func:`cb_callback._engine.selection.descend.step_cost_ms`:
@@ -612,7 +607,7 @@ def artifact_targets(
     median batch). ``pending`` holds :class:`Pending` (anything with ``row`` and
     ``batch``).
     """
-    chosen: dict[str, Any] = {}
+    chosen: dict[str, Pending] = {}
     for p in pending:
         if p.row.status != "ok" or _across_ranks(p.row):
             continue

@@ -59,8 +59,9 @@ import torch
 from cb_callback._engine.clocks.insitu import InSitu, InSituTimes
 from cb_callback._engine.counting.census import CountsOf
 from cb_callback._engine.distributed.comm import CommCounter, drain, issued_collectives
+from cb_callback._engine.distributed.coordinator import Coordinator
 from cb_callback._engine.distributed.fsdp import save_fsdp_state
-from cb_callback._engine.distributed.lockstep import Coordinator, lost_peer
+from cb_callback._engine.distributed.lockstep import lost_peer
 from cb_callback._engine.selection.groups import ViewsOf, call_view
 from cb_callback._engine.selection.triage import Plan
 from cb_callback._report.model import error_text

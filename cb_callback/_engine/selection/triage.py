@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -255,29 +256,37 @@ def triage(
             :class:`~cb_callback._engine.selection.groups.ViewsOf` each batch): members
             group, and copy, only when called alike on every rank.
     """
-    shares: dict[str, float | None] = {}
-    for n in nodes:
-        c = costs.get(n.path)
-        shares[n.path] = c / step_ms if c is not None and step_ms > 0 else None
+    shares = {n.path: _share(costs.get(n.path), step_ms) for n in nodes}
     if not nodes:
         return Plan(shares=shares)
     by_path = {n.path: n for n in nodes}
-
-    def walk(toward_top: set[str]) -> _Planner:
-        planner = _Planner(
-            Plan(shares=dict(shares)), by_path, modules, calls, descend_share, representatives, insitu or {},
-            list(batches), census, toward_top, others=list(others),
-        )  # fmt: skip
-        planner.descend(nodes[0], 1.0, shares.get(nodes[0].path))
-        return planner
-
+    unwalked = _Planner(
+        Plan(shares=shares), by_path, modules, calls, descend_share, representatives, insitu or {},
+        list(batches), census, set(), others=list(others),
+    )  # fmt: skip
     # The top hotspots rank by the share each leaf stands for (below a representative: times its members),
     # as a first walk without them finds it; a second walk replays them and the way to them.
-    first = walk(set())
+    first = _walked(unwalked, nodes[0], set())
     toward = _toward_top(nodes, by_path, first, descend_share)
     if all(p not in first.plan.skip for p in toward):
         return first.plan
-    return walk(toward).plan
+    return _walked(unwalked, nodes[0], toward).plan
+
+
+def _share(cost: float | None, step_ms: float) -> float | None:
+    """A node's in-situ share of the step: its cost over the step's (``None``: either unknown)."""
+    return cost / step_ms if cost is not None and step_ms > 0 else None
+
+
+def _walked(unwalked: _Planner, root: Node, toward_top: set[str]) -> _Planner:
+    """One walk of the triage from ``root``, with ``unwalked``'s options and shares and a plan of its own;
+    ``toward_top`` are the nodes replayed whatever their share (the top hotspots and the way to them)."""
+    planner = dataclasses.replace(
+        unwalked, plan=Plan(shares=dict(unwalked.plan.shares)), batches=list(unwalked.batches),
+        toward_top=toward_top, others=list(unwalked.others), stands={},
+    )  # fmt: skip
+    planner.descend(root, 1.0, unwalked.plan.shares.get(root.path))
+    return planner
 
 
 def _toward_top(nodes: Sequence[Node], by_path: Mapping[str, Node], first: _Planner, descend_share: float) -> set[str]:
