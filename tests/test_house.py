@@ -16,21 +16,6 @@ import cb_callback
 #: The longest a function may be, in lines (issue 25): past it, name the steps.
 MOST_LINES = 80
 
-#: TEMPORARY, remove at the merge with the engine's split: the engine's functions
-#: (``cb_callback/_engine/``, split on another branch at the same time) still over
-#: :data:`MOST_LINES` here, as ``(file under cb_callback/, function name)``. Only these
-#: may be long; any other function over the limit, in the engine or not, fails
-#: the test, and so does an entry here that is no longer long (delete it).
-_ENGINE_PENDING: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("_engine/clocks/insitu.py", "time_in_situ"),
-        ("_engine/clocks/timing.py", "interleave"),
-        ("_engine/derive/quality.py", "assess"),
-        ("_engine/run/profile.py", "_profile"),
-        ("_engine/selection/triage.py", "triage"),
-    }
-)
-
 
 class LongFunction(NamedTuple):
     """A function over the limit: its file (relative to the root searched), line, name and length."""
@@ -68,13 +53,7 @@ def long_functions(root: Path, most: int = MOST_LINES) -> list[str]:
 
 def test_no_function_in_the_package_is_over_80_lines() -> None:
     found = long_function_defs(Path(cb_callback.__file__).parent)
-    # Only the engine's pending functions are let through (see _ENGINE_PENDING).
-    unexplained = [str(f) for f in found if (f.path, f.name) not in _ENGINE_PENDING]
-    assert not unexplained, f"functions over {MOST_LINES} lines (split them into named steps):\n" + "\n".join(
-        unexplained
-    )
-    stale = sorted(_ENGINE_PENDING - {(f.path, f.name) for f in found})
-    assert not stale, f"no longer over {MOST_LINES} lines: delete them from _ENGINE_PENDING: {stale}"
+    assert not found, f"functions over {MOST_LINES} lines (split them into named steps):\n" + "\n".join(map(str, found))
 
 
 def test_the_length_counts_from_the_def_and_nested_functions_on_their_own(tmp_path: Path) -> None:
