@@ -384,7 +384,10 @@ def test_fsdp2_the_in_situ_pass_and_the_triage_run_on_every_rank_and_decide_one_
         # the in-situ pass ran on both ranks at once (collectives running): a warm-up and 3 passes of the root
         assert insitu["ranks"] == 2 and insitu["passes"] == 3 and insitu["errors"] == {}, insitu
         assert insitu["shares_of"] == "forward and backward"  # CPU: every module's backward timed by its nodes
-        assert result["triage"]["groups"] == 1 and "skipped" not in result["triage"], result["triage"]
+        # the triage decided a plan (on both ranks: _same_plan); the three blocks are one group when their
+        # in-situ times agree (selection.triage.differs), which a busy machine can break (seen under xdist):
+        # either way one plan, and never more than the one group
+        assert result["triage"]["groups"] in (0, 1) and "skipped" not in result["triage"], result["triage"]
         # `after` sleeps 200 ms a call: replayed (its share ~0.9); the root always
         assert rows["after"]["status"] == "ok" and rows["after"]["as"] is None
         assert rows[""]["status"] == "ok" and rows[""]["lockstep"] == {"ranks": 2, "repeats": 2}
