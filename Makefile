@@ -60,11 +60,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/dlrm.py
 
+# The suite on every core (pytest-xdist, a file's tests on one worker: its shared fixtures run
+# once); each test process computes on one thread (tests/conftest.py), so workers do not wait on
+# each other's OpenMP barriers. The 15 slowest tests are printed: the cost stays visible.
 test: $(STAMP)
 	$(BIN)/python -m ruff check cb_callback integrations tests examples benchmarks
 	$(BIN)/python -m ruff format --check cb_callback integrations tests examples benchmarks scripts
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check cb_callback integrations tests examples benchmarks
