@@ -252,28 +252,33 @@ def test_default_descend_is_hotspots_and_costs_are_broken_down() -> None:
     assert cost["efficiency"] == cost["timed_s"] / cost["wall_s"]
 
 
-def test_leaves_of_a_small_mlp_sum_to_at_most_the_root_once_the_floor_is_off() -> None:
+def test_the_floor_takes_most_of_the_leaves_excess_over_the_root_of_a_small_mlp() -> None:
     # 8 × (Linear(64, 64), ReLU) on 32 rows: each leaf's own work is tens of µs, the harness's fixed
-    # cost per replay about as much. Raw, the 16 leaves summed to 1.48-1.66 of the root; net of the
-    # floor, to about half (the rest is the root's own Python and autograd between its children).
-    # A timing claim on a shared 2-vCPU machine: one profile in about three read over 1 + noise on a busy
-    # one (the floor measured in a quiet moment, the leaves in a busy one). Without the floor every profile
-    # reads over it (1.48-1.66), so the claim holds when one of three profiles shows it.
+    # cost per replay about as much. Measured here (2-vCPU machine, one thread, quiet), back to back:
+    # raw (harness_floor=False) the 16 leaves sum to 2.05 of the root; net of the floor to 1.19-1.30
+    # (the root's own time is bimodal across processes, 0.41-0.45 or 0.62-0.64 ms, old code alike: at
+    # the slower the net sum reads 0.9-1.06). What holds under any of that, and on a busy machine where
+    # each pair is measured within a second: the floor takes at least half the leaves' excess over the
+    # root, (net - 1) <= (raw - 1) / 2, in the best of three pairs. Without the floor the two are equal.
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(8):
         layers += [nn.Linear(64, 64), nn.ReLU()]
-    sums = []
+    model, x = nn.Sequential(*layers), torch.randn(32, 64)
+    pairs = []
     for _ in range(3):
-        report = profile_components(nn.Sequential(*layers), torch.randn(32, 64), descend="all", min_run_time_s=0.02)
-        leaves = [r for r in report.rows if r.path and r.status == "ok"]
-        assert len(leaves) == 16
-        assert all(r.details["floor_ms"]["fwd"] > 0 for r in leaves)  # the floor was measured and subtracted
-        noise = max(r.noise for r in [*leaves, report.rows[0]])
-        sums.append((sum(r.share for r in leaves), noise))
-        if sums[-1][0] <= 1.0 + noise:
+        sums = []
+        for floor in (True, False):
+            report = profile_components(model, x, descend="all", min_run_time_s=0.02, harness_floor=floor)
+            leaves = [r for r in report.rows if r.path and r.status == "ok"]
+            assert len(leaves) == 16
+            # the floor was measured and subtracted, or not measured at all
+            assert all((r.details.get("floor_ms", {}).get("fwd", 0) > 0) == floor for r in leaves)
+            sums.append(sum(r.share for r in leaves))
+        pairs.append((sums[0], sums[1]))
+        if sums[0] - 1.0 <= (sums[1] - 1.0) / 2:
             break
-    assert any(total <= 1.0 + noise for total, noise in sums), sums
+    assert any(raw > 1.0 and net - 1.0 <= (raw - 1.0) / 2 for net, raw in pairs), pairs
 
 
 class SlowCopy:

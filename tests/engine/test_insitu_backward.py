@@ -285,5 +285,7 @@ def test_the_default_profile_runs_the_census_once_as_its_in_situ_warm_up() -> No
             handle.remove()
         assert report.metadata["insitu"]["passes"] == 2, report.metadata["insitu"]
         assert ("census" in report.metadata.get("triage", {})) == (descend == "hotspots")
-        counted[descend] = calls[0]
+        # the root's timed forwards are its own count (a busy machine can make a run read noisy and
+        # re-measure it: more timed runs); what the test is of is the forwards around them
+        counted[descend] = calls[0] - report.row("").details["fwd_repeats"]
     assert counted["hotspots"] == counted["all"] - 1, counted
