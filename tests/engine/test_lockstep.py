@@ -247,10 +247,13 @@ def test_a_long_component_in_lockstep_stops_on_every_rank_once_every_rank_agrees
         # The root and SlowCenter (path 1) communicate: lockstep. Each run sleeps 150 ms, more than its
         # budget (2 x min_run_time_s = 0.1 s): long. Two sleeps agree within SETTLE_NOISE on both ranks,
         # so both stop at the second agreement point: 2 runs where the agreed count was min_repeats = 5.
+        # On a busy machine two sleeps may disagree on one rank (seen with two CPU hogs beside the suite):
+        # then no rank stops early and all run the agreed 5; either way every rank runs the same count.
         for path in ("", "1"):
             assert rows[path]["status"] == "ok", (rank, path, rows[path])
-            assert rows[path]["lockstep"]["repeats"] == 5 and rows[path]["repeats"] == 2, (rank, path)
-            assert rows[path]["settled"] is True, (rank, path)
+            assert rows[path]["lockstep"]["repeats"] == 5 and rows[path]["repeats"] in (2, 5), (rank, path)
+            assert rows[path]["repeats"] == 5 or rows[path]["settled"] is True, (rank, path)  # 2: it settled
+            assert rows[path]["repeats"] == ranks[1 - rank]["rows"][path]["repeats"], (rank, path)
         # the Linears are rank-local and short: a pass takes min(max_repeats = 50, budget 0.1 s / one run),
         # 50 on a quiet machine, and a re-measurement (first samples read noisy) as many again, pooled;
         # how many a busy machine leaves is its own (86 seen under a load of 9), but never more than two
