@@ -57,6 +57,7 @@ ADDED_COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "comm_bytes": ("comm bytes", si),
     "comm_ms": ("comm ms", _cell),
     "insitu_ms": ("in-situ ms", _cell),
+    "headroom_ms": ("headroom ms", _cell),
 }
 
 

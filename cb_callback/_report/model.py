@@ -45,6 +45,9 @@ class ComponentRow:
     (the in-situ pass: its top component run whole, every module's calls timed
     by hooks, the hooks' own time left out; NaN when it did not run there), the
     figure ``fwd_ms`` is checked against (flag ``insitu_mismatch``).
+    ``headroom_ms`` is the time per call it would save at its own roof: per pass
+    ``max(0, t - max(flops / peak FLOP/s, bytes / its bandwidth ceiling))``, forward
+    plus backward (NaN without a trustworthy time or counts; docs/columns.md).
     ``details["flags"]`` lists the
     row's measurement-quality flags (see :mod:`cb_callback._engine.derive.quality`).
 
@@ -87,6 +90,7 @@ class ComponentRow:
     comm_bytes: float = _NAN
     comm_ms: float = _NAN
     insitu_ms: float = _NAN
+    headroom_ms: float = _NAN
     details: RowDetails = field(default_factory=RowDetails)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,273 @@
+"""The roofline of a report: each measured pass a point under the device's ceilings, and the headroom ranked.
+
+A renderer's data: it reads the :class:`~cb_callback._report.model.Report` only and imports no
+plotting library, so the summary, ``cb roofline``, the PNG (:mod:`cb_callback._report.roofline_chart`),
+the TensorBoard image and ``report.html`` draw the same points (docs/columns.md, "The roofline chart").
+
+A point is one pass of one ``ok`` row: x the arithmetic intensity ``flops / bytes`` of that pass
+(``fwd_flops`` and ``details["fwd_bytes"]``, or the backward's), y its achieved TFLOP/s ``flops /
+(ms / 1e3) / 1e12`` (``fwd_ms`` or ``bwd_ms``). Nothing is drawn that was not measured: a row that is
+not ``ok`` and a pass without FLOPs, bytes, a time, or at the harness floor are counted in
+:attr:`RooflineData.left_out` by reason (:data:`LEFT_OUT`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from cb_callback._report.finite import finite
+from cb_callback._report.numbers import sig
+
+if TYPE_CHECKING:
+    from cb_callback._report.model import ComponentRow, Report
+
+__all__ = [
+    "LEFT_OUT",
+    "PASSES",
+    "Ceiling",
+    "Headroom",
+    "RooflineData",
+    "RooflinePoint",
+    "headroom_lines",
+    "headroom_ranking",
+    "left_out_text",
+    "roofline_data",
+]
+
+#: The passes a row is drawn as: forward and backward, each a point of its own.
+PASSES = ("fwd", "bwd")
+
+#: Why a row or a pass is not drawn: reason -> the words the charts say. The row statuses count
+#: components (the row has no measurement of its own); the others count passes of ``ok`` rows.
+LEFT_OUT: dict[str, str] = {
+    "estimated": "estimated",
+    "failed": "failed",
+    "skipped": "skipped",
+    "not_run": "not run",
+    "at_floor": "at the harness floor",
+    "no_time": "without a time",
+    "no_flops": "without FLOPs",
+    "no_bytes": "without bytes",
+}
+_COMPONENT_REASONS = ("estimated", "failed", "skipped", "not_run")
+
+
+class RooflinePoint(NamedTuple):
+    """One pass of one component: ``intensity = flops / bytes`` (FLOP/byte), ``tflops = flops / (ms / 1e3)
+    / 1e12``; ``share`` the pass's share of the step (``row.share × ms / row.total_ms``, NaN when unknown);
+    ``headroom_ms`` the row's (both passes, per call)."""
+
+    path: str
+    module_type: str
+    pass_name: str
+    flops: float
+    bytes: float
+    ms: float
+    intensity: float
+    tflops: float
+    share: float
+    calls: int
+    headroom_ms: float
+
+
+class Ceiling(NamedTuple):
+    """A memory roof: its level's ``name`` (``"L1"``, ``"DRAM"``, ``"HBM"``), ``bandwidth`` in bytes/s and
+    its ``ridge``, ``peak FLOP/s ÷ bandwidth`` FLOP/byte (NaN without a FLOP/s peak)."""
+
+    name: str
+    bandwidth: float
+    ridge: float
+
+
+@dataclass
+class RooflineData:
+    """The points, the ceilings and what was left out (reason of :data:`LEFT_OUT` -> count)."""
+
+    points: list[RooflinePoint]
+    peak_flops: float | None
+    ceilings: list[Ceiling]
+    left_out: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe (NaN as ``None``): what report.html's chart draws."""
+
+        def clean(v: object) -> object:
+            return None if isinstance(v, float) and not math.isfinite(v) else v
+
+        return {
+            "points": [{k: clean(v) for k, v in p._asdict().items()} for p in self.points],
+            "peak_flops": self.peak_flops,
+            "ceilings": [{k: clean(v) for k, v in c._asdict().items()} for c in self.ceilings],
+            "left_out": dict(self.left_out),
+            "left_out_text": left_out_text(self.left_out),
+        }
+
+
+def _positive(value: object) -> float | None:
+    return float(value) if finite(value) and value > 0 else None
+
+
+def ceilings(metadata: Mapping[str, Any]) -> tuple[float | None, list[Ceiling]]:
+    """``(peak FLOP/s, the memory ceilings, fastest first)`` of ``metadata["peaks"]``.
+
+    Each cache level of ``peaks["levels"]`` with a bandwidth (CPU), and the device's
+    ``peaks["bandwidth"]`` unless a level has that figure already: named ``"HBM"`` on a CUDA
+    device, ``"DRAM"`` elsewhere.
+    """
+    peaks = metadata.get("peaks")
+    peaks = peaks if isinstance(peaks, Mapping) else {}
+    flops = _positive(peaks.get("flops"))
+    out: list[Ceiling] = []
+    levels = peaks.get("levels")
+    for level in levels if isinstance(levels, (list, tuple)) else ():
+        bw = _positive(level.get("bandwidth")) if isinstance(level, Mapping) else None
+        if bw is not None:
+            out.append(Ceiling(str(level.get("name") or "cache"), bw, flops / bw if flops else math.nan))
+    device = _positive(peaks.get("bandwidth"))
+    if device is not None and not any(math.isclose(c.bandwidth, device, rel_tol=1e-9) for c in out):
+        name = "HBM" if str(metadata.get("device", "")).startswith("cuda") else "DRAM"
+        out.append(Ceiling(name, device, flops / device if flops else math.nan))
+    return flops, sorted(out, key=lambda c: -c.bandwidth)
+
+
+def _has_pass(row: ComponentRow, name: str, at_floor: Sequence[str]) -> bool:
+    """Whether the row ran this pass: always the forward; the backward when it has a time, FLOPs or is
+    at the floor (``bwd_ms == 0`` with no FLOPs: no backward ran, nothing to draw or leave out)."""
+    if name == "fwd" or name in at_floor:
+        return True
+    return (finite(row.bwd_ms) and row.bwd_ms > 0) or (finite(row.bwd_flops) and row.bwd_flops > 0)
+
+
+def _point(row: ComponentRow, name: str, at_floor: Sequence[str]) -> RooflinePoint | str:
+    """The pass as a point, or why it is left out (a key of :data:`LEFT_OUT`)."""
+    ms = row.fwd_ms if name == "fwd" else row.bwd_ms
+    flops = row.fwd_flops if name == "fwd" else row.bwd_flops
+    nbytes = row.details.get(f"{name}_bytes")
+    if name in at_floor:
+        return "at_floor"
+    if not finite(ms) or ms <= 0:
+        return "no_time"
+    if not finite(flops) or flops <= 0:
+        return "no_flops"
+    if not finite(nbytes) or nbytes <= 0:
+        return "no_bytes"
+    nbytes = float(nbytes)
+    share = (
+        row.share * ms / row.total_ms if finite(row.share) and finite(row.total_ms) and row.total_ms > 0 else math.nan
+    )
+    return RooflinePoint(
+        row.path, row.module_type, name, flops, nbytes, ms, flops / nbytes, flops / (ms / 1e3) / 1e12,
+        share, row.calls, row.headroom_ms,
+    )  # fmt: skip
+
+
+def roofline_data(report: Report) -> RooflineData:
+    """Every drawable pass of ``report`` as a point, the device's ceilings, and what was left out, by reason."""
+    peak, roofs = ceilings(report.metadata)
+    points: list[RooflinePoint] = []
+    left: dict[str, int] = {}
+    for row in report.rows:
+        if row.status != "ok":
+            left[row.status] = left.get(row.status, 0) + 1
+            continue
+        floor = row.details.get("floor_ms")
+        at_floor = list(floor.get("at_floor") or ()) if isinstance(floor, Mapping) else []
+        for name in PASSES:
+            if not _has_pass(row, name, at_floor):
+                continue
+            found = _point(row, name, at_floor)
+            if isinstance(found, str):
+                left[found] = left.get(found, 0) + 1
+            else:
+                points.append(found)
+    ordered = {k: left[k] for k in LEFT_OUT if left.get(k)}
+    return RooflineData(points, peak, roofs, ordered)
+
+
+def left_out_text(left_out: Mapping[str, int]) -> str:
+    """``"left out: 2 components (1 estimated, 1 failed); 3 passes (2 at the harness floor, 1 without
+    FLOPs)"``, or ``"nothing left out"``."""
+    parts = []
+    for unit, keys in (
+        ("component", _COMPONENT_REASONS),
+        ("pass", [k for k in LEFT_OUT if k not in _COMPONENT_REASONS]),
+    ):
+        counts = [(k, left_out[k]) for k in keys if left_out.get(k)]
+        if counts:
+            n = sum(c for _, c in counts)
+            noun = unit if n == 1 else ("passes" if unit == "pass" else "components")
+            parts.append(f"{n} {noun} ({', '.join(f'{c} {LEFT_OUT[k]}' for k, c in counts)})")
+    return "left out: " + "; ".join(parts) if parts else "nothing left out"
+
+
+class Headroom(NamedTuple):
+    """A line of the ranking: ``row`` (the measured one, when rows taken from it are folded in), ``n`` rows
+    folded, their ``calls`` and ``step_ms``, ``Σ headroom_ms × calls``: what they would save over the step."""
+
+    row: ComponentRow
+    n: int
+    calls: int
+    step_ms: float
+
+
+def headroom_ranking(report: Report, top: int = 10) -> list[Headroom]:
+    """The leaf-most measured components (:meth:`Report.hotspots`) by ``headroom_ms × calls``, largest first.
+
+    Rows taken from a representative of repeated structure are folded into the row they were taken
+    from (their headroom over the step added up), as the summary's hotspots are. Rows without a
+    finite ``headroom_ms`` are not ranked.
+    """
+    groups: dict[str, list[Any]] = {}
+    for r in report.hotspots(len(report.rows)):
+        if not finite(r.headroom_ms):
+            continue
+        source = r.details.get("from") if r.details.get("as") == "representative" else None
+        key = source if isinstance(source, str) else r.path
+        step = r.headroom_ms * max(r.calls, 1)
+        if key in groups:
+            item = groups[key]
+            item[0] = r if r.path == key else item[0]
+            item[1] += 1
+            item[2] += max(r.calls, 1)
+            item[3] += step
+        else:
+            groups[key] = [r, 1, max(r.calls, 1), step]
+    ranked = sorted((Headroom(*g) for g in groups.values()), key=lambda h: -h.step_ms)
+    return ranked[:top]
+
+
+def _step_total_ms(report: Report) -> float:
+    root = next((r for r in report.rows if r.parent is None), None)
+    if root is None or not finite(root.total_ms) or root.total_ms <= 0:
+        return math.nan
+    return root.total_ms * max(root.calls, 1)
+
+
+def headroom_lines(report: Report, top: int = 10) -> list[str]:
+    """The ranking as text: a title, then one aligned line per component (``path ×n`` for folded rows);
+    ``[]`` when no component has a headroom (no peaks, nothing measured)."""
+    ranked = headroom_ranking(report, top)
+    if not ranked or top <= 0:
+        return []
+    whole = _step_total_ms(report)
+    header = ["path", "type", "calls", "total ms", "headroom ms", "x calls ms", "% of step", "bound"]
+    lines = [header]
+    for h in ranked:
+        path = h.row.path or "(root)"
+        lines.append([
+            f"{path} ×{h.n}" if h.n > 1 else path, h.row.module_type, str(h.calls), sig(h.row.total_ms),
+            sig(h.row.headroom_ms), sig(h.step_ms), sig(h.step_ms / whole, scale=100.0), h.row.bound or "-",
+        ])  # fmt: skip
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    text = [
+        "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
+        for line in lines
+    ]
+    title = (
+        f"where optimisation pays most (top {len(ranked)} by headroom_ms x calls: what each would save over the "
+        "step at its own roof, max(flops/peak, bytes/bandwidth) per pass; leaf-most measured components):"
+    )
+    return [title, text[0].rstrip(), "  ".join("-" * w for w in widths), *(t.rstrip() for t in text[1:])]
