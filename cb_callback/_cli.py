@@ -1,4 +1,4 @@
-"""The ``cb`` command: replay a snapshot, print a saved report, compare two reports or two components."""
+"""The ``cb`` command: replay a snapshot, print a saved report or draw its roofline, compare reports or components."""
 
 from __future__ import annotations
 
@@ -42,10 +42,10 @@ _STEP_HELP = (
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The ``cb`` parser: one sub-command each for ``replay``, ``report``, ``diff`` and ``compare``."""
+    """The ``cb`` parser: one sub-command each for ``replay``, ``report``, ``diff``, ``compare`` and ``roofline``."""
     parser = argparse.ArgumentParser(
         prog="cb",
-        description="cb_callback component benchmark: replay snapshots, print and compare reports.",
+        description="cb_callback component benchmark: replay snapshots, print, draw and compare reports.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -53,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_report(sub)
     _add_diff(sub)
     _add_compare(sub)
+    _add_roofline(sub)
     return parser
 
 
@@ -167,6 +168,31 @@ def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     _add_compile(compare, top=False)
     compare.add_argument(
         "--script", type=Path, default=None, help="the training script defining the model's class (as for cb replay)"
+    )
+
+
+def _add_roofline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``cb roofline``: draw a saved report's roofline and rank its components by headroom."""
+    roofline = sub.add_parser(
+        "roofline",
+        help="draw a saved report's roofline (roofline.png) and rank its components by headroom",
+        description="Draw a saved report's roofline: every measured component's forward and backward as points "
+        "(x FLOP/byte, y TFLOP/s) under the device's FLOP/s and bandwidth ceilings, saying how many were left out "
+        "and why; print where the PNG went and the components that would save the most time at their own roof "
+        "(headroom_ms x calls). Exit status: 0 drawn, 1 the PNG could not be written, 2 no report, none of the "
+        "capture step asked for, or one that cannot be read.",
+    )
+    roofline.add_argument("report", metavar="REPORT", help=_LOCATION_HELP.format(what="report", file=REPORT_FILE))
+    roofline.add_argument("--step", type=_count, default=None, metavar="N", help=_STEP_HELP.format(what="report"))
+    roofline.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the PNG to write (default: roofline.png beside report.json)",
+    )
+    roofline.add_argument(
+        "--top", type=_count, default=10, metavar="K", help="components ranked by headroom (default 10)"
     )
 
 
@@ -427,6 +453,31 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _roofline(args: argparse.Namespace) -> int:
+    loaded = _load(args.report, args.step)
+    if loaded is None:
+        return 2
+    report, file = loaded
+    from cb_callback._report.roofline import headroom_lines, left_out_text, roofline_data
+    from cb_callback._report.roofline_chart import ROOFLINE_FILE, save_roofline
+
+    target = args.out if args.out is not None else file.parent / ROOFLINE_FILE
+    try:
+        data = roofline_data(report)
+        ranking = headroom_lines(report, args.top)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # values of the wrong type in a row
+        print(f"cb: error: {_unreadable(file, e)}", file=sys.stderr)
+        return 2
+    try:
+        written = save_roofline(report, target.parent, target.name)
+    except OSError as e:
+        print(f"cb: error: cannot write {target}: {e}", file=sys.stderr)
+        return 1
+    print(f"cb: wrote {written} ({len(data.points)} points; {left_out_text(data.left_out)})")
+    print("\n".join(ranking) if ranking else "no component has a headroom (no peaks, or nothing measured)")
+    return 0
+
+
 def _diff(args: argparse.Namespace) -> int:
     loaded_a, loaded_b = _load(args.a), _load(args.b)
     if loaded_a is None or loaded_b is None:
@@ -577,7 +628,7 @@ def _compare_cmd(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``cb`` with ``argv`` (default: the command line); returns the exit status."""
     args = _parser().parse_args(argv)
-    handlers = {"replay": _replay, "report": _report, "diff": _diff, "compare": _compare_cmd}
+    handlers = {"replay": _replay, "report": _report, "diff": _diff, "compare": _compare_cmd, "roofline": _roofline}
     return handlers[args.command](args)
 
 

@@ -113,7 +113,8 @@ def _positive(value: object) -> float | None:
 def ceilings(metadata: Mapping[str, Any]) -> tuple[float | None, list[Ceiling]]:
     """``(peak FLOP/s, the memory ceilings, fastest first)`` of ``metadata["peaks"]``.
 
-    Each cache level of ``peaks["levels"]`` with a bandwidth (CPU), and the device's
+    Each cache level of ``peaks["levels"]`` with a bandwidth (CPU; levels of one figure are one
+    ceiling, their names joined: ``"L1/L2"``), and the device's
     ``peaks["bandwidth"]`` unless a level has that figure already: named ``"HBM"`` on a CUDA
     device, ``"DRAM"`` elsewhere.
     """
@@ -124,8 +125,14 @@ def ceilings(metadata: Mapping[str, Any]) -> tuple[float | None, list[Ceiling]]:
     levels = peaks.get("levels")
     for level in levels if isinstance(levels, (list, tuple)) else ():
         bw = _positive(level.get("bandwidth")) if isinstance(level, Mapping) else None
-        if bw is not None:
-            out.append(Ceiling(str(level.get("name") or "cache"), bw, flops / bw if flops else math.nan))
+        if bw is None:
+            continue
+        name = str(level.get("name") or "cache")
+        same = next((i for i, c in enumerate(out) if math.isclose(c.bandwidth, bw, rel_tol=1e-9)), None)
+        if same is not None:  # levels measured at one figure (L1 = L2 = L3) are one roof: "L1/L2/L3"
+            out[same] = out[same]._replace(name=f"{out[same].name}/{name}")
+        else:
+            out.append(Ceiling(name, bw, flops / bw if flops else math.nan))
     device = _positive(peaks.get("bandwidth"))
     if device is not None and not any(math.isclose(c.bandwidth, device, rel_tol=1e-9) for c in out):
         name = "HBM" if str(metadata.get("device", "")).startswith("cuda") else "DRAM"

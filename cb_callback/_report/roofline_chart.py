@@ -70,12 +70,17 @@ def _draw_ceilings(ax: Axes, data: RooflineData, x0: float, x1: float) -> None:
         ax.text(x1 / 1.1, peak * 1.08, f"peak {sig(peak)} TFLOP/s", ha="right", fontsize=9)
 
 
+def _size(share: float) -> float:
+    """A marker's area in points²: 30 for no share, 30 + 600 × the pass's share of the step (at most 1)."""
+    return 30.0 + 600.0 * min(max(share, 0.0), 1.0) if math.isfinite(share) else 30.0
+
+
 def _draw_points(ax: Axes, data: RooflineData, colours: dict[str, str], labelled: set[str]) -> None:
     for name in ("fwd", "bwd"):
         mine = [p for p in data.points if p.pass_name == name]
         if not mine:
             continue
-        sizes = [30 + 900 * p.share if math.isfinite(p.share) else 30 for p in mine]
+        sizes = [_size(p.share) for p in mine]
         ax.scatter([p.intensity for p in mine], [p.tflops for p in mine], s=sizes, marker=_MARKERS[name],
                    c=[colours[p.module_type] for p in mine], alpha=0.75, edgecolors="black", linewidths=0.5,
                    zorder=3)  # fmt: skip
@@ -86,7 +91,8 @@ def _draw_points(ax: Axes, data: RooflineData, colours: dict[str, str], labelled
 
 
 def _legend(ax: Axes, colours: dict[str, str]) -> None:
-    handles = [Line2D([], [], ls="", marker=m, color="#555555", label=f"{n}ward") for n, m in _MARKERS.items()]
+    words = {"fwd": "forward", "bwd": "backward"}
+    handles = [Line2D([], [], ls="", marker=m, color="#555555", label=words[n]) for n, m in _MARKERS.items()]
     shown = [(t, c) for t, c in colours.items() if c != _OTHER]
     handles += [Line2D([], [], ls="", marker="s", color=c, label=t) for t, c in shown]
     if len(shown) < len(colours):

@@ -14,6 +14,7 @@ from cb_callback._report.distributed import distributed_lines
 from cb_callback._report.finite import finite
 from cb_callback._report.numbers import si, sig
 from cb_callback._report.reduced import reduced_lines
+from cb_callback._report.roofline import headroom_lines
 from cb_callback._report.schema import STATUSES
 
 if TYPE_CHECKING:
@@ -212,7 +213,9 @@ def format_summary(report: Report, top: int = 10) -> str:
         none of whose children was measured, their header says so and by what
         they rank), most expensive over the step first; under ``errors:`` the
         rows that hold an ``error`` (a real failure; an ``ok`` row with one
-        failed on some of several batches), one line each; and, when any row is flagged or
+        failed on some of several batches), one line each; the ``top`` leaf-most components by
+        ``headroom_ms × calls`` under "where optimisation pays most"
+        (:func:`cb_callback._report.roofline.headroom_lines`, none without peaks); and, when any row is flagged or
         the verdict is not clean, the quality section (:func:`quality_lines`).
         Missing values show as ``"-"``. With several captured batches a
         ``batches:`` line says so and the component tables gain
@@ -244,6 +247,7 @@ def format_summary(report: Report, top: int = 10) -> str:
         *_budget_lines(report.metadata),
         *_batches_lines(report, multi),
         *_component_tables(report, top, multi),
+        *_headroom_lines(report, top),
         *_error_lines(report),
     ]
     what_if = compile_lines(report)
@@ -331,6 +335,12 @@ def _component_tables(report: Report, top: int, multi: bool) -> list[str]:
             *_aligned(header, [_with_p90(_hot_cells(r, n, share, calls), r, multi) for r, n, share, calls in hot]),
         ]
     return lines
+
+
+def _headroom_lines(report: Report, top: int) -> list[str]:
+    """After a blank line, the ``top`` components by ``headroom_ms × calls`` (:func:`headroom_lines`), if any."""
+    lines = headroom_lines(report, top)
+    return ["", *lines] if lines else []
 
 
 def _error_lines(report: Report) -> list[str]:

@@ -3,7 +3,8 @@
 Tags (a contract): ``component_benchmark/<metric>/<path>`` (the root as ``root``)
 for the root and the ``log_scalars`` components that cost the most time;
 ``component_benchmark/table`` and ``component_benchmark/summary`` (texts);
-``component_benchmark/icicle/<metric>`` (images); and the run's Custom Scalars
+``component_benchmark/icicle/<metric>`` (images); ``cb/roofline`` (the roofline image,
+:data:`ROOFLINE_TAG`); and the run's Custom Scalars
 layout (``custom_scalars__config__``), which groups the scalars time first.
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from cb_callback._report.icicle import icicle_figure
+from cb_callback._report.roofline_chart import roofline_figure
 from cb_callback._report.table import format_summary, format_text_table
 
 if TYPE_CHECKING:
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ICICLE_IMAGE_METRICS",
+    "ROOFLINE_TAG",
     "SCALAR_METRICS",
     "SERIES_LOG_SCALARS",
     "TAG_PREFIX",
@@ -69,6 +72,9 @@ _LAYOUT: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 
 #: Metrics with an icicle image, under ``component_benchmark/icicle/<metric>``.
 ICICLE_IMAGE_METRICS: tuple[str, ...] = ("mfu", "total_ms", "peak_mem_mb")
+
+#: The roofline image's tag (docs/columns.md, "The roofline chart"), beside the icicles.
+ROOFLINE_TAG = "cb/roofline"
 
 _ROOT_TAG = "root"
 
@@ -216,7 +222,8 @@ def log_report(
     block) and ``component_benchmark/summary`` (:func:`format_summary` and the
     metadata, fenced too: TensorBoard shows both as ``<pre>`` blocks, unwrapped); and the images
     ``component_benchmark/icicle/<metric>`` for :data:`ICICLE_IMAGE_METRICS`
-    (:func:`~cb_callback._report.icicle.icicle_figure`, 1600x900 px), through
+    (:func:`~cb_callback._report.icicle.icicle_figure`, 1600x900 px) and :data:`ROOFLINE_TAG`
+    (:func:`~cb_callback._report.roofline_chart.roofline_figure`, 1600x900 px), through
     ``add_figure`` when the writer has it, else ``add_image`` (HWC, uint8).
 
     Args:
@@ -253,9 +260,9 @@ def log_report(
         writer.add_custom_scalars(scalar_layout())
     _add_text(writer, f"{TAG_PREFIX}/table", _table_markdown(report), step)
     _add_text(writer, f"{TAG_PREFIX}/summary", _summary_markdown(report), step)
-    for metric in ICICLE_IMAGE_METRICS:
-        tag = f"{TAG_PREFIX}/icicle/{metric}"
-        fig = icicle_figure(report, metric)
+    figures = [(f"{TAG_PREFIX}/icicle/{m}", lambda m=m: icicle_figure(report, m)) for m in ICICLE_IMAGE_METRICS]
+    for tag, draw in [*figures, (ROOFLINE_TAG, lambda: roofline_figure(report))]:
+        fig = draw()
         if callable(getattr(writer, "add_figure", None)):
             writer.add_figure(tag, fig, global_step=step, close=True)
         else:
