@@ -2,8 +2,9 @@
 
 The page (``viewer_assets/``: an HTML template, a stylesheet and a script)
 embeds the report's JSON once and draws an icicle of the component tree with
-plotly, a table linked to it (sort, filter, roll-ups, CSV export) and the
-details of the selected component. Written beside ``report.json`` it inlines
+plotly, a table linked to it (sort, filter, roll-ups, CSV export), the details
+of the selected component and the roofline (``roofline.js``: the points of
+:mod:`cb_callback._report.roofline`, in the page's config). Written beside ``report.json`` it inlines
 plotly.js, so it opens offline by double-click; the TensorBoard plugin serves
 the same page with plotly from one of its routes instead.
 """
@@ -55,8 +56,21 @@ def plotly_js() -> str:
 
 
 def viewer_js() -> str:
-    """The viewer's script (served on its own by the TensorBoard plugin)."""
-    return _asset("viewer.js")
+    """The viewer's scripts (served on their own by the TensorBoard plugin): ``viewer.js``, then
+    ``roofline.js`` (the roofline chart, which reads the viewer's ``window.cbViewer``)."""
+    return _asset("viewer.js") + "\n" + _asset("roofline.js")
+
+
+def _roofline(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The roofline's points, ceilings and what was left out (:func:`cb_callback._report.roofline.roofline_data`),
+    as the page's chart draws them; ``None`` for rows that do not make a report."""
+    from cb_callback._report.model import Report
+    from cb_callback._report.roofline import roofline_data
+
+    try:
+        return roofline_data(Report.from_dict(data)).to_dict()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _json_for_script(value: object) -> str:
@@ -106,7 +120,7 @@ def render_html(
     else:
         plotly_tag = f'<script src="{_attr(plotly_src)}"></script>'
     if viewer_src is None:
-        viewer_tag = "<script>\n" + _asset("viewer.js") + "\n</script>"
+        viewer_tag = "<script>\n" + viewer_js() + "\n</script>"
     else:
         viewer_tag = f'<script src="{_attr(viewer_src)}"></script>'
     origins = ""
@@ -114,7 +128,7 @@ def render_html(
         "__SCRIPT_ORIGINS__": origins,
         "__TITLE__": _text(title),
         "__CSS__": _asset("viewer.css"),
-        "__CONFIG__": _json_for_script({"artifactBase": artifact_base, "diff": diff}),
+        "__CONFIG__": _json_for_script({"artifactBase": artifact_base, "diff": diff, "roofline": _roofline(data)}),
         "__DATA__": _json_for_script(data),
         "__JS__": viewer_tag,
         "__PLOTLY__": plotly_tag,

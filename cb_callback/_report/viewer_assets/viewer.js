@@ -661,6 +661,7 @@
    * fractions as percents); the exact value is the cell's tooltip. */
   var UNITS = {
     fwd_ms: "ms", bwd_ms: "ms", total_ms: "ms", cpu_ms: "ms", device_ms: "ms", compiled_ms: "ms", comm_ms: "ms", insitu_ms: "ms",
+    headroom_ms: "ms",
     tflops: "TFLOP/s", params_mb: "MiB", activation_mb: "MiB", peak_mem_mb: "MiB", gbps: "GB/s",
     intensity: "FLOP/byte"
   };
@@ -727,6 +728,7 @@
     drawTable();
     drawDetails();
     Plotly.restyle(gd, { "marker.line": [lineStyle()] });
+    document.dispatchEvent(new CustomEvent("cb-select", { detail: state.selected }));  // roofline.js outlines it
     if (fromTable) {
       var tr = document.querySelector('#table tr[data-path="' + CSS.escape(path) + '"]');
       if (tr) tr.scrollIntoView({ block: "nearest" });
