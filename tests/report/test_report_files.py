@@ -33,6 +33,7 @@ OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10}
 # What FileReporter writes with its defaults (tests/report/test_files.py pins it): the full set.
 FULL_SET = [
     "components.csv", "icicle_mfu.png", "icicle_peak_mem_mb.png", "icicle_total_ms.png", "report.html", "report.json",
+    "roofline.png",  # issue 26: the roofline
 ]  # fmt: skip
 
 

@@ -87,7 +87,7 @@ def test_file_reporter_writes_what_the_readme_says(tmp_path: Path) -> None:
     written = reporters.FileReporter().write(_report(), ReportContext(output_dir=tmp_path))
     assert [p.name for p in written] == [
         "report.json", "components.csv", "report.html", "icicle_mfu.png", "icicle_total_ms.png",
-        "icicle_peak_mem_mb.png",
+        "icicle_peak_mem_mb.png", "roofline.png",
     ]  # fmt: skip
 
 
