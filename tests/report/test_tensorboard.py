@@ -28,6 +28,7 @@ from cb_callback._report.tensorboard import (
 
 NAN = math.nan
 ICICLES = {f"component_benchmark/icicle/{m}" for m in ("mfu", "total_ms", "peak_mem_mb")}
+IMAGES = {*ICICLES, "cb/roofline"}  # issue 26: the roofline beside the icicles
 TEXTS = {"component_benchmark/table", "component_benchmark/summary"}
 LAYOUT_TAG = "custom_scalars__config__"  # where SummaryWriter.add_custom_scalars puts the layout
 
@@ -87,8 +88,8 @@ def test_scalars_read_back(events: EventAccumulator) -> None:
 
 
 def test_images_read_back(events: EventAccumulator) -> None:
-    assert set(events.Tags()["images"]) == ICICLES
-    for tag in ICICLES:
+    assert set(events.Tags()["images"]) == IMAGES
+    for tag in IMAGES:
         (image,) = events.Images(tag)
         assert image.step == 7
         assert (image.width, image.height) == (1600, 900)
@@ -186,7 +187,7 @@ def test_reporter_uses_ctx_writer() -> None:
     assert {c[1] for c in writer.calls if c[0] == "scalar"} == set(_expected_scalars())
     assert {c[1] for c in writer.calls if c[0] == "text"} == TEXTS
     images = {c[1]: c[2] for c in writer.calls if c[0] == "image"}
-    assert set(images) == ICICLES
+    assert set(images) == IMAGES
     assert all(im.shape == (900, 1600, 3) and im.dtype == np.uint8 for im in images.values())
     assert {c[3] for c in writer.calls} == {3}
 
