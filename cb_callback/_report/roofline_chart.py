@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,11 +33,11 @@ _CEILING_COLOURS = ("#1f3b73", "#2f6fde", "#5fa35a", "#e08a2c", "#b3261e", "#6a5
 
 def _colours(points: list[RooflinePoint]) -> dict[str, str]:
     """A colour per module type, the types with most time over the step first; past :data:`_TYPES`, grey."""
-    weight: Counter[str] = Counter()
+    weight: dict[str, float] = {}
     for p in points:
-        weight[p.module_type] += p.ms * max(p.calls, 1)
+        weight[p.module_type] = weight.get(p.module_type, 0.0) + p.ms * max(p.calls, 1)
     cmap = colormaps["tab10"]
-    ranked = [t for t, _ in weight.most_common()]
+    ranked = sorted(weight, key=lambda t: -weight[t])
     return {t: (cmap(i) if i < _TYPES else _OTHER) for i, t in enumerate(ranked)}  # type: ignore[misc]
 
 
