@@ -35,6 +35,13 @@
     });
   }
   function sig(v) { return isNum(v) ? String(Number(v.toPrecision(3))) : "-"; }
+  /* A count with an SI prefix (the table's "12.0 G"). */
+  function si(v, unit) {
+    if (!isNum(v)) return "-";
+    var prefixes = ["", "k", "M", "G", "T", "P"], i = 0;
+    while (Math.abs(v) >= 1000 && i < prefixes.length - 1) { v /= 1000; i++; }
+    return sig(v) + " " + prefixes[i] + unit;
+  }
 
   /* A colour per module type, the types with most time over the step first (as roofline.png). */
   var weight = new Map();
@@ -82,7 +89,7 @@
   function hover(p) {
     return "<b>" + esc(p.path === "" ? "(root)" : p.path) + "</b> (" + esc(p.module_type) + "), " + (p.pass_name === "fwd" ? "forward" : "backward") +
       "<br>" + sig(p.intensity) + " FLOP/byte; " + sig(p.tflops) + " TFLOP/s" +
-      "<br>" + sig(p.ms) + " ms per call; " + sig(p.flops) + " FLOP; " + sig(p.bytes) + " bytes" +
+      "<br>" + sig(p.ms) + " ms per call; " + si(p.flops, "FLOP") + "; " + si(p.bytes, "B") +
       "<br>share of the step " + sig(p.share * 100) + " %; headroom " + sig(p.headroom_ms) + " ms per call (both passes)";
   }
   /* One trace per module type (its legend entry), the passes told apart by their symbol. */
