@@ -45,7 +45,7 @@ def test_replay_profiles_a_snapshot_and_writes_the_report(tmp_path: Path, capsys
     assert "cb_callback component benchmark" in stdout
     assert stdout.rstrip().endswith(
         f"cb: report written to {out} (report.json, components.csv, report.html, icicle_mfu.png, "
-        "icicle_total_ms.png, icicle_peak_mem_mb.png)"
+        "icicle_total_ms.png, icicle_peak_mem_mb.png, roofline.png)"
     )
 
 

@@ -58,6 +58,7 @@ def test_columns_are_the_contract() -> None:
         "comm_bytes",  # issue 16: the collectives of the component, after compile_speedup
         "comm_ms",
         "insitu_ms",  # issue 17: the in-situ forward, after comm_ms
+        "headroom_ms",  # issue 26: the time saved at the row's own roof, after insitu_ms
     ]
     assert list(COLUMNS) == list(report.to_dataframe().columns)
 
