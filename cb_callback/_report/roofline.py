@@ -212,11 +212,11 @@ def left_out_text(left_out: Mapping[str, int]) -> str:
 
 class Headroom(NamedTuple):
     """A line of the ranking: ``row`` (the measured one, when rows taken from it are folded in), ``n`` rows
-    folded, their ``calls`` and ``step_ms``, ``Σ headroom_ms × calls``: what they would save over the step."""
+    folded, each one's ``calls`` and ``step_ms``, ``Σ headroom_ms × calls``: what they would save over the step."""
 
     row: ComponentRow
     n: int
-    calls: int
+    calls: tuple[int, ...]
     step_ms: float
 
 
@@ -238,12 +238,19 @@ def headroom_ranking(report: Report, top: int = 10) -> list[Headroom]:
             item = groups[key]
             item[0] = r if r.path == key else item[0]
             item[1] += 1
-            item[2] += max(r.calls, 1)
+            item[2] = (r.calls, *item[2]) if r.path == key else (*item[2], r.calls)
             item[3] += step
         else:
-            groups[key] = [r, 1, max(r.calls, 1), step]
+            groups[key] = [r, 1, (r.calls,), step]
     ranked = sorted((Headroom(*g) for g in groups.values()), key=lambda h: -h.step_ms)
     return ranked[:top]
+
+
+def _calls_text(calls: tuple[int, ...]) -> str:
+    """Each folded row's calls as the summary's hotspots show them: ``3``, ``1+3`` or ``1–3 (Σ 40)``."""
+    if len(set(calls)) == 1:
+        return str(calls[0])
+    return "+".join(map(str, calls)) if len(calls) <= 6 else f"{min(calls)}–{max(calls)} (Σ {sum(calls)})"
 
 
 def _step_total_ms(report: Report) -> float:
@@ -265,7 +272,7 @@ def headroom_lines(report: Report, top: int = 10) -> list[str]:
     for h in ranked:
         path = h.row.path or "(root)"
         lines.append([
-            f"{path} ×{h.n}" if h.n > 1 else path, h.row.module_type, str(h.calls), sig(h.row.total_ms),
+            f"{path} ×{h.n}" if h.n > 1 else path, h.row.module_type, _calls_text(h.calls), sig(h.row.total_ms),
             sig(h.row.headroom_ms), sig(h.step_ms), sig(h.step_ms / whole, scale=100.0), h.row.bound or "-",
         ])  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -275,6 +282,8 @@ def headroom_lines(report: Report, top: int = 10) -> list[str]:
     ]
     title = (
         f"where optimisation pays most (top {len(ranked)} by headroom_ms x calls: what each would save over the "
-        "step at its own roof, max(flops/peak, bytes/bandwidth) per pass; leaf-most measured components):"
+        "step at its own roof, max(flops/peak, bytes/bandwidth) per pass; leaf-most measured components"
+        + ("; ×N: N rows of repeated structure, calls each one's" if any(h.n > 1 for h in ranked) else "")
+        + "):"
     )
     return [title, text[0].rstrip(), "  ".join("-" * w for w in widths), *(t.rstrip() for t in text[1:])]

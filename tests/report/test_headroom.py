@@ -100,11 +100,11 @@ def test_a_row_taken_from_a_representative_has_its_headroom_per_call() -> None:
     report = Report([ComponentRow("", "Net", 0, None, "ok", calls=1, fwd_ms=50.0, bwd_ms=50.0, total_ms=100.0),
                      source, copy])  # fmt: skip
     (only,) = headroom_ranking(report)  # the copy is folded into its source, as the hotspots are
-    assert (only.row.path, only.n, only.calls, only.step_ms) == ("blocks.0.mm", 2, 4, 48.0)  # 12 × 1 + 12 × 3
+    assert (only.row.path, only.n, only.calls, only.step_ms) == ("blocks.0.mm", 2, (1, 3), 48.0)  # 12 × 1 + 12 × 3
     lines = headroom_lines(report)
     assert lines[0].startswith("where optimisation pays most (top 1 by headroom_ms x calls")
     # total 8 + 16 = 24 ms per call; headroom 12 per call, 48 over the step = 48 / (100 × 1) = 48 % of it
-    assert lines[3].split() == ["blocks.0.mm", "×2", "Linear", "4", "24.0", "12.0", "48.0", "48.0", "compute"]
+    assert lines[3].split() == ["blocks.0.mm", "×2", "Linear", "1+3", "24.0", "12.0", "48.0", "48.0", "compute"]
 
 
 class Net(nn.Module):
