@@ -128,7 +128,10 @@ def render_html(
         "__SCRIPT_ORIGINS__": origins,
         "__TITLE__": _text(title),
         "__CSS__": _asset("viewer.css"),
-        "__CONFIG__": _json_for_script({"artifactBase": artifact_base, "diff": diff, "roofline": _roofline(data)}),
+        # a diff page colours B's tree by change and draws no roofline
+        "__CONFIG__": _json_for_script(
+            {"artifactBase": artifact_base, "diff": diff, "roofline": None if diff else _roofline(data)}
+        ),
         "__DATA__": _json_for_script(data),
         "__JS__": viewer_tag,
         "__PLOTLY__": plotly_tag,

@@ -83,10 +83,13 @@ def _draw_points(ax: Axes, data: RooflineData, colours: dict[str, str], labelled
         ax.scatter([p.intensity for p in mine], [p.tflops for p in mine], s=sizes, marker=_MARKERS[name],
                    c=[colours[p.module_type] for p in mine], alpha=0.75, edgecolors="black", linewidths=0.5,
                    zorder=3)  # fmt: skip
+    slowest: dict[str, RooflinePoint] = {}  # a labelled component's pass with the more time carries its label
     for p in data.points:
-        if p.path in labelled:
-            ax.annotate(f"{p.path or '(root)'} {p.pass_name}", (p.intensity, p.tflops), textcoords="offset points",
-                        xytext=(6, 4), fontsize=8, zorder=4)  # fmt: skip
+        if p.path in labelled and (p.path not in slowest or p.ms > slowest[p.path].ms):
+            slowest[p.path] = p
+    for p in slowest.values():
+        ax.annotate(f"{p.path or '(root)'} {p.pass_name}", (p.intensity, p.tflops), textcoords="offset points",
+                    xytext=(6, 4), fontsize=8, zorder=4)  # fmt: skip
 
 
 def _legend(ax: Axes, colours: dict[str, str]) -> None:
