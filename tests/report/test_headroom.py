@@ -152,3 +152,31 @@ def test_a_real_report_has_the_column_everywhere(tmp_path: Path) -> None:
         assert a.headroom_ms == b.headroom_ms or (math.isnan(a.headroom_ms) and math.isnan(b.headroom_ms))
     listing = format_listing(loaded, sort="headroom_ms")  # cb report --sort headroom_ms
     assert listing[0].endswith("by headroom_ms, largest first):") and "headroom ms" in listing[1]
+
+
+class Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32)) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_rows_taken_from_a_representative_carry_its_headroom() -> None:
+    torch.manual_seed(0)
+    # descend_share=0.0: every group is measured in depth, its other members taken from its representative
+    # where the census proves them copies (which member is measured depends on times: the claim holds for any)
+    report = profile_components(
+        Blocks(), (torch.randn(16, 32, requires_grad=True),), descend_share=0.0, peak_flops=1e11,
+        peak_bandwidth=1e10, **FAST,
+    )  # fmt: skip
+    copies = [r for r in report if r.details.get("as") == "representative"]
+    for row in copies:
+        source = report.row(row.details["from"])
+        same = row.headroom_ms == source.headroom_ms
+        assert same or (math.isnan(row.headroom_ms) and math.isnan(source.headroom_ms)), (row.path, source.path)
+        expected = _expected(row, 1e11, 1e10) if row.status == "ok" else math.nan
+        assert row.headroom_ms == expected or (math.isnan(expected) and math.isnan(row.headroom_ms)), row.path
