@@ -27,21 +27,31 @@ def page_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_html(roofline_report(), out)
 
 
-def _selected_becomes(page: Any, path: str) -> None:
-    """Wait (up to 5 s) until the viewer selected ``path``: polled from here, as the page's CSP refuses the
-    ``eval`` that ``wait_for_function``'s polling of an expression needs."""
+def _until(page: Any, js: str) -> None:
+    """Wait (up to 5 s) until ``js`` is true: polled from here, as the page's CSP refuses the ``eval``
+    that ``wait_for_function``'s polling of an expression needs."""
     for _ in range(100):
-        if page.evaluate("window.cbViewer.state.selected") == path:
+        if page.evaluate(js):
             return
         page.wait_for_timeout(50)
-    raise AssertionError(f"selected: {page.evaluate('window.cbViewer.state.selected')!r}, not {path!r}")
+    raise AssertionError(f"not true after 5 s: {js}")
 
 
-def _open(page: object, path: Path) -> None:
-    page.goto(path.as_uri())  # type: ignore[attr-defined]
-    page.wait_for_function(
-        "window.cbRoofline !== undefined && document.querySelectorAll('#roofline .point').length > 0"
-    )  # type: ignore[attr-defined]
+HOVER = "(document.querySelector('#roofline .hovertext') || {textContent: ''}).textContent"
+
+
+def _click(page: Any, path: str, pass_name: str) -> None:
+    """Point at ``path``'s ``pass_name`` point until plotly hovers it, then click it."""
+    where = page.evaluate(f"window.cbRoofline.where({path!r}, {pass_name!r})")
+    page.mouse.move(where["x"], where["y"])
+    _until(page, f"{HOVER}.startsWith({path!r} + ' (')")
+    page.mouse.click(where["x"], where["y"])
+    _until(page, f"window.cbViewer.state.selected === {path!r}")
+
+
+def _open(page: Any, path: Path) -> None:
+    page.goto(path.as_uri())
+    _until(page, "window.cbRoofline !== undefined && document.querySelectorAll('#roofline .point').length > 0")
 
 
 def test_clicking_a_point_selects_its_component(browser: object, page_file: Path, tmp_path: Path) -> None:
@@ -53,18 +63,13 @@ def test_clicking_a_point_selects_its_component(browser: object, page_file: Path
         note = page.inner_text("#roofline-note")
         assert note.startswith("4 of 4 points shown") and "left out: 3 components (1 estimated" in note
         page.locator("#roofline").scroll_into_view_if_needed()
-        where = page.evaluate("window.cbRoofline.where('mlp', 'fwd')")
-        page.mouse.move(where["x"], where["y"])
-        page.wait_for_selector("#roofline .hovertext")
-        assert "mlp (Linear), forward" in page.text_content("#roofline .hovertext")
-        page.mouse.click(where["x"], where["y"])
-        _selected_becomes(page, "mlp")
+        _click(page, "mlp", "fwd")
+        assert "mlp (Linear), forward" in page.evaluate(HOVER)  # the hover names the path and the pass
         assert page.inner_text("#details h2") == "mlp"  # the details pane the icicle and the table fill
         assert page.locator('#table tr.selected[data-path="mlp"]').count() == 1
         page.screenshot(path=str(tmp_path / "roofline_page.png"), full_page=True)
-        where = page.evaluate("window.cbRoofline.where('tiny', 'bwd')")
-        page.mouse.click(where["x"], where["y"])
-        _selected_becomes(page, "tiny")
+        page.locator("#roofline").scroll_into_view_if_needed()  # selecting scrolled the table's row into view
+        _click(page, "tiny", "bwd")
         assert page.inner_text("#details h2") == "tiny"
 
 
