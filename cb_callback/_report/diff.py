@@ -48,6 +48,7 @@ __all__ = [
     "NOISE_FACTOR",
     "OVER_STEP_METRICS",
     "RATE_METRICS",
+    "THROUGHPUT_METRICS",
     "UNKNOWN_NOISE",
     "Change",
     "Comparison",
@@ -237,7 +238,7 @@ def _quality(report: Report) -> Mapping[str, Any] | None:
 
 
 def pair_change(ra: ComponentRow | None, rb: ComponentRow | None, metric: str) -> Change:
-    """The :class:`Change` of ``metric`` from row ``ra`` (in A) to row ``rb`` (in B), as :func:`compare_reports` pairs them.
+    """The :class:`Change` of ``metric`` from row ``ra`` (in A) to row ``rb`` (in B), as :func:`compare_reports` pairs.
 
     The two rows are usually the same path; the regression gate also pairs a renamed
     component's rows (:mod:`cb_callback._report.gate`): the change carries ``rb``'s path
@@ -281,7 +282,7 @@ def compare_reports(a: Report, b: Report, metric: str = "total_ms") -> Compariso
     Raises:
         ValueError: ``metric`` is not a comparable column.
     """
-    exact, over_step = metric_kind(metric)
+    metric_kind(metric)  # an unknown metric raises before anything else
     rows_a = {r.path: r for r in a.rows}
     rows_b = {r.path: r for r in b.rows}
     paths = [r.path for r in a.rows] + [r.path for r in b.rows if r.path not in rows_a]
@@ -329,14 +330,14 @@ def cell_texts(c: Change, metric: str) -> dict[str, str]:
 
 
 #: Rates of work done per time: higher is faster (for the same work).
-_THROUGHPUT = frozenset({"tflops", "gbps", "mfu", "bw_util"})
+THROUGHPUT_METRICS = frozenset({"tflops", "gbps", "mfu", "bw_util"})
 
 
 def _directions(metric: str) -> tuple[str, str]:
     """What the ``sig`` column calls a significant change of ``metric``: ``(B larger, B smaller)``."""
     if metric.endswith("_ms"):
         return "slower", "faster"
-    if metric in _THROUGHPUT:
+    if metric in THROUGHPUT_METRICS:
         return "faster", "slower"
     return "higher", "lower"
 

@@ -1,0 +1,326 @@
+"""The regression gate: which components that matter got worse by more than a threshold and the noise.
+
+One rule, shared by ``cb diff --fail-over`` and :func:`cb_callback.testing.assert_no_regression`
+(docs/explore.md, "A regression gate in CI"). Each component of the baseline and the new
+report gets one :data:`Verdict`, decided in this order:
+
+1. ``only_in_base`` / ``only_in_new``: its path is in one report only, and it is not a rename
+   (:func:`cb_callback._report.renames.rename_pairs`).
+2. ``not_gated``: its metric is not trustworthy in either report: the row is not ``ok`` or
+   ``estimated`` (``failed``, ``skipped``, ``not_run``), the value is missing (NaN), or, for a
+   timed metric, the row is flagged ``at_floor`` (within the harness floor's noise). The
+   ``reason`` says which, and in which report.
+3. ``below_min_share``: it holds less than ``min_share`` of the step in *both* reports (a
+   component that grew from 0.5 % to 30 % of the step is gated). The share is the metric over
+   the step, ``metric × calls`` where it adds up (:data:`cb_callback._report.diff.OVER_STEP_METRICS`),
+   over the root's; for a rate (``mfu``, ``tflops``, ...) the row's time ``share``. Unknown
+   (no root) counts as held: the component is gated.
+4. ``unchanged``: the same value in both.
+5. ``within_noise``: the change is not beyond the two runs' noise, ``NOISE_FACTOR`` × the larger
+   IQR (``noise × value``), or ``UNKNOWN_NOISE`` of the larger value where neither row measured a
+   noise (estimated parents) — the rule of ``cb diff`` (:attr:`cb_callback._report.diff.Change.significant`);
+   an exact metric (FLOPs, bytes, memory) has no noise: any difference is real.
+6. ``regressed`` / ``improved``: a real change worse / better than ``fail_over`` of the base
+   (worse is higher, except for throughputs — ``tflops``, ``gbps``, ``mfu``, ``bw_util`` — where it is
+   lower); ``within_threshold``: a real change of at most ``fail_over``.
+
+A renamed component is compared across its two paths; its verdict is ``renamed`` (with
+``renamed_from``) unless it is ``regressed``: a rename never hides a regression. The gate
+passes when no component is ``regressed``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from cb_callback._report.diff import (
+    NOISE_FACTOR,
+    RATE_METRICS,
+    THROUGHPUT_METRICS,
+    UNKNOWN_NOISE,
+    Change,
+    compare_reports,
+    metric_kind,
+    pair_change,
+)
+from cb_callback._report.model import ComponentRow, Report
+from cb_callback._report.renames import rename_pairs
+
+__all__ = [
+    "DEFAULT_MIN_SHARE",
+    "GATE_SCHEMA",
+    "VERDICTS",
+    "GateResult",
+    "GateRow",
+    "Verdict",
+    "gate_reports",
+    "parse_percent",
+]
+
+#: A component holding less of the step than this in both reports is not gated (1 %).
+DEFAULT_MIN_SHARE = 0.01
+
+#: The ``schema`` key of the gate's JSON (``cb diff --format json``): its layout's name and version.
+GATE_SCHEMA = "cb_callback.gate/1"
+
+#: One component's verdict (see the module docstring for the order they are decided in).
+Verdict = Literal[
+    "regressed",
+    "improved",
+    "within_threshold",
+    "within_noise",
+    "unchanged",
+    "below_min_share",
+    "not_gated",
+    "only_in_base",
+    "only_in_new",
+    "renamed",
+]
+
+#: Every verdict, in the order the tables list them.
+VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """One component's verdict.
+
+    Attributes:
+        path: its path in the new report (in the base for ``only_in_base``); ``""`` the root.
+        module_type: its class name.
+        verdict: see :data:`Verdict`.
+        depth: its depth (the root 0).
+        base: the metric in the base, over the step where it adds up (NaN when missing).
+        new: the same in the new report.
+        change: ``(new - base) / base``, signed (``inf`` from 0; NaN when either is missing).
+        noise_bound: the largest change (absolute, the metric's unit) the two runs' noise
+            explains: 0 for an exact metric; NaN where it was not compared.
+        share: the larger of its shares of the step in the two reports (NaN when unknown).
+        renamed_from: its path in the base when it was renamed, else ``None``.
+        reason: why it is ``not_gated`` (``"at the harness floor in new"``), else ``None``.
+    """
+
+    path: str
+    module_type: str
+    verdict: Verdict
+    depth: int
+    base: float
+    new: float
+    change: float
+    noise_bound: float
+    share: float
+    renamed_from: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """Every component's verdict and the options they were decided with.
+
+    Attributes:
+        metric: the compared column.
+        fail_over: the threshold, a fraction of the base (0.10: worse by more than 10 % fails).
+        min_share: the share of the step below which a component is not gated.
+        rows: one per component (the base's order, then the new report's own components).
+        mismatch: why the reports look like different models
+            (:func:`cb_callback._report.diff.model_mismatch`), or ``None``.
+        quality: each report's ``metadata["quality"]`` (``{"base": ..., "new": ...}``).
+    """
+
+    metric: str
+    fail_over: float
+    min_share: float
+    rows: list[GateRow]
+    mismatch: str | None = None
+    quality: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """No component regressed."""
+        return not self.regressed
+
+    @property
+    def regressed(self) -> list[GateRow]:
+        """The components that failed the gate, deepest first (the one that slowed before its parents)."""
+        return sorted((r for r in self.rows if r.verdict == "regressed"), key=lambda r: -r.depth)
+
+    def having(self, *verdicts: Verdict) -> list[GateRow]:
+        """The rows with one of ``verdicts``, in the result's order."""
+        return [r for r in self.rows if r.verdict in verdicts]
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options the verdicts were decided with, as the JSON's ``options`` holds them."""
+        exact, over_step = metric_kind(self.metric)
+        return {
+            "metric": self.metric,
+            "fail_over": self.fail_over,
+            "min_share": self.min_share,
+            "over_step": over_step,
+            "exact": exact,
+            "noise_factor": NOISE_FACTOR,
+            "unknown_noise": UNKNOWN_NOISE,
+        }
+
+
+def parse_percent(text: str | float) -> float:
+    """A percent as the command line writes it, as a fraction: ``10`` and ``10%`` are 0.10, ``2.5 %`` 0.025.
+
+    Raises:
+        ValueError: not a number, negative, or not finite.
+    """
+    raw = str(text).strip()
+    body = raw[:-1].strip() if raw.endswith("%") else raw
+    try:
+        value = float(body)
+    except ValueError:
+        raise ValueError(f"expected a percent such as 10 or 10%, got {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"expected a percent >= 0 such as 10 or 10%, got {raw!r}")
+    return value / 100.0
+
+
+def _untrusted(row: ComponentRow, value: float, side: str, metric: str, exact: bool) -> str | None:
+    """Why ``row``'s ``metric`` cannot be gated (``"failed in new: ..."``), or ``None``."""
+    if row.status not in ("ok", "estimated"):
+        why = f"{row.status} in {side}"
+        return why + (f": {row.error[:80]}" if row.status == "failed" and row.error else "")
+    if not math.isfinite(value):
+        return f"no {metric} in {side}"
+    if not exact and "at_floor" in (row.details.get("flags") or []):
+        return f"at the harness floor in {side}"
+    return None
+
+
+def _share(report_root: ComponentRow | None, row: ComponentRow, value: float, metric: str) -> float:
+    """``row``'s share of the step in its report (see the module docstring, step 3)."""
+    over_root = math.nan
+    if metric not in RATE_METRICS and metric not in ("intensity", "calls") and report_root is not None:
+        over_step = metric_kind(metric)[1]
+        root = float(getattr(report_root, metric)) * (max(report_root.calls, 1) if over_step else 1)
+        if math.isfinite(root) and root > 0 and math.isfinite(value):
+            over_root = value / root
+    return over_root if math.isfinite(over_root) else float(row.share)
+
+
+def _relative(c: Change) -> float:
+    """``(b - a) / a``: ``±inf`` from 0, NaN when either is missing."""
+    if not (math.isfinite(c.a) and math.isfinite(c.b)):
+        return math.nan
+    if c.a == 0:
+        return 0.0 if c.b == 0 else math.copysign(math.inf, c.b)
+    return (c.b - c.a) / abs(c.a)
+
+
+def _bound(c: Change) -> float:
+    """The absolute change the noise explains (:attr:`Change.significant`'s bound)."""
+    if c.exact:
+        return 0.0
+    return c.noise if math.isfinite(c.noise) else UNKNOWN_NOISE * max(abs(c.a), abs(c.b))
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """The gate's options, and each report's root (for the shares)."""
+
+    metric: str
+    fail_over: float
+    min_share: float
+    root_a: ComponentRow | None
+    root_b: ComponentRow | None
+
+
+def _verdict(c: Change, ra: ComponentRow, rb: ComponentRow, rule: _Rule) -> tuple[Verdict, float, str | None]:
+    """``(verdict, share, reason)`` of one pair of rows found in both reports."""
+    share = max(
+        (s for s in (_share(rule.root_a, ra, c.a, rule.metric), _share(rule.root_b, rb, c.b, rule.metric))),
+        key=lambda s: s if math.isfinite(s) else -math.inf,
+    )
+    reasons = [_untrusted(r, v, side, rule.metric, c.exact) for r, v, side in ((ra, c.a, "base"), (rb, c.b, "new"))]
+    reason = "; ".join(r for r in reasons if r) or None
+    if reason:
+        return "not_gated", share, reason
+    if math.isfinite(share) and share < rule.min_share:
+        return "below_min_share", share, None
+    if c.unchanged:
+        return "unchanged", share, None
+    if not c.significant:
+        return "within_noise", share, None
+    rel = _relative(c)
+    worse = -rel if rule.metric in THROUGHPUT_METRICS else rel
+    if worse > rule.fail_over:
+        return "regressed", share, None
+    if worse < -rule.fail_over:
+        return "improved", share, None
+    return "within_threshold", share, None
+
+
+def _row(c: Change, verdict: Verdict, share: float, **extra: Any) -> GateRow:
+    compared = c.only_in is None
+    return GateRow(
+        path=c.path,
+        module_type=c.module_type,
+        verdict=verdict,
+        depth=c.depth,
+        base=c.a,
+        new=c.b,
+        change=_relative(c),
+        noise_bound=_bound(c) if compared else math.nan,
+        share=share,
+        **extra,
+    )
+
+
+def gate_reports(
+    base: Report,
+    new: Report,
+    fail_over: float,
+    *,
+    metric: str = "total_ms",
+    min_share: float = DEFAULT_MIN_SHARE,
+) -> GateResult:
+    """Every component's verdict from ``base`` to ``new`` (see the module docstring).
+
+    Args:
+        base: the baseline report.
+        new: the report to judge.
+        fail_over: the threshold, a fraction of the base value (0.10 = 10 %).
+        metric: the compared column (any ``cb diff --metric``: ``total_ms``, ``peak_mem_mb``, ...).
+        min_share: components holding less of the step than this in both reports are not gated.
+
+    Raises:
+        ValueError: ``metric`` cannot be compared, or ``fail_over`` / ``min_share`` is negative or NaN.
+    """
+    for name, value in (("fail_over", fail_over), ("min_share", min_share)):
+        if not (isinstance(value, (int, float)) and value >= 0):  # NaN fails too
+            raise ValueError(f"{name}={value!r}: expected a fraction >= 0 (0.10 for 10 %)")
+    d = compare_reports(base, new, metric)
+    rows_a, rows_b = {r.path: r for r in base.rows}, {r.path: r for r in new.rows}
+    renamed = rename_pairs(base, new)
+    into = set(renamed.values())
+    rule = _Rule(metric, float(fail_over), float(min_share), rows_a.get(""), rows_b.get(""))
+    out: list[GateRow] = []
+    for c in d.changes:
+        if c.only_in == "B" and c.path in into:
+            continue  # listed with its base path, as renamed
+        if c.only_in == "A" and c.path in renamed:
+            ra, rb = rows_a[c.path], rows_b[renamed[c.path]]
+            pair = pair_change(ra, rb, metric)
+            verdict, share, reason = _verdict(pair, ra, rb, rule)
+            final: Verdict = "regressed" if verdict == "regressed" else "renamed"
+            out.append(_row(pair, final, share, renamed_from=c.path, reason=reason))
+            continue
+        if c.only_in is not None:
+            row = rows_a[c.path] if c.only_in == "A" else rows_b[c.path]
+            root = rule.root_a if c.only_in == "A" else rule.root_b
+            value = c.a if c.only_in == "A" else c.b
+            where: Verdict = "only_in_base" if c.only_in == "A" else "only_in_new"
+            out.append(_row(c, where, _share(root, row, value, metric)))
+            continue
+        verdict, share, reason = _verdict(c, rows_a[c.path], rows_b[c.path], rule)
+        out.append(_row(c, verdict, share, reason=reason))
+    quality = {"base": d.quality.get("A"), "new": d.quality.get("B")}
+    return GateResult(metric, float(fail_over), float(min_share), out, d.mismatch, quality)
