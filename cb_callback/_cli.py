@@ -161,6 +161,12 @@ def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "A or in B (default 1)",
     )
     diff.add_argument(
+        "--absolute",
+        action="store_true",
+        help="with --fail-over: judge each component's time as measured; by default a change every component "
+        "shares (the median change below the root: a slower machine) is discounted first",
+    )
+    diff.add_argument(
         "--format",
         default="text",
         choices=("text", "markdown", "json"),
@@ -501,7 +507,7 @@ def _gate(args: argparse.Namespace, a: Report, b: Report, keep: set[str]) -> int
 
     from cb_callback._report.gate_format import format_gate_markdown, format_gate_text, gate_json
 
-    result = gate_reports(a, b, args.fail_over, metric=args.metric, min_share=args.min_share)
+    result = gate_reports(a, b, args.fail_over, metric=args.metric, min_share=args.min_share, shift=not args.absolute)
     result = dataclasses.replace(result, rows=[r for r in result.rows if r.path in keep])  # --depth, --filter
     labels = (args.a, args.b)
     if args.format == "json":

@@ -35,6 +35,7 @@ def assert_no_regression(
     *,
     metric: str = "total_ms",
     min_share: float = DEFAULT_MIN_SHARE,
+    shift: bool = True,
 ) -> GateResult:
     """Raise ``AssertionError`` when a component of ``report`` regressed against ``baseline``.
 
@@ -54,6 +55,8 @@ def assert_no_regression(
             ``activation_mb``, ``fwd_flops``, ``bytes``, ... (as ``cb diff --metric``).
         min_share: components holding less of the step than this fraction in both reports
             are not gated (default 0.01).
+        shift: discount the change every component shares (the median change below the root,
+            a slower or faster machine) before judging a time; ``False``: judge each as measured.
 
     Returns:
         The gate's result (every component's verdict), when nothing regressed.
@@ -66,7 +69,9 @@ def assert_no_regression(
         FileNotFoundError: a location holds no report.
     """
     __tracebackhide__ = True  # pytest shows the assertion, not this frame
-    result = gate_reports(_report(baseline), _report(report), fail_over, metric=metric, min_share=min_share)
+    result = gate_reports(
+        _report(baseline), _report(report), fail_over, metric=metric, min_share=min_share, shift=shift
+    )
     if not result.passed:
         raise AssertionError("\n".join([format_gate_text(result)[0], *format_gate_table(result.regressed, metric)]))
     return result

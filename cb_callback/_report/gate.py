@@ -31,8 +31,10 @@ passes when no component is ``regressed``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -52,16 +54,21 @@ from cb_callback._report.renames import rename_pairs
 __all__ = [
     "DEFAULT_MIN_SHARE",
     "GATE_SCHEMA",
+    "SHIFT_MIN_COMPONENTS",
     "VERDICTS",
     "GateResult",
     "GateRow",
     "Verdict",
+    "common_shift",
     "gate_reports",
     "parse_percent",
 ]
 
 #: A component holding less of the step than this in both reports is not gated (1 %).
 DEFAULT_MIN_SHARE = 0.01
+
+#: The common shift (:func:`common_shift`) needs at least this many components below the root.
+SHIFT_MIN_COMPONENTS = 3
 
 #: The ``schema`` key of the gate's JSON (``cb diff --format json``): its layout's name and version.
 GATE_SCHEMA = "cb_callback.gate/1"
@@ -128,6 +135,8 @@ class GateResult:
         mismatch: why the reports look like different models
             (:func:`cb_callback._report.diff.model_mismatch`), or ``None``.
         quality: each report's ``metadata["quality"]`` (``{"base": ..., "new": ...}``).
+        shift: the common shift the new values were divided by (:func:`common_shift`; 1.0: none).
+        shifted: whether the gate was asked to discount a common shift (``shift=`` of :func:`gate_reports`).
     """
 
     metric: str
@@ -136,6 +145,8 @@ class GateResult:
     rows: list[GateRow]
     mismatch: str | None = None
     quality: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    shift: float = 1.0
+    shifted: bool = True
 
     @property
     def passed(self) -> bool:
@@ -163,6 +174,7 @@ class GateResult:
             "exact": exact,
             "noise_factor": NOISE_FACTOR,
             "unknown_noise": UNKNOWN_NOISE,
+            "common_shift": self.shifted,
         }
 
 
@@ -224,42 +236,90 @@ def _bound(c: Change) -> float:
 
 @dataclass(frozen=True)
 class _Rule:
-    """The gate's options, and each report's root (for the shares)."""
+    """The gate's options, each report's root (for the shares) and the common shift the new times are divided by."""
 
     metric: str
     fail_over: float
     min_share: float
     root_a: ComponentRow | None
     root_b: ComponentRow | None
+    shift: float = 1.0
 
 
-def _verdict(c: Change, ra: ComponentRow, rb: ComponentRow, rule: _Rule) -> tuple[Verdict, float, str | None]:
-    """``(verdict, share, reason)`` of one pair of rows found in both reports."""
-    share = max(
-        (s for s in (_share(rule.root_a, ra, c.a, rule.metric), _share(rule.root_b, rb, c.b, rule.metric))),
-        key=lambda s: s if math.isfinite(s) else -math.inf,
-    )
-    reasons = [_untrusted(r, v, side, rule.metric, c.exact) for r, v, side in ((ra, c.a, "base"), (rb, c.b, "new"))]
-    reason = "; ".join(r for r in reasons if r) or None
+def _share_of(c: Change, ra: ComponentRow, rb: ComponentRow, rule: _Rule) -> float:
+    """The larger of the two rows' shares of the step (NaN when neither is known)."""
+    shares = [_share(rule.root_a, ra, c.a, rule.metric), _share(rule.root_b, rb, c.b, rule.metric)]
+    known = [s for s in shares if math.isfinite(s)]
+    return max(known) if known else math.nan
+
+
+def _reason(c: Change, ra: ComponentRow, rb: ComponentRow, metric: str) -> str | None:
+    reasons = [_untrusted(r, v, side, metric, c.exact) for r, v, side in ((ra, c.a, "base"), (rb, c.b, "new"))]
+    return "; ".join(r for r in reasons if r) or None
+
+
+def _scaled(rb: ComponentRow, metric: str, shift: float) -> ComponentRow:
+    """``rb`` with its ``metric`` divided by the common shift (a copy; the report is not changed)."""
+    if shift == 1.0:
+        return rb
+    scaled: dict[str, Any] = {metric: float(getattr(rb, metric)) / shift}
+    return dataclasses.replace(rb, **scaled)
+
+
+def _verdict(c: Change, ra: ComponentRow, rb: ComponentRow, rule: _Rule) -> tuple[Verdict, float, str | None, Change]:
+    """``(verdict, share, reason, the change judged)`` of one pair of rows found in both reports.
+
+    The change judged is ``c`` with the new value divided by the common shift (a timed metric).
+    """
+    share = _share_of(c, ra, rb, rule)
+    reason = _reason(c, ra, rb, rule.metric)
     if reason:
-        return "not_gated", share, reason
+        return "not_gated", share, reason, c
     if math.isfinite(share) and share < rule.min_share:
-        return "below_min_share", share, None
+        return "below_min_share", share, None, c
     if c.unchanged:
-        return "unchanged", share, None
+        return "unchanged", share, None, c
+    if not c.exact and rule.shift != 1.0:
+        c = pair_change(ra, _scaled(rb, rule.metric, rule.shift), rule.metric)
     if not c.significant:
-        return "within_noise", share, None
+        return "within_noise", share, None, c
     rel = _relative(c)
     worse = -rel if rule.metric in THROUGHPUT_METRICS else rel
     if worse > rule.fail_over:
-        return "regressed", share, None
+        return "regressed", share, None, c
     if worse < -rule.fail_over:
-        return "improved", share, None
-    return "within_threshold", share, None
+        return "improved", share, None, c
+    return "within_threshold", share, None, c
 
 
-def _row(c: Change, verdict: Verdict, share: float, **extra: Any) -> GateRow:
+def common_shift(pairs: Sequence[tuple[ComponentRow, ComponentRow]], metric: str, min_share: float) -> float:
+    """The change every component shares: the median ``new / base`` of the components below the root.
+
+    Taken over the pairs that would be gated (both trusted, holding at least ``min_share`` of
+    the step in either report, ``base`` > 0), at least :data:`SHIFT_MIN_COMPONENTS` of them;
+    1.0 (no shift) with fewer, and for an exact metric (a count has no machine in it).
+    """
+    if metric_kind(metric)[0]:
+        return 1.0
+    roots = next(((ra, rb) for ra, rb in pairs if ra.path == "" and rb.path == ""), (None, None))
+    rule = _Rule(metric, 0.0, min_share, *roots)
+    ratios = []
+    for ra, rb in pairs:
+        if ra.path == "" or rb.path == "":
+            continue
+        c = pair_change(ra, rb, metric)
+        share = _share_of(c, ra, rb, rule)
+        held = not math.isfinite(share) or share >= min_share
+        if held and _reason(c, ra, rb, metric) is None and c.a > 0 and c.b > 0:
+            ratios.append(c.b / c.a)
+    if len(ratios) < SHIFT_MIN_COMPONENTS:
+        return 1.0
+    return statistics.median(ratios)
+
+
+def _row(c: Change, verdict: Verdict, share: float, judged: Change | None = None, **extra: Any) -> GateRow:
     compared = c.only_in is None
+    judged = judged or c
     return GateRow(
         path=c.path,
         module_type=c.module_type,
@@ -267,11 +327,22 @@ def _row(c: Change, verdict: Verdict, share: float, **extra: Any) -> GateRow:
         depth=c.depth,
         base=c.a,
         new=c.b,
-        change=_relative(c),
-        noise_bound=_bound(c) if compared else math.nan,
+        change=_relative(judged),
+        noise_bound=_bound(judged) if compared else math.nan,
         share=share,
         **extra,
     )
+
+
+def _pairs(base: Report, new: Report, renamed: Mapping[str, str]) -> list[tuple[ComponentRow, ComponentRow]]:
+    """The rows found in both reports (renamed ones by their two paths)."""
+    rows_b = {r.path: r for r in new.rows}
+    out = []
+    for ra in base.rows:
+        rb = rows_b.get(renamed.get(ra.path, ra.path))
+        if rb is not None:
+            out.append((ra, rb))
+    return out
 
 
 def gate_reports(
@@ -281,6 +352,7 @@ def gate_reports(
     *,
     metric: str = "total_ms",
     min_share: float = DEFAULT_MIN_SHARE,
+    shift: bool = True,
 ) -> GateResult:
     """Every component's verdict from ``base`` to ``new`` (see the module docstring).
 
@@ -290,6 +362,8 @@ def gate_reports(
         fail_over: the threshold, a fraction of the base value (0.10 = 10 %).
         metric: the compared column (any ``cb diff --metric``: ``total_ms``, ``peak_mem_mb``, ...).
         min_share: components holding less of the step than this in both reports are not gated.
+        shift: judge a timed metric's changes against the change every component shares
+            (:func:`common_shift`); ``False``: each component's own change as measured.
 
     Raises:
         ValueError: ``metric`` cannot be compared, or ``fail_over`` / ``min_share`` is negative or NaN.
@@ -301,7 +375,8 @@ def gate_reports(
     rows_a, rows_b = {r.path: r for r in base.rows}, {r.path: r for r in new.rows}
     renamed = rename_pairs(base, new)
     into = set(renamed.values())
-    rule = _Rule(metric, float(fail_over), float(min_share), rows_a.get(""), rows_b.get(""))
+    moved = common_shift(_pairs(base, new, renamed), metric, float(min_share)) if shift else 1.0
+    rule = _Rule(metric, float(fail_over), float(min_share), rows_a.get(""), rows_b.get(""), moved)
     out: list[GateRow] = []
     for c in d.changes:
         if c.only_in == "B" and c.path in into:
@@ -309,18 +384,17 @@ def gate_reports(
         if c.only_in == "A" and c.path in renamed:
             ra, rb = rows_a[c.path], rows_b[renamed[c.path]]
             pair = pair_change(ra, rb, metric)
-            verdict, share, reason = _verdict(pair, ra, rb, rule)
+            verdict, share, reason, judged = _verdict(pair, ra, rb, rule)
             final: Verdict = "regressed" if verdict == "regressed" else "renamed"
-            out.append(_row(pair, final, share, renamed_from=c.path, reason=reason))
-            continue
-        if c.only_in is not None:
+            out.append(_row(pair, final, share, judged, renamed_from=c.path, reason=reason))
+        elif c.only_in is not None:
             row = rows_a[c.path] if c.only_in == "A" else rows_b[c.path]
             root = rule.root_a if c.only_in == "A" else rule.root_b
             value = c.a if c.only_in == "A" else c.b
             where: Verdict = "only_in_base" if c.only_in == "A" else "only_in_new"
             out.append(_row(c, where, _share(root, row, value, metric)))
-            continue
-        verdict, share, reason = _verdict(c, rows_a[c.path], rows_b[c.path], rule)
-        out.append(_row(c, verdict, share, reason=reason))
+        else:
+            verdict, share, reason, judged = _verdict(c, rows_a[c.path], rows_b[c.path], rule)
+            out.append(_row(c, verdict, share, judged, reason=reason))
     quality = {"base": d.quality.get("A"), "new": d.quality.get("B")}
-    return GateResult(metric, float(fail_over), float(min_share), out, d.mismatch, quality)
+    return GateResult(metric, float(fail_over), float(min_share), out, d.mismatch, quality, moved, shift)

@@ -49,7 +49,7 @@ def _change(r: GateRow) -> str:
         return "from 0"
     if not math.isfinite(r.change):
         return "-"
-    return "0" if r.change == 0 else ("+" if r.change > 0 else "") + percent(r.change)
+    return "0" if r.change == 0 else _signed(r.change)
 
 
 def _bound(r: GateRow, exact: bool) -> str:
@@ -118,10 +118,24 @@ def _headline(g: GateResult) -> str:
     return f"gate: FAILED ({_what(g)}): {n} component{many} got worse beyond the threshold and the noise: {names}"
 
 
+def _shift_line(g: GateResult) -> list[str]:
+    """``common shift: +26.0 % on every component alike ...``; none when there is none."""
+    if g.shift == 1.0:
+        return []
+    return [
+        f"common shift: {_signed(g.shift - 1)} on the components alike (the median change below the root: the "
+        "machine's, not a component's); each change is judged after it (--absolute: as measured)"
+    ]
+
+
+def _signed(fraction: float) -> str:
+    return ("+" if fraction > 0 else "") + percent(fraction)
+
+
 def format_gate_text(g: GateResult) -> list[str]:
     """The gate's lines for ``cb diff --fail-over`` (text): the verdict, then the table of the regressed
     and of the components a reviewer must see (only in one report, renamed, not gated)."""
-    lines = [_headline(g)]
+    lines = [_headline(g), *_shift_line(g)]
     if g.mismatch:
         lines.append(f"warning: base and new look like different models: {g.mismatch}")
     shown = g.regressed + g.having(*_LISTED)
@@ -146,6 +160,7 @@ def format_gate_markdown(g: GateResult, *, labels: tuple[str, str] | None = None
     if labels:
         lines += [f"base `{_md(labels[0])}`, new `{_md(labels[1])}`", ""]
     lines += [f"Compared: {_what(g)}.", ""]
+    lines += [line + "." for line in _shift_line(g)] + ([""] if g.shift != 1.0 else [])
     if g.mismatch:
         lines += [f"> warning: base and new look like different models: {_md(g.mismatch)}", ""]
     quiet: tuple[Verdict, ...] = ("below_min_share", "unchanged")
@@ -182,6 +197,7 @@ def gate_dict(g: GateResult, *, labels: tuple[str, str] | None = None) -> dict[s
             for k, v in g.quality.items()
         },
         "counts": {v: len(g.having(v)) for v in VERDICTS},
+        "shift": g.shift,
         "regressed": [r.path for r in g.regressed],
         "components": [
             {
