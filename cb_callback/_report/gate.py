@@ -16,10 +16,14 @@ report gets one :data:`Verdict`, decided in this order:
    over the root's; for a rate (``mfu``, ``tflops``, ...) the row's time ``share``. Unknown
    (no root) counts as held: the component is gated.
 4. ``unchanged``: the same value in both.
-5. ``within_noise``: the change is not beyond the two runs' noise, ``NOISE_FACTOR`` × the larger
-   IQR (``noise × value``), or ``UNKNOWN_NOISE`` of the larger value where neither row measured a
-   noise (estimated parents) — the rule of ``cb diff`` (:attr:`cb_callback._report.diff.Change.significant`);
-   an exact metric (FLOPs, bytes, memory) has no noise: any difference is real.
+5. ``within_noise``: the change is not beyond the two runs' noise: the larger value is at most
+   ``1 + NOISE_FACTOR × the larger relative IQR`` (``noise``: IQR ÷ median) times the smaller, or
+   ``1 + UNKNOWN_NOISE`` where neither row measured a noise (estimated parents). This is the rule of
+   ``cb diff`` (:attr:`cb_callback._report.diff.Change.significant`) taken relative
+   (:func:`relative_bound`): ``cb diff`` bounds the difference by ``NOISE_FACTOR × max(noise × value)``,
+   which grows with the slowdown it judges (a 4× slower row of noise 0.5 would never be beyond it);
+   the two agree for small changes. An exact metric (FLOPs, bytes, memory) has no noise: any
+   difference is real.
 6. ``regressed`` / ``improved``: a real change worse / better than ``fail_over`` of the base
    (worse is higher, except for throughputs — ``tflops``, ``gbps``, ``mfu``, ``bw_util`` — where it is
    lower); ``within_threshold``: a real change of at most ``fail_over``.
@@ -62,6 +66,7 @@ __all__ = [
     "common_shift",
     "gate_reports",
     "parse_percent",
+    "relative_bound",
 ]
 
 #: A component holding less of the step than this in both reports is not gated (1 %).
@@ -103,8 +108,9 @@ class GateRow:
         base: the metric in the base, over the step where it adds up (NaN when missing).
         new: the same in the new report.
         change: ``(new - base) / base``, signed (``inf`` from 0; NaN when either is missing).
-        noise_bound: the largest change (absolute, the metric's unit) the two runs' noise
-            explains: 0 for an exact metric; NaN where it was not compared.
+        noise_bound: the change the two runs' noise explains, a fraction: the values are within
+            noise while the larger is at most ``1 + noise_bound`` times the smaller
+            (:func:`relative_bound`); 0 for an exact metric; NaN where it was not compared.
         share: the larger of its shares of the step in the two reports (NaN when unknown).
         renamed_from: its path in the base when it was renamed, else ``None``.
         reason: why it is ``not_gated`` (``"at the harness floor in new"``), else ``None``.
@@ -227,11 +233,29 @@ def _relative(c: Change) -> float:
     return (c.b - c.a) / abs(c.a)
 
 
-def _bound(c: Change) -> float:
-    """The absolute change the noise explains (:attr:`Change.significant`'s bound)."""
-    if c.exact:
+def relative_bound(ra: ComponentRow, rb: ComponentRow, exact: bool) -> float:
+    """The relative change the two runs' noise explains: ``NOISE_FACTOR`` × the larger relative IQR.
+
+    ``noise`` is each row's IQR ÷ median; without one in either row (estimated parents)
+    :data:`UNKNOWN_NOISE`; 0 for an exact metric.
+    """
+    if exact:
         return 0.0
-    return c.noise if math.isfinite(c.noise) else UNKNOWN_NOISE * max(abs(c.a), abs(c.b))
+    noises = [float(r.noise) for r in (ra, rb) if math.isfinite(float(r.noise))]
+    return NOISE_FACTOR * max(noises) if noises else UNKNOWN_NOISE
+
+
+def _significant(c: Change, bound: float) -> bool:
+    """A ratio beyond ``1 + bound`` either way: ``b > a (1 + bound)`` or ``a > b (1 + bound)``.
+
+    diff.py's bound (:attr:`Change.significant`) taken relative: the larger IQR over its
+    median, applied to the smaller of the two values, so the bound does not grow with the
+    slowdown it judges (``2 × noise × b`` could never call a 4× slowdown real at noise 0.5).
+    """
+    if c.exact:
+        return c.a != c.b
+    low, high = sorted((c.a, c.b))
+    return high - low > bound * abs(low)
 
 
 @dataclass(frozen=True)
@@ -281,7 +305,7 @@ def _verdict(c: Change, ra: ComponentRow, rb: ComponentRow, rule: _Rule) -> tupl
         return "unchanged", share, None, c
     if not c.exact and rule.shift != 1.0:
         c = pair_change(ra, _scaled(rb, rule.metric, rule.shift), rule.metric)
-    if not c.significant:
+    if not _significant(c, relative_bound(ra, rb, c.exact)):
         return "within_noise", share, None, c
     rel = _relative(c)
     worse = -rel if rule.metric in THROUGHPUT_METRICS else rel
@@ -317,8 +341,9 @@ def common_shift(pairs: Sequence[tuple[ComponentRow, ComponentRow]], metric: str
     return statistics.median(ratios)
 
 
-def _row(c: Change, verdict: Verdict, share: float, judged: Change | None = None, **extra: Any) -> GateRow:
-    compared = c.only_in is None
+def _row(
+    c: Change, verdict: Verdict, share: float, judged: Change | None = None, bound: float = math.nan, **extra: Any
+) -> GateRow:
     judged = judged or c
     return GateRow(
         path=c.path,
@@ -328,7 +353,7 @@ def _row(c: Change, verdict: Verdict, share: float, judged: Change | None = None
         base=c.a,
         new=c.b,
         change=_relative(judged),
-        noise_bound=_bound(judged) if compared else math.nan,
+        noise_bound=bound,
         share=share,
         **extra,
     )
@@ -386,7 +411,8 @@ def gate_reports(
             pair = pair_change(ra, rb, metric)
             verdict, share, reason, judged = _verdict(pair, ra, rb, rule)
             final: Verdict = "regressed" if verdict == "regressed" else "renamed"
-            out.append(_row(pair, final, share, judged, renamed_from=c.path, reason=reason))
+            bound = relative_bound(ra, rb, pair.exact)
+            out.append(_row(pair, final, share, judged, bound, renamed_from=c.path, reason=reason))
         elif c.only_in is not None:
             row = rows_a[c.path] if c.only_in == "A" else rows_b[c.path]
             root = rule.root_a if c.only_in == "A" else rule.root_b
@@ -394,7 +420,8 @@ def gate_reports(
             where: Verdict = "only_in_base" if c.only_in == "A" else "only_in_new"
             out.append(_row(c, where, _share(root, row, value, metric)))
         else:
-            verdict, share, reason, judged = _verdict(c, rows_a[c.path], rows_b[c.path], rule)
-            out.append(_row(c, verdict, share, judged, reason=reason))
+            ra, rb = rows_a[c.path], rows_b[c.path]
+            verdict, share, reason, judged = _verdict(c, ra, rb, rule)
+            out.append(_row(c, verdict, share, judged, relative_bound(ra, rb, c.exact), reason=reason))
     quality = {"base": d.quality.get("A"), "new": d.quality.get("B")}
     return GateResult(metric, float(fail_over), float(min_share), out, d.mismatch, quality, moved, shift)

@@ -11,11 +11,13 @@ docs/explore.md ("A regression gate in CI")::
      "counts": {"regressed": 1, "improved": 0, ...},  # every verdict, 0 included
      "regressed": ["b.fc", "b", ""],                  # deepest first
      "components": [{"path": "b.fc", "module_type": "Linear", "verdict": "regressed",
-                     "base": 1.17, "new": 2.37, "change": 1.03, "noise_bound": 0.35,
+                     "base": 1.17, "new": 2.37, "change": 1.03, "noise_bound": 0.3,
                      "share": 0.31, "renamed_from": null, "reason": null}, ...]}
 
-Numbers are the metric's own units (``base``, ``new``, ``noise_bound``: ms for a time, over
-the step where it adds up), ``change`` and ``share`` fractions; a missing number is ``null``
+Numbers are the metric's own units (``base``, ``new``: ms for a time, over the step where it
+adds up), ``change``, ``noise_bound`` and ``share`` fractions (``change`` after the common
+``shift``, ``noise_bound`` the ratio the noise explains: within it while the larger value is at
+most ``1 + noise_bound`` times the smaller); a missing number is ``null``
 (and an infinite ``change``, from 0, is ``null`` with ``base`` 0).
 """
 
@@ -57,9 +59,7 @@ def _bound(r: GateRow, exact: bool) -> str:
         return "-"
     if exact:
         return "exact"
-    if not (math.isfinite(r.base) and r.base):
-        return _value(r.noise_bound, "")
-    return "\u00b1" + percent(r.noise_bound / abs(r.base))
+    return "\u00b1" + percent(r.noise_bound)
 
 
 def _verdict(r: GateRow) -> str:
