@@ -10,8 +10,8 @@ such rows when nothing else could be meant:
 - their parents are the same component: the same path, or a parent pair this function
   already found (rows are taken root first, so ``blocks.1 -> layers.1`` carries
   ``blocks.1.fc -> layers.1.fc``);
-- the same ``fwd_flops``, ``params_mb`` and ``calls`` (NaN matches NaN only): the same work on
-  the same parameters;
+- the same ``fwd_flops``, ``params_mb`` and ``calls``, both known: the same work on the same
+  parameters (a row without them, a failed one, is never paired);
 - and the pairing is unique both ways: exactly one such row in B for the row in A, and
   exactly one in A for that row in B. Two renamed siblings of one type and size stay
   unpaired (in one report only): the gate never guesses.
@@ -28,9 +28,9 @@ __all__ = ["rename_pairs"]
 
 
 def _same(x: float, y: float) -> bool:
-    """Equal numbers, or both NaN (not measured in either)."""
+    """Equal known numbers (a NaN, not measured, proves nothing)."""
     x, y = float(x), float(y)
-    return (math.isnan(x) and math.isnan(y)) or x == y
+    return math.isfinite(x) and x == y
 
 
 def _signature_matches(ra: ComponentRow, rb: ComponentRow) -> bool:

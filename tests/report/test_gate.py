@@ -45,17 +45,18 @@ def _verdicts(g: Any) -> dict[str, str]:
 def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
     base = _report(
         _row("", 100.0),
-        _row("slow", 10.0),  # -> 20: +100 % > 10 %, bound 2 x max(0.01 x 10, 0.01 x 20) = 0.4 ms: regressed
-        _row("fast", 10.0),  # -> 5: -50 %: improved
-        _row("bit", 10.0),  # -> 10.5: +5 %, beyond the bound 0.21 but not over 10 %: within_threshold
-        _row("noisy", 10.0, noise=0.5),  # -> 14: +40 %, but the bound is 2 x 0.5 x 14 = 14 ms: within_noise
+        # the noise bound: the larger value within 1 + 2 x 0.01 = 1.02 times the smaller
+        _row("slow", 10.0),  # -> 20: +100 % > 10 %, 2.0 beyond 1.02: regressed
+        _row("fast", 10.0),  # -> 5: -50 % (10 / 5 = 2.0 beyond 1.02): improved
+        _row("bit", 10.0),  # -> 10.5: 1.05, beyond 1.02 but not over 10 %: within_threshold
+        _row("noisy", 10.0, noise=0.5),  # -> 14: +40 %, within 1 + 2 x 0.5 = 2.0: within_noise
         _row("same", 10.0),  # -> 10: unchanged
-        _row("tiny", 0.5),  # 0.5 % of the step in both (0.5 / 100, 0.9 / 100): below_min_share though +80 %
+        _row("tiny", 0.5),  # under 1 % of the step in both (0.5 / 100, 0.9 / 160): below_min_share though +80 %
         _row("grew", 0.5),  # -> 30: 30 % of the new step: gated, and regressed
         _row("broke", 10.0),  # failed in new: not gated
         _row("floor", 10.0, flags=["at_floor"]),  # at the harness floor in base: not gated
         _row("gone", 5.0),  # only in base
-        _row("old", 3.0, module_type="ReLU"),  # renamed to "new_name" (same type, parent, FLOPs, params)
+        _row("old", 3.0, module_type="ReLU", fwd_flops=10.0, params_mb=0.0),  # renamed: same type, parent, sizes
     )
     new = _report(
         _row("", 160.0),
@@ -69,7 +70,7 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
         _row("broke", status="failed", error="RuntimeError: boom"),
         _row("floor", 20.0),
         _row("added", 5.0),
-        _row("new_name", 3.0, module_type="ReLU"),
+        _row("new_name", 3.0, module_type="ReLU", fwd_flops=10.0, params_mb=0.0),
     )
     g = gate_reports(base, new, 0.10, shift=False)
     assert _verdicts(g) == {
@@ -91,8 +92,9 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
     assert by["broke"].reason == "failed in new: RuntimeError: boom"
     assert by["floor"].reason == "at the harness floor in base"
     assert by["new_name"].renamed_from == "old" and by["new_name"].change == 0.0
-    assert by["slow"].change == 1.0 and math.isclose(by["slow"].noise_bound, 0.4)  # 2 x 0.01 x 20
-    assert by["tiny"].share == 0.009  # 0.9 / 100: the larger of its two shares (0.5 / 100 in base)
+    assert by["slow"].change == 1.0 and by["slow"].noise_bound == 0.02  # 2 x 0.01
+    assert by["gone"].verdict == "only_in_base"  # and "added" is not its rename: neither has FLOPs or params
+    assert by["tiny"].share == 0.9 / 160  # the larger of its two shares (0.5 / 100 in base)
     assert not g.passed
     assert [r.path for r in g.regressed] == ["slow", "grew", ""]  # deepest first, then the base's order
     assert set(VERDICTS) - set(_verdicts(g).values()) == set()  # every verdict appears here
@@ -100,17 +102,17 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
 
 def test_a_slow_component_below_the_threshold_or_inside_the_noise_passes() -> None:
     base = _report(_row("", 10.0, noise=0.05), _row("a", 5.0, noise=0.05), _row("b", 5.0, noise=0.05))
-    # a: 5 -> 5.4 (+8 %, under 10 %); b: 5 -> 6 (+20 %, inside 2 x 0.05 x 6 = 0.6 ms? no: 1 ms > 0.6: over)
+    # the bound: within 1 + 2 x 0.05 = 1.1 times. a: 5 -> 5.4 (1.08: within); b: 5 -> 6 (1.2: beyond, +20 %)
     new = _report(_row("", 10.4, noise=0.05), _row("a", 5.4, noise=0.05), _row("b", 5.0 * 1.2, noise=0.05))
     g = gate_reports(base, new, 0.10, shift=False)
     assert _verdicts(g) == {"": "within_noise", "a": "within_noise", "b": "regressed"}
-    # root: +0.4 within 2 x 0.05 x 10.4 = 1.04; a: +0.4 within 2 x 0.05 x 5.4 = 0.54
+    # the root: 10 -> 10.4, 1.04: within
     assert gate_reports(base, new, 0.25, shift=False).passed  # b's +20 % is not over 25 %
 
 
 def test_without_a_measured_noise_the_unknown_noise_bounds_the_change() -> None:
     base = _report(_row("", 10.0, noise=math.nan, status="estimated"))
-    # 10 -> 10.4: +4 %, within UNKNOWN_NOISE 5 % of 10.4 (0.52); 10 -> 11: +10 % beyond 0.55 and over 5 %
+    # 10 -> 10.4: 1.04, within 1 + UNKNOWN_NOISE = 1.05; 10 -> 11: 1.1, beyond it and +10 % over 5 %
     assert _verdicts(gate_reports(base, _report(_row("", 10.4, noise=math.nan)), 0.0))[""] == "within_noise"
     assert _verdicts(gate_reports(base, _report(_row("", 11.0, noise=math.nan)), 0.05))[""] == "regressed"
 
@@ -131,7 +133,7 @@ def test_memory_is_exact_a_rise_over_the_threshold_fails() -> None:
 
 def test_a_throughput_regresses_when_it_falls() -> None:
     base = _report(_row("", 1.0, mfu=0.40))
-    # MFU 0.40 -> 0.30: 25 % lower (a rate: per call, judged by the time noise 2 x 0.01 x 0.40 = 0.008)
+    # MFU 0.40 -> 0.30: 25 % lower (a rate: per call, judged by the time noise: 0.40 / 0.30 beyond 1.02)
     assert _verdicts(gate_reports(base, _report(_row("", 1.0, mfu=0.30)), 0.10, metric="mfu"))[""] == "regressed"
     assert _verdicts(gate_reports(base, _report(_row("", 1.0, mfu=0.60)), 0.10, metric="mfu"))[""] == "improved"
 
@@ -144,7 +146,13 @@ def test_the_common_shift_discounts_a_change_every_component_shares() -> None:
     base.rows[0].total_ms, new.rows[0].total_ms = 40.0, 65.0
     g = gate_reports(base, new, 0.10)
     assert math.isclose(g.shift, 1.3)
-    assert _verdicts(g) == {"": "regressed", "a": "within_noise", "b": "within_noise", "c": "within_noise", "d": "regressed"}
+    assert _verdicts(g) == {
+        "": "regressed",
+        "a": "within_noise",
+        "b": "within_noise",
+        "c": "within_noise",
+        "d": "regressed",
+    }
     # the root 65 / 1.3 = 50 against 40: +25 %; d 26 / 1.3 = 20 against 10: +100 %
     by = {r.path: r for r in g.rows}
     assert math.isclose(by[""].change, 0.25) and math.isclose(by["d"].change, 1.0)
@@ -174,9 +182,9 @@ def test_renames_are_paired_root_first_and_only_when_unambiguous() -> None:
     assert rename_pairs(_report(_row("", 1.0), _row("blocks", **block)), other) == {}
     g = gate_reports(base, new, 0.10)
     assert _verdicts(g) == {
-        "": "not_gated",  # no total_ms anywhere below: the hand-built rows hold none
-        "layers": "not_gated",
-        "layers.fc": "not_gated",
+        "": "unchanged",
+        "layers": "renamed",  # (no total_ms to gate: not gated, and renamed)
+        "layers.fc": "renamed",
         "x": "only_in_base",
         "y": "only_in_base",
         "p": "only_in_new",
@@ -186,8 +194,8 @@ def test_renames_are_paired_root_first_and_only_when_unambiguous() -> None:
 
 
 def test_a_renamed_component_that_regressed_is_regressed() -> None:
-    base = _report(_row("", 10.0), _row("old", 5.0, fwd_flops=1.0))
-    new = _report(_row("", 20.0), _row("new", 15.0, fwd_flops=1.0))
+    base = _report(_row("", 10.0), _row("old", 5.0, fwd_flops=1.0, params_mb=1.0))
+    new = _report(_row("", 20.0), _row("new", 15.0, fwd_flops=1.0, params_mb=1.0))
     g = gate_reports(base, new, 0.10)
     assert [(r.path, r.verdict, r.renamed_from) for r in g.rows] == [
         ("", "regressed", None),
@@ -202,7 +210,7 @@ def test_percent_syntax() -> None:
     for bad in ("-1", "ten", "nan", "%"):
         with pytest.raises(ValueError, match="expected a percent"):
             parse_percent(bad)
-    with pytest.raises(ValueError, match="fail_over=-0.1"):
+    with pytest.raises(ValueError, match=r"fail_over=-0\.1"):
         gate_reports(_report(_row("", 1.0)), _report(_row("", 1.0)), -0.1)
 
 
@@ -230,8 +238,15 @@ def test_json_carries_every_verdict_the_options_and_passed() -> None:
         ("added", "only_in_new"),
     ]
     a = data["components"][1]
-    assert (a["base"], a["new"], a["change"], a["share"], a["renamed_from"], a["reason"]) == (4.0, 8.0, 1.0, 8 / 14, None, None)
-    assert math.isclose(a["noise_bound"], 0.16)  # 2 x 0.01 x 8
+    assert (a["base"], a["new"], a["change"], a["share"], a["renamed_from"], a["reason"]) == (
+        4.0,
+        8.0,
+        1.0,
+        8 / 14,
+        None,
+        None,
+    )
+    assert a["noise_bound"] == 0.02  # 2 x 0.01
     assert data["components"][3]["noise_bound"] is None  # not compared: null, never NaN
     assert sum(data["counts"].values()) == 5 and list(data["counts"]) == list(VERDICTS)
     assert gate_dict(g)["base"] is None
@@ -246,8 +261,8 @@ def test_markdown_is_a_table_for_a_pull_request_comment() -> None:
     assert lines[header + 1] == "|---|---|--:|--:|--:|--:|---|"
     body = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[header + 2 :] if ln.startswith("|")]
     assert body == [
-        ["`a`", "Linear", "4.00 ms", "8.00 ms", "+100 %", "±4.00 %", "**regressed**"],  # 0.16 / 4
-        ["`(root)`", "Net", "10.0 ms", "14.0 ms", "+40.0 %", "±2.80 %", "**regressed**"],  # 2 x 0.01 x 14 / 10
+        ["`a`", "Linear", "4.00 ms", "8.00 ms", "+100 %", "±2.00 %", "**regressed**"],  # 2 x noise 0.01
+        ["`(root)`", "Net", "10.0 ms", "14.0 ms", "+40.0 %", "±2.00 %", "**regressed**"],
         ["`gone`", "Linear", "0.500 ms", "-", "-", "-", "only in base"],
         ["`added`", "Linear", "-", "0.500 ms", "-", "-", "only in new"],
     ]
@@ -259,7 +274,9 @@ def test_assert_no_regression_raises_with_the_table_and_passes_otherwise(tmp_pat
     with pytest.raises(AssertionError) as raised:
         assert_no_regression(new, base, fail_over=0.10, shift=False)
     message = str(raised.value).splitlines()
-    assert message[0].startswith("gate: FAILED (total_ms over the step, fail over 10 %") and message[0].endswith(": a, (root)")
+    assert message[0].startswith("gate: FAILED (total_ms over the step, fail over 10 %") and message[0].endswith(
+        ": a, (root)"
+    )
     assert message[1].split() == ["component", "type", "base", "new", "change", "noise", "bound", "verdict"]
     assert [ln.split()[0] for ln in message[3:]] == ["a", "(root)"]  # the regressed, and only they
     base.save(tmp_path / "baseline")
