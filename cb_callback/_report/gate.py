@@ -28,6 +28,15 @@ report gets one :data:`Verdict`, decided in this order:
    (worse is higher, except for throughputs — ``tflops``, ``gbps``, ``mfu``, ``bw_util`` — where it is
    lower); ``within_threshold``: a real change of at most ``fail_over``.
 
+Before steps 5 and 6, a timed metric's new values are divided by the **common shift**
+(:func:`common_shift`): the median ``new / base`` of the components below the root that would
+be gated. Two runs of one model on a shared machine differ by 20–30 % on every component alike
+when the machine got busier between them, while each run's own IQR is a few percent: the noise
+of one run cannot see that, and the component that slowed stands out of the median while the
+machine does not. ``shift=False`` judges every value as measured (it then also catches a
+slowdown of every component alike, which the shift discounts). Counts and sizes are never
+shifted. A row's ``change`` and ``noise_bound`` are the judged ones; ``base`` and ``new`` as measured.
+
 A renamed component is compared across its two paths; its verdict is ``renamed`` (with
 ``renamed_from``) unless it is ``regressed``: a rename never hides a regression. The gate
 passes when no component is ``regressed``.
