@@ -149,8 +149,8 @@ def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="PCT",
         help="regression gate: exit 1 when a component got worse (slower; for memory, FLOPs, bytes: higher; for "
         "a throughput: lower) by more than PCT percent of A (10 and 10%% both mean 10 %%) and beyond the two "
-        "runs' noise (2 x the larger relative IQR; 5 %% without a measured noise; none for a count or a size). Components "
-        "failed, at the harness floor or without a value are not gated and are listed so",
+        "runs' noise (2 x the larger relative IQR; 5 %% without a measured noise; none for a count or a size). "
+        "Components failed, at the harness floor or without a value are not gated and are listed so",
     )
     diff.add_argument(
         "--min-share",
