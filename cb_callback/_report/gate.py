@@ -37,6 +37,13 @@ machine does not. ``shift=False`` judges every value as measured (it then also c
 slowdown of every component alike, which the shift discounts). Counts and sizes are never
 shifted. A row's ``change`` and ``noise_bound`` are the judged ones; ``base`` and ``new`` as measured.
 
+``unconfirmed`` (a time only): a parent that regressed by the rule above while none of its
+components did and their sum did not either (at least two of its children judged; their new
+sum divided by the common shift, over the base's, worse by at most ``fail_over``). One replay of
+a whole parent lasts several scheduling quanta where its parts last a fraction of one: on a
+busy machine its median jumps by whole quanta between runs while its IQR stays small, and its
+components are the better witnesses. It is listed, and does not fail the gate.
+
 A renamed component is compared across its two paths; its verdict is ``renamed`` (with
 ``renamed_from``) unless it is ``regressed``: a rename never hides a regression. The gate
 passes when no component is ``regressed``.
@@ -90,6 +97,7 @@ GATE_SCHEMA = "cb_callback.gate/1"
 #: One component's verdict (see the module docstring for the order they are decided in).
 Verdict = Literal[
     "regressed",
+    "unconfirmed",
     "improved",
     "within_threshold",
     "within_noise",
@@ -368,6 +376,37 @@ def _row(
     )
 
 
+#: The verdicts of a component whose value was judged against the base.
+_JUDGED = frozenset({"regressed", "unconfirmed", "improved", "within_threshold", "within_noise", "unchanged"})
+
+
+def _confirmed(rows: list[GateRow], parents: Mapping[str, str | None], rule: _Rule) -> list[GateRow]:
+    """Each regressed parent confirmed by its components, or ``unconfirmed`` (a time; see the module docstring).
+
+    A row with at least two judged children (in the new report's tree) stays ``regressed`` when
+    one of its descendants regressed, or when its judged children's sum, the new one divided by
+    the common shift, got worse by more than ``fail_over``; else it reads ``unconfirmed``.
+    Deepest first, so that a child's verdict is final before its parent's.
+    """
+    by_path = {r.path: r for r in rows}
+    children: dict[str, list[str]] = {}
+    for path, parent in parents.items():
+        if parent is not None and path in by_path:
+            children.setdefault(parent, []).append(path)
+    regressed: set[str] = set()  # paths whose subtree holds a regression, the row itself included
+    for r in sorted(rows, key=lambda r: -r.depth):
+        kids = [by_path[p] for p in children.get(r.path, ()) if by_path[p].verdict in _JUDGED]
+        below = any(p in regressed for p in children.get(r.path, ()))
+        if r.verdict == "regressed" and len(kids) >= 2 and not below:
+            base_sum = sum(k.base for k in kids)
+            new_sum = sum(k.new for k in kids) / rule.shift
+            if not (base_sum > 0 and (new_sum - base_sum) / base_sum > rule.fail_over):
+                by_path[r.path] = r = dataclasses.replace(r, verdict="unconfirmed")
+        if r.verdict == "regressed" or below:
+            regressed.add(r.path)
+    return [by_path[r.path] for r in rows]
+
+
 def _pairs(base: Report, new: Report, renamed: Mapping[str, str]) -> list[tuple[ComponentRow, ComponentRow]]:
     """The rows found in both reports (renamed ones by their two paths)."""
     rows_b = {r.path: r for r in new.rows}
@@ -432,5 +471,7 @@ def gate_reports(
             ra, rb = rows_a[c.path], rows_b[c.path]
             verdict, share, reason, judged = _verdict(c, ra, rb, rule)
             out.append(_row(c, verdict, share, judged, relative_bound(ra, rb, c.exact), reason=reason))
+    if metric.endswith("_ms"):
+        out = _confirmed(out, {r.path: r.parent for r in new.rows}, rule)
     quality = {"base": d.quality.get("A"), "new": d.quality.get("B")}
     return GateResult(metric, float(fail_over), float(min_share), out, d.mismatch, quality, moved, shift)

@@ -8,7 +8,7 @@ docs/explore.md ("A regression gate in CI")::
                  "exact": false, "noise_factor": 2.0, "unknown_noise": 0.05},
      "base": "runs/main", "new": "runs/pr",          # the locations given (null from Python)
      "mismatch": null, "quality": {"base": {"verdict": "clean", "advice": []} | null, "new": ...},
-     "counts": {"regressed": 1, "improved": 0, ...},  # every verdict, 0 included
+     "counts": {"regressed": 1, "unconfirmed": 0, ...},  # every verdict, 0 included
      "regressed": ["b.fc", "b", ""],                  # deepest first
      "components": [{"path": "b.fc", "module_type": "Linear", "verdict": "regressed",
                      "base": 1.17, "new": 2.37, "change": 1.03, "noise_bound": 0.3,
@@ -38,7 +38,7 @@ __all__ = ["format_gate_markdown", "format_gate_table", "format_gate_text", "gat
 _HEADER = ("component", "type", "base", "new", "change", "noise bound", "verdict")
 
 #: What the tables show besides the gated components: the ones a reviewer must see.
-_LISTED: tuple[Verdict, ...] = ("only_in_base", "only_in_new", "renamed", "not_gated")
+_LISTED: tuple[Verdict, ...] = ("unconfirmed", "only_in_base", "only_in_new", "renamed", "not_gated")
 
 
 def _value(v: float, metric: str) -> str:

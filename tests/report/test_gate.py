@@ -57,6 +57,9 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
         _row("floor", 10.0, flags=["at_floor"]),  # at the harness floor in base: not gated
         _row("gone", 5.0),  # only in base
         _row("old", 3.0, module_type="ReLU", fwd_flops=10.0, params_mb=0.0),  # renamed: same type, parent, sizes
+        _row("box", 10.0),  # -> 20, but its two parts did not move: unconfirmed (their sum 8 -> 8)
+        _row("box.p", 4.0),
+        _row("box.q", 4.0),
     )
     new = _report(
         _row("", 160.0),
@@ -71,6 +74,9 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
         _row("floor", 20.0),
         _row("added", 5.0),
         _row("new_name", 3.0, module_type="ReLU", fwd_flops=10.0, params_mb=0.0),
+        _row("box", 20.0),
+        _row("box.p", 4.0),
+        _row("box.q", 4.0),
     )
     g = gate_reports(base, new, 0.10, shift=False)
     assert _verdicts(g) == {
@@ -87,6 +93,9 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
         "gone": "only_in_base",
         "new_name": "renamed",
         "added": "only_in_new",
+        "box": "unconfirmed",
+        "box.p": "unchanged",
+        "box.q": "unchanged",
     }
     by = {r.path: r for r in g.rows}
     assert by["broke"].reason == "failed in new: RuntimeError: boom"
@@ -98,6 +107,30 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
     assert not g.passed
     assert [r.path for r in g.regressed] == ["slow", "grew", ""]  # deepest first, then the base's order
     assert set(VERDICTS) - set(_verdicts(g).values()) == set()  # every verdict appears here
+
+
+def test_a_parent_is_confirmed_by_a_regressed_part_or_by_its_parts_sum() -> None:
+    base = _report(_row("", 10.0, noise=0.1), _row("p", 5.0, noise=0.1), _row("q", 5.0, noise=0.1))
+
+    def new(root: float, p: float, q: float) -> Report:
+        return _report(_row("", root, noise=0.1), _row("p", p, noise=0.1), _row("q", q, noise=0.1))
+
+    # (bound: within 1 + 2 x 0.1 = 1.2 times.) The root 10 -> 14 (1.4) alone: its parts did not move
+    assert _verdicts(gate_reports(base, new(14.0, 5.0, 5.0), 0.10)) == {
+        "": "unconfirmed",
+        "p": "unchanged",
+        "q": "unchanged",
+    }
+    assert gate_reports(base, new(14.0, 5.0, 5.0), 0.10).passed  # unconfirmed does not fail the gate
+    # p 5 -> 9 (1.8): regressed, and the root with it
+    assert _verdicts(gate_reports(base, new(14.0, 9.0, 5.0), 0.10)) == {
+        "": "regressed",
+        "p": "regressed",
+        "q": "unchanged",
+    }
+    # p and q 5 -> 5.75 each (1.15, within noise), their sum +15 % > 10 %: the root's +40 % is confirmed
+    g = gate_reports(base, new(14.0, 5.75, 5.75), 0.10, shift=False)
+    assert _verdicts(g) == {"": "regressed", "p": "within_noise", "q": "within_noise"}
 
 
 def test_a_slow_component_below_the_threshold_or_inside_the_noise_passes() -> None:
