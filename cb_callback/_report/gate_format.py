@@ -65,7 +65,8 @@ def _bound(r: GateRow, exact: bool) -> str:
 def _verdict(r: GateRow) -> str:
     word = r.verdict.replace("_", " ")
     if r.renamed_from is not None:
-        word = f"renamed from {r.renamed_from or '(root)'}" if r.verdict == "renamed" else f"{word} (renamed)"
+        old = r.renamed_from or "(root)"
+        word = f"renamed from {old}" if r.verdict == "renamed" else f"{word} (renamed from {old})"
     return word + (f": {r.reason}" if r.reason else "")
 
 

@@ -234,7 +234,7 @@ def test_a_renamed_component_that_regressed_is_regressed() -> None:
         ("", "regressed", None),
         ("new", "regressed", "old"),
     ]
-    assert "regressed (renamed)" in format_gate_text(g)[1 + 2]  # the headline, the header, its rule
+    assert "regressed (renamed from old)" in format_gate_text(g)[1 + 2]  # the headline, the header, its rule
 
 
 def test_percent_syntax() -> None:
