@@ -18,6 +18,7 @@ from cb_callback._report.discover import (
     resolve_report_dir,
     split_location,
 )
+from cb_callback._report.gate import DEFAULT_MIN_SHARE, gate_reports, parse_percent
 from cb_callback._report.listing import format_listing, select_rows
 from cb_callback._report.model import COLUMNS, Report
 
@@ -126,7 +127,9 @@ def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "diff",
         help="compare two saved reports component by component",
         description="Compare two saved reports component by component: two runs, or two captures of one run "
-        "(cb diff DIR@10 DIR@500). Exit status: 0 compared, 2 a report missing or unreadable.",
+        "(cb diff DIR@10 DIR@500). With --fail-over PCT, a regression gate: exit 1 when a component holding at "
+        "least --min-share of the step (in either report) got worse by more than PCT and beyond both runs' noise. "
+        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable.",
     )
     diff.add_argument("a", metavar="A", help="baseline report: a location as for cb report, DIR@N for capture step N")
     diff.add_argument("b", metavar="B", help="report to compare with A (as A)")
@@ -140,7 +143,47 @@ def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="FILE",
         help="also write a diff page (B's tree coloured by the change; both runs' quality in its header)",
     )
+    diff.add_argument(
+        "--fail-over",
+        type=_percent,
+        default=None,
+        metavar="PCT",
+        help="regression gate: exit 1 when a component got worse (slower; for memory, FLOPs, bytes: higher; for "
+        "a throughput: lower) by more than PCT percent of A (10 and 10%% both mean 10 %%) and beyond the two "
+        "runs' noise (2 x the larger relative IQR; 5 %% without a measured noise; none for a count or a size). "
+        "Components failed, at the harness floor or without a value are not gated and are listed so",
+    )
+    diff.add_argument(
+        "--min-share",
+        type=_percent,
+        default=DEFAULT_MIN_SHARE,
+        metavar="PCT",
+        help="with --fail-over: gate only the components holding at least PCT percent of the step's --metric in "
+        "A or in B (default 1)",
+    )
+    diff.add_argument(
+        "--absolute",
+        action="store_true",
+        help="with --fail-over: judge each component's time as measured; by default a change every component "
+        "shares (the median change below the root: a slower machine) is discounted first",
+    )
+    diff.add_argument(
+        "--format",
+        default="text",
+        choices=("text", "markdown", "json"),
+        help="text (default): the diff, then the gate's verdict; markdown: the gate's table for a pull-request "
+        "comment; json: every component's verdict (docs/explore.md has the schema). markdown and json need "
+        "--fail-over",
+    )
     _add_selection(diff, sorts=_DIFF_SORTS, default_sort="change")
+
+
+def _percent(text: str) -> float:
+    """A percent (``10``, ``10%``, ``2.5``) as a fraction, for argparse."""
+    try:
+        return parse_percent(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -479,22 +522,52 @@ def _roofline(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
+    if args.format != "text" and args.fail_over is None:
+        print(
+            f"cb: error: --format {args.format} is the regression gate's output: give --fail-over PCT", file=sys.stderr
+        )
+        return 2
     loaded_a, loaded_b = _load(args.a), _load(args.b)
     if loaded_a is None or loaded_b is None:
         return 2  # could not compare: as every command that could not do its work
     (a, _), (b, _) = loaded_a, loaded_b
-    print(f"A: {args.a}  ({a.metadata.get('device_name', '?')}, {a.metadata.get('dtype', '?')})")
-    print(f"B: {args.b}  ({b.metadata.get('device_name', '?')}, {b.metadata.get('dtype', '?')})")
     d = compare_reports(a, b, args.metric)
     keep = {
         r.path for r in [*select_rows(a.rows, args.depth, args.filter), *select_rows(b.rows, args.depth, args.filter)]
     }
-    print("\n".join(format_diff(d, sort=args.sort, paths=keep)))
+    text = args.format == "text"
+    if text:
+        print(f"A: {args.a}  ({a.metadata.get('device_name', '?')}, {a.metadata.get('dtype', '?')})")
+        print(f"B: {args.b}  ({b.metadata.get('device_name', '?')}, {b.metadata.get('dtype', '?')})")
+        print("\n".join(format_diff(d, sort=args.sort, paths=keep)))
+    status = 0 if args.fail_over is None else _gate(args, a, b, keep)
     if args.html is not None:
         from cb_callback._report.html import write_diff_html
 
-        print(f"cb: wrote {write_diff_html(a, b, d, args.html, labels=(args.a, args.b))}")
-    return 0
+        # the machine formats keep stdout to themselves
+        print(
+            f"cb: wrote {write_diff_html(a, b, d, args.html, labels=(args.a, args.b))}",
+            file=sys.stdout if text else sys.stderr,
+        )
+    return status
+
+
+def _gate(args: argparse.Namespace, a: Report, b: Report, keep: set[str]) -> int:
+    """``cb diff --fail-over``: print the gate's verdict in ``--format``; 1 when it failed, else 0."""
+    import dataclasses
+
+    from cb_callback._report.gate_format import format_gate_markdown, format_gate_text, gate_json
+
+    result = gate_reports(a, b, args.fail_over, metric=args.metric, min_share=args.min_share, shift=not args.absolute)
+    result = dataclasses.replace(result, rows=[r for r in result.rows if r.path in keep])  # --depth, --filter
+    labels = (args.a, args.b)
+    if args.format == "json":
+        print(gate_json(result, labels=labels))
+    elif args.format == "markdown":
+        print(format_gate_markdown(result, labels=labels), end="")
+    else:
+        print("\n" + "\n".join(format_gate_text(result)))
+    return 0 if result.passed else 1
 
 
 def _candidate_factory(spec: str) -> Any:

@@ -162,6 +162,7 @@ LAYERS: dict[str, int] = {
     "cb_callback._cli": 5,
     "cb_callback.reporters": 5,
     "cb_callback.plugins": 5,
+    "cb_callback.testing": 5,  # assert_no_regression: an entry point for test suites, over the gate
     "cb_callback": 6,
     "cb_callback.integrations": 7,
 }

@@ -29,6 +29,14 @@ def test_the_top_level_holds_what_a_user_of_the_callback_function_report_and_cli
         assert getattr(cb_callback, name) is not None
 
 
+def test_the_testing_module_holds_the_regression_assertion() -> None:
+    # Issue 26 §2: a public module for test suites (pytest), beside the top level.
+    import cb_callback.testing
+
+    assert cb_callback.testing.__all__ == ["assert_no_regression"]
+    assert callable(cb_callback.testing.assert_no_regression)
+
+
 def test_every_moved_name_has_one_home_and_every_plugin_name_moved() -> None:
     plugins, reporters = set(cb_callback.plugins.__all__), {"Reporter", "ReportContext"}
     assert set(cb_callback.MOVED) == plugins | reporters

@@ -48,6 +48,7 @@ __all__ = [
     "NOISE_FACTOR",
     "OVER_STEP_METRICS",
     "RATE_METRICS",
+    "THROUGHPUT_METRICS",
     "UNKNOWN_NOISE",
     "Change",
     "Comparison",
@@ -58,6 +59,7 @@ __all__ = [
     "format_value",
     "metric_kind",
     "model_mismatch",
+    "pair_change",
     "ratio_text",
 ]
 
@@ -235,6 +237,40 @@ def _quality(report: Report) -> Mapping[str, Any] | None:
     return q if isinstance(q, Mapping) and q.get("verdict") is not None else None
 
 
+def pair_change(ra: ComponentRow | None, rb: ComponentRow | None, metric: str) -> Change:
+    """The :class:`Change` of ``metric`` from row ``ra`` (in A) to row ``rb`` (in B), as :func:`compare_reports` pairs.
+
+    The two rows are usually the same path; the regression gate also pairs a renamed
+    component's rows (:mod:`cb_callback._report.gate`): the change carries ``rb``'s path
+    then (``ra``'s when ``rb`` is ``None``), and ``ra``'s type and depth where both are given.
+
+    Raises:
+        ValueError: ``metric`` is not a comparable column, or both rows are ``None``.
+    """
+    exact, over_step = metric_kind(metric)
+    either = ra if ra is not None else rb  # A's type and depth where both have the path (as cb diff shows it)
+    if either is None:
+        raise ValueError("pair_change needs a row in A or in B")
+    path = rb.path if rb is not None else either.path
+    va, vb = _value(ra, metric, over_step), _value(rb, metric, over_step)
+    spreads = [
+        r.noise * v for r, v in ((ra, va), (rb, vb)) if r is not None and math.isfinite(r.noise) and math.isfinite(v)
+    ]
+    both = math.isfinite(va) and math.isfinite(vb)
+    return Change(
+        path=path,
+        module_type=either.module_type,
+        depth=either.depth,
+        a=va,
+        b=vb,
+        change=vb - va if both else math.nan,
+        ratio=ratio(vb, va),
+        noise=0.0 if exact else (NOISE_FACTOR * max(spreads) if spreads else math.nan),
+        only_in=None if (ra is not None and rb is not None) else ("A" if ra is not None else "B"),
+        exact=exact,
+    )
+
+
 def compare_reports(a: Report, b: Report, metric: str = "total_ms") -> Comparison:
     """The per-component changes of ``metric`` from ``a`` to ``b``.
 
@@ -246,37 +282,11 @@ def compare_reports(a: Report, b: Report, metric: str = "total_ms") -> Compariso
     Raises:
         ValueError: ``metric`` is not a comparable column.
     """
-    exact, over_step = metric_kind(metric)
+    metric_kind(metric)  # an unknown metric raises before anything else
     rows_a = {r.path: r for r in a.rows}
     rows_b = {r.path: r for r in b.rows}
     paths = [r.path for r in a.rows] + [r.path for r in b.rows if r.path not in rows_a]
-    out = []
-    for path in paths:
-        ra, rb = rows_a.get(path), rows_b.get(path)
-        va, vb = _value(ra, metric, over_step), _value(rb, metric, over_step)
-        spreads = [
-            r.noise * v
-            for r, v in ((ra, va), (rb, vb))
-            if r is not None and math.isfinite(r.noise) and math.isfinite(v)
-        ]
-        either = ra if ra is not None else rb
-        assert either is not None
-        both = math.isfinite(va) and math.isfinite(vb)
-        noise = 0.0 if exact else (NOISE_FACTOR * max(spreads) if spreads else math.nan)
-        out.append(
-            Change(
-                path=path,
-                module_type=either.module_type,
-                depth=either.depth,
-                a=va,
-                b=vb,
-                change=vb - va if both else math.nan,
-                ratio=ratio(vb, va),
-                noise=noise,
-                only_in=None if (ra is not None and rb is not None) else ("A" if ra is not None else "B"),
-                exact=exact,
-            )
-        )
+    out = [pair_change(rows_a.get(path), rows_b.get(path), metric) for path in paths]
     return Comparison(metric, out, model_mismatch(a, b), {"A": _quality(a), "B": _quality(b)})
 
 
@@ -320,14 +330,14 @@ def cell_texts(c: Change, metric: str) -> dict[str, str]:
 
 
 #: Rates of work done per time: higher is faster (for the same work).
-_THROUGHPUT = frozenset({"tflops", "gbps", "mfu", "bw_util"})
+THROUGHPUT_METRICS = frozenset({"tflops", "gbps", "mfu", "bw_util"})
 
 
 def _directions(metric: str) -> tuple[str, str]:
     """What the ``sig`` column calls a significant change of ``metric``: ``(B larger, B smaller)``."""
     if metric.endswith("_ms"):
         return "slower", "faster"
-    if metric in _THROUGHPUT:
+    if metric in THROUGHPUT_METRICS:
         return "faster", "slower"
     return "higher", "lower"
 

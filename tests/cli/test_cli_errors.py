@@ -159,7 +159,9 @@ def test_compare_and_replay_help_promise_these_statuses() -> None:
     assert (
         "Exit status: 0 printed, 2 no report, none of the capture step asked for, or one that cannot be read"
     ) in sub["report"].description
-    assert "Exit status: 0 compared, 2 a report missing or unreadable." in sub["diff"].description
+    assert (
+        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable."
+    ) in sub["diff"].description  # the gate: cb diff --fail-over (issue 26)
 
 
 # --- cb replay / compare on a device this machine does not have -------------------------------
