@@ -337,7 +337,9 @@ def common_shift(pairs: Sequence[tuple[ComponentRow, ComponentRow]], metric: str
     """The change every component shares: the median ``new / base`` of the components below the root.
 
     Taken over the pairs that would be gated (both trusted, holding at least ``min_share`` of
-    the step in either report, ``base`` > 0), at least :data:`SHIFT_MIN_COMPONENTS` of them;
+    the step in either report, ``base`` > 0) that did the same work in both (FLOPs, bytes and
+    calls equal: a component given other work is no witness of the machine), at least
+    :data:`SHIFT_MIN_COMPONENTS` of them;
     1.0 (no shift) with fewer, and for an exact metric (a count has no machine in it).
     """
     if metric_kind(metric)[0]:
@@ -351,11 +353,27 @@ def common_shift(pairs: Sequence[tuple[ComponentRow, ComponentRow]], metric: str
         c = pair_change(ra, rb, metric)
         share = _share_of(c, ra, rb, rule)
         held = not math.isfinite(share) or share >= min_share
-        if held and _reason(c, ra, rb, metric) is None and c.a > 0 and c.b > 0:
+        if held and _reason(c, ra, rb, metric) is None and c.a > 0 and c.b > 0 and _same_work(ra, rb):
             ratios.append(c.b / c.a)
     if len(ratios) < SHIFT_MIN_COMPONENTS:
         return 1.0
     return statistics.median(ratios)
+
+
+#: The counts that say what a component did: a component whose counts changed did other work, so its
+#: change in time has a cause of its own and is no witness of the machine's.
+_WORK = ("fwd_flops", "bwd_flops", "bytes", "calls")
+
+
+def _same_work(a: ComponentRow, b: ComponentRow) -> bool:
+    """Whether the two rows did the same work (:data:`_WORK` equal where both know it)."""
+    for name in _WORK:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, float) and isinstance(y, float) and not (math.isfinite(x) and math.isfinite(y)):
+            continue
+        if x != y:
+            return False
+    return True
 
 
 def _row(

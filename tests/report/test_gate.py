@@ -195,6 +195,27 @@ def test_the_common_shift_discounts_a_change_every_component_shares() -> None:
     assert absolute.shift == 1.0 and [r.path for r in absolute.regressed] == ["a", "b", "c", "d", ""]
 
 
+def test_components_given_other_work_are_no_witnesses_of_the_common_shift() -> None:
+    # A change to a repeated block: three of four components do twice the FLOPs and take twice as long.
+    # Were they witnesses, the median (2, 2, 2, 1) = 2 would call it the machine's and pass the gate;
+    # their FLOPs changed, so only d (1.0) is left, fewer than three witnesses: no shift, all judged.
+    base = _report(_row(""), *(_row(p, 10.0, fwd_flops=1e6) for p in "abcd"))
+    new = _report(_row(""), *(_row(p, 20.0, fwd_flops=2e6) for p in "abc"), _row("d", 10.0, fwd_flops=1e6))
+    base.rows[0].total_ms, new.rows[0].total_ms = 40.0, 70.0
+    g = gate_reports(base, new, 0.10)
+    assert g.shift == 1.0 and not g.passed
+    assert _verdicts(g) == {"": "regressed", "a": "regressed", "b": "regressed", "c": "regressed", "d": "unchanged"}
+    # the same with the counts unknown (NaN FLOPs on both sides): witnesses, the shift takes it (median 2)
+    base = _report(_row(""), *(_row(p, 10.0) for p in "abcd"))
+    new = _report(_row(""), *(_row(p, 20.0) for p in "abc"), _row("d", 10.0))
+    assert gate_reports(base, new, 0.10).shift == 2.0
+    # calls count as work too: a called twice as often is no witness
+    pairs = [(_row(p, 10.0), _row(p, 20.0, calls=2 if p == "a" else 1)) for p in "abcd"]
+    assert common_shift(pairs, "total_ms", 0.01) == 2.0  # b, c, d: 2, 2, 2
+    pairs[1] = (_row("b", 10.0), _row("b", 20.0, calls=2))
+    assert common_shift(pairs, "total_ms", 0.01) == 1.0  # c, d only: fewer than three
+
+
 def test_the_common_shift_needs_three_components_and_ignores_an_exact_metric() -> None:
     pairs = [(_row("a", 10.0), _row("a", 20.0)), (_row("b", 10.0), _row("b", 20.0))]
     assert common_shift(pairs, "total_ms", 0.01) == 1.0  # two components: no median worth the name
