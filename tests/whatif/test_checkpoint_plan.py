@@ -1,0 +1,181 @@
+"""``plan_checkpointing`` on hand-built reports: the exact choice, the antichain, the budget, the refusals."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from cb_callback import CheckpointPlan, ComponentRow, Report, plan_checkpointing
+from cb_callback._whatif import checkpoint as ckpt
+from cb_callback._whatif.checkpoint import CurvePoint
+
+MIB = 1024 * 1024
+
+
+def _row(path: str, parent: str | None, act_mb: float, fwd_ms: float, calls: int = 1, **kw: Any) -> ComponentRow:
+    depth = 0 if parent is None else path.count(".") + 1
+    module_type = kw.pop("module_type", "Block")
+    fields: dict[str, Any] = dict(status="ok", calls=calls, fwd_ms=fwd_ms, bwd_ms=2 * fwd_ms, activation_mb=act_mb)
+    fields.update(kw)
+    return ComponentRow(path=path, module_type=module_type, depth=depth, parent=parent, **fields)
+
+
+def _tree(**override: dict[str, Any]) -> Report:
+    """root (peak 30 MiB) > a (10 MiB, 2.5 ms) > {a.x (6, 1), a.y (3, 2)}; b (4 MiB x 2 calls, 1 ms); c (5, 4)."""
+    spec = {
+        "": (None, 40.0, 20.0, 1),
+        "a": ("", 10.0, 2.5, 1),
+        "a.x": ("a", 6.0, 1.0, 1),
+        "a.y": ("a", 3.0, 2.0, 1),
+        "b": ("", 4.0, 1.0, 2),
+        "c": ("", 5.0, 4.0, 1),
+    }
+    rows = []
+    for path, (parent, act, fwd, calls) in spec.items():
+        kw = dict(override.get(path, {}))
+        calls = kw.pop("calls", calls)
+        if path == "":
+            kw.setdefault("peak_mem_mb", 30.0)
+        rows.append(_row(path, parent, act, fwd, calls, **kw))
+    return Report(rows)
+
+
+def _antichains(report: Report) -> list[tuple[str, ...]]:
+    """Every set of non-root rows no two of which are ancestor and descendant."""
+    paths = [r.path for r in report.rows if r.parent is not None]
+
+    def related(p: str, q: str) -> bool:
+        return p.startswith(q + ".") or q.startswith(p + ".")
+
+    out = []
+    for n in range(len(paths) + 1):
+        for combo in itertools.combinations(paths, n):
+            if not any(related(p, q) for p, q in itertools.combinations(combo, 2)):
+                out.append(tuple(sorted(combo)))
+    return out
+
+
+def test_the_curve_is_the_exact_frontier_of_every_antichain() -> None:
+    # Saved MiB and ms per candidate: a (10, 2.5), a.x (6, 1), a.y (3, 2), b (4 x 2 calls = 8, 1 x 2 = 2), c (5, 4).
+    # Non-dominated antichains, by brute force over all 2^5 subsets without an ancestor pair:
+    #   {} (0, 0), {a.x} (6, 1), {b} (8, 2), {a} (10, 2.5), {a.x, b} (14, 3), {a, b} (18, 4.5),
+    #   {a.x, b, c} (19, 7), {a, b, c} (23, 8.5); e.g. {a.x, a.y} (9, 3) loses to {a} (10, 2.5).
+    report = _tree()
+    plan = plan_checkpointing(report)
+    assert [(p.saved_bytes // MIB, p.extra_ms, p.modules) for p in plan.curve] == [
+        (0, 0.0, ()), (6, 1.0, ("a.x",)), (8, 2.0, ("b",)), (10, 2.5, ("a",)), (14, 3.0, ("a.x", "b")),
+        (18, 4.5, ("a", "b")), (19, 7.0, ("a.x", "b", "c")), (23, 8.5, ("a", "b", "c")),
+    ]  # fmt: skip
+    cands = plan.candidates
+    brute = [
+        CurvePoint(sum(cands[p].saved_bytes for p in s), sum(cands[p].extra_ms for p in s), s)
+        for s in _antichains(report)
+    ]
+    assert plan.curve == ckpt._pareto(brute)
+    assert plan.modules == () and plan.reached and plan.exact  # no target: nothing chosen
+
+
+@pytest.mark.parametrize(
+    ("save_mib", "modules", "saved_mib", "extra_ms"),
+    [
+        (10, ("a",), 10, 2.5),  # the parent (2.5 ms) beats b + a.y (11 MiB, 4 ms) and a.x + b (3 ms)
+        (14, ("a.x", "b"), 14, 3.0),  # not a (18 with b, 4.5 ms): the child and a sibling are cheaper
+        (18, ("a", "b"), 18, 4.5),  # a.x + a.y + b saves 17 only; a.x + b + c costs 7 ms
+        (0, (), 0, 0.0),
+    ],
+)
+def test_a_saving_target_is_met_at_the_least_added_time(
+    save_mib: int, modules: tuple[str, ...], saved_mib: int, extra_ms: float
+) -> None:
+    plan = plan_checkpointing(_tree(), save_bytes=save_mib * MIB)
+    assert (plan.modules, plan.saved_bytes, plan.extra_ms, plan.reached) == (modules, saved_mib * MIB, extra_ms, True)
+
+
+def test_the_chosen_set_is_an_antichain_and_never_double_counts() -> None:
+    for point in plan_checkpointing(_tree()).curve:
+        for p, q in itertools.combinations(point.modules, 2):
+            assert not (p.startswith(q + ".") or q.startswith(p + ".")), point
+    # a row's activations already hold its children's: a, a.x and a.y together would count 19 MiB for 10
+    assert all({"a", "a.x"} - set(p.modules) for p in plan_checkpointing(_tree()).curve)
+
+
+def test_an_unreachable_target_says_so_and_holds_the_most_it_can_save() -> None:
+    plan = plan_checkpointing(_tree(), save_bytes=24 * MIB)  # a + b + c = 23 MiB is the most
+    assert not plan.reached
+    assert (plan.modules, plan.saved_bytes) == (("a", "b", "c"), 23 * MIB)
+    assert "NOT reached" in str(plan)
+
+
+def test_a_budget_is_met_off_the_curve_when_the_largest_call_decides() -> None:
+    # Root peak 30 MiB, budget 20: take >= 10 MiB off the peak = saved - the largest chosen call (its recompute
+    # holds it again). Per threshold m of the largest call (call bytes: a.y 3, b 4, c 5, a.x 6, a 10 MiB):
+    #   m=5 {a.y, b, c}: 16 MiB >= 10 + 5, 8 ms;  m=6 {a.x, a.y, b}: 17 >= 16, 5 ms;  m=10 {a, b, c}: 23 >= 20, 8.5.
+    # On the curve, {a.x, b} (14 - 6 = 8) and {a, b} (18 - 10 = 8) fall short; {a.x, a.y, b} (17, 5 ms) is
+    # dominated there by {a, b} (18, 4.5) but its largest call is 6 MiB, not 10.
+    plan = plan_checkpointing(_tree(), memory_budget_bytes=20 * MIB)
+    assert plan.modules == ("a.x", "a.y", "b")
+    assert (plan.saved_bytes, plan.peak_saved_bytes, plan.extra_ms) == (17 * MIB, 11 * MIB, 5.0)
+    assert (plan.root_peak_bytes, plan.predicted_peak_bytes, plan.reached) == (30 * MIB, 19 * MIB, True)
+    assert "peak <= 20.0 MiB (the root's peak_mem_mb: 30.0 MiB)" in plan.table()
+
+
+def test_a_budget_already_met_chooses_nothing_and_one_out_of_reach_says_so() -> None:
+    assert plan_checkpointing(_tree(), memory_budget_bytes=30 * MIB).modules == ()
+    # the most off the peak: {a, b, c} 23 - 10 = 13 or {a.x, a.y, b, c} 22 - 6 = 16 MiB: 30 - 16 = 14 > 10
+    plan = plan_checkpointing(_tree(), memory_budget_bytes=10 * MIB)
+    assert not plan.reached
+    with pytest.raises(ValueError, match="needs the root's peak_mem_mb"):
+        plan_checkpointing(_tree(**{"": {"peak_mem_mb": float("nan")}}), memory_budget_bytes=MIB)
+    with pytest.raises(ValueError, match="save_bytes=-1: expected bytes >= 0"):
+        plan_checkpointing(_tree(), save_bytes=-1)
+
+
+@pytest.mark.parametrize(
+    ("path", "override", "reason"),
+    [
+        ("a", {"status": "estimated"}, "no measurement of its own (estimated from its children)"),
+        ("c", {"status": "failed"}, "no measurement of its own (status failed)"),
+        ("a", {"calls": 0}, "never called itself (a container such as ModuleList)"),
+        ("c", {"details": {"comm": [{"op": "all_reduce"}]}}, "communicates"),
+        ("c", {"details": {"no_backward": "run under no_grad"}}, "no backward (run under no_grad)"),
+        ("c", {"details": {"shared_with": ["d.lin"]}}, "shared with d.lin"),
+        ("c", {"module_type": "BatchNorm2d"}, "a BatchNorm in training mode inside"),
+    ],
+)  # fmt: skip
+def test_modules_it_cannot_wrap_are_refused_with_a_reason(path: str, override: dict[str, Any], reason: str) -> None:
+    plan = plan_checkpointing(_tree(**{path: override}), save_bytes=1)
+    assert reason in plan.refused[path]
+    assert path not in plan.candidates and all(path not in p.modules for p in plan.curve)
+    assert plan.refused[""].startswith("the root")
+    assert f"    {path}: {plan.refused[path]}" in plan.table()
+
+
+def test_a_refusal_in_a_subtree_refuses_its_ancestors_where_the_recompute_would_repeat_it() -> None:
+    # a BatchNorm or a collective inside a.x: recomputing a runs it again; a.y stays a candidate
+    for override, word in (({"module_type": "BatchNorm1d"}, "BatchNorm"), ({"comm_bytes": 64.0}, "communicates")):
+        plan = plan_checkpointing(_tree(**{"a.x": override}))
+        assert word in plan.refused["a.x"] and word in plan.refused["a"]
+        assert "a.y" in plan.candidates
+    # a shared child does not refuse its parent: wrapping the parent leaves the child's other uses alone
+    assert "a" in plan_checkpointing(_tree(**{"a.x": {"details": {"shared_with": ["z"]}}})).candidates
+
+
+def test_the_table_lists_the_choice_totals_and_limits() -> None:
+    plan = plan_checkpointing(_tree(), save_bytes=14 * MIB)
+    text = str(plan)
+    assert isinstance(plan, CheckpointPlan) and text == plan.table()
+    assert "checkpointing plan: save >= 14.0 MiB of activations: reached" in text
+    assert "  a.x   Block      1  6.00 MiB      1.00\n  b     Block      2  8.00 MiB      2.00\n" in text
+    assert "total: 2 modules, saves 14.0 MiB held to the backward (8.00 MiB off the peak: 30.0 MiB -> 22.0 MiB)" in text
+    assert "adds 3.00 ms per step" in text and "8 trade-off points considered" in text
+    assert all(limit in text for limit in ckpt.LIMITS)
+    assert plan.to_dict()["modules"] == ["a.x", "b"] and len(plan.to_dict()["curve"]) == 8
+
+
+def test_a_frontier_over_the_cap_is_thinned_and_the_plan_says_it_is_not_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ckpt, "FRONTIER_CAP", 3)
+    plan = plan_checkpointing(_tree(), save_bytes=14 * MIB)
+    assert not plan.exact and plan.reached and plan.saved_bytes >= 14 * MIB
+    assert "(thinned)" in plan.table()
