@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 from typing import Any
 
 import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 from cb_callback import CheckpointPlan, ComponentRow, Report, plan_checkpointing
 from cb_callback._whatif import checkpoint as ckpt
 from cb_callback._whatif.checkpoint import CurvePoint
+from cb_callback._whatif.checkpoint_wrap import CheckpointHandle
 
 MIB = 1024 * 1024
 
@@ -179,3 +184,84 @@ def test_a_frontier_over_the_cap_is_thinned_and_the_plan_says_it_is_not_exact(mo
     plan = plan_checkpointing(_tree(), save_bytes=14 * MIB)
     assert not plan.exact and plan.reached and plan.saved_bytes >= 14 * MIB
     assert "(thinned)" in plan.table()
+
+
+# --- apply: the plan's modules wrapped in non-reentrant checkpoints ----------------------------------------------
+
+
+class Scaled(nn.Module):
+    """``dropout(gelu(fc(x))) * scale``: a keyword argument and randomness inside the checkpoint."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, 4 * d)
+        self.drop = nn.Dropout(0.25)
+        self.out = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+        return self.out(self.drop(F.gelu(self.fc(x)))) * scale
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.a = Scaled(d)
+        self.b = Scaled(d)
+        self.norm = nn.BatchNorm1d(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.b(self.a(x, scale=0.5), scale=2.0))
+
+
+def _step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    torch.manual_seed(3)  # the dropout masks: the same stream for both models
+    model.zero_grad(set_to_none=True)
+    loss = model(x).square().mean()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _plan(paths: tuple[str, ...]) -> CheckpointPlan:
+    return CheckpointPlan(paths, 0, 0, 0.0, [], {}, {})
+
+
+def test_apply_gives_the_unwrapped_models_loss_and_gradients_bit_for_bit() -> None:
+    # CPU float32 matmuls and GELU are deterministic run to run, and the recompute runs the same ops on the same
+    # inputs; the dropout masks are the same because the non-reentrant checkpoint restores the RNG state it
+    # stashed at the forward (preserve_rng_state=True) before recomputing: torch.equal, not allclose.
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(8, 16)
+    reference = copy.deepcopy(model)
+    handle = _plan(("a", "b")).apply(model)
+    assert isinstance(handle, CheckpointHandle) and handle.model is model and handle.modules == ("a", "b")
+    loss, grads = _step(model, x)
+    loss_ref, grads_ref = _step(reference, x)
+    assert torch.equal(loss, loss_ref)
+    assert grads.keys() == grads_ref.keys() and all(torch.equal(grads[k], grads_ref[k]) for k in grads)
+    assert torch.equal(model.norm.running_mean, reference.norm.running_mean)  # outside the checkpoints: once
+    # it did recompute: each wrapped forward ran again inside the backward
+    ran: list[bool] = []
+    model.a.fc.register_forward_hook(lambda *_: ran.append(torch.is_grad_enabled()))
+    _step(model, x)
+    assert len(ran) == 2
+    handle.remove()
+    ran.clear()
+    _step(model, x)
+    assert len(ran) == 1 and "forward" not in model.a.__dict__  # the class's forward again
+
+
+def test_apply_refuses_a_batchnorm_in_training_mode_and_wraps_nothing() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+    with pytest.raises(ValueError, match=r"cannot checkpoint '1': '1\.1' is a BatchNorm1d in training mode"):
+        _plan(("0", "1")).apply(model)
+    assert "forward" not in model[0].__dict__  # checked before any was wrapped
+    model[1][1].eval()  # running statistics frozen: nothing is updated twice
+    with _plan(("1",)).apply(model):
+        assert "forward" in model[1].__dict__
+        with pytest.raises(ValueError, match="already wrapped"):
+            _plan(("1",)).apply(model)
+    assert "forward" not in model[1].__dict__
+    with pytest.raises(ValueError, match="no submodule 'nope'"):
+        _plan(("nope",)).apply(model)
+    with pytest.raises(ValueError, match="the root cannot be checkpointed"):
+        _plan(("",)).apply(model)
