@@ -28,9 +28,10 @@ def _row(path: str, parent: str | None, act_mb: float, fwd_ms: float, calls: int
 
 
 def _tree(**override: dict[str, Any]) -> Report:
-    """root (peak 30 MiB) > a (10 MiB, 2.5 ms) > {a.x (6, 1), a.y (3, 2)}; b (4 MiB x 2 calls, 1 ms); c (5, 4)."""
+    """root (peak 30 MiB, 24 MiB of activations) > a (10 MiB, 2.5 ms) > {a.x (6, 1), a.y (3, 2)};
+    b (4 MiB x 2 calls, 1 ms); c (5, 4): in this order of execution."""
     spec = {
-        "": (None, 40.0, 20.0, 1),
+        "": (None, 24.0, 20.0, 1),
         "a": ("", 10.0, 2.5, 1),
         "a.x": ("a", 6.0, 1.0, 1),
         "a.y": ("a", 3.0, 2.0, 1),
@@ -113,22 +114,32 @@ def test_an_unreachable_target_says_so_and_holds_the_most_it_can_save() -> None:
     assert "NOT reached" in str(plan)
 
 
-def test_a_budget_is_met_off_the_curve_when_the_largest_call_decides() -> None:
-    # Root peak 30 MiB, budget 20: take >= 10 MiB off the peak = saved - the largest chosen call (its recompute
-    # holds it again). Per threshold m of the largest call (call bytes: a.y 3, b 4, c 5, a.x 6, a 10 MiB):
-    #   m=5 {a.y, b, c}: 16 MiB >= 10 + 5, 8 ms;  m=6 {a.x, a.y, b}: 17 >= 16, 5 ms;  m=10 {a, b, c}: 23 >= 20, 8.5.
-    # On the curve, {a.x, b} (14 - 6 = 8) and {a, b} (18 - 10 = 8) fall short; {a.x, a.y, b} (17, 5 ms) is
-    # dominated there by {a, b} (18, 4.5) but its largest call is 6 MiB, not 10.
+def test_a_budget_takes_the_order_of_the_forward_into_account() -> None:
+    # Root peak 30 MiB, 24 MiB of activations held at the backward's start. Checkpointed, the peak falls by
+    # min(saved, min_i (24 - before_i + saved_before_i - call_i)): the backward frees what ran after i before it
+    # recomputes one call of i. Order a, b, c (a.x, a.y inside a); before: a 0, a.x 0, a.y 6, b 10, c 18 MiB.
+    # Budget 20: 10 off the peak. {a} (10 MiB, 2.5 ms): min(10, 24 - 0 + 0 - 10 = 14) = 10: the cheapest.
     plan = plan_checkpointing(_tree(), memory_budget_bytes=20 * MIB)
-    assert plan.modules == ("a.x", "a.y", "b")
-    assert (plan.saved_bytes, plan.peak_saved_bytes, plan.extra_ms) == (17 * MIB, 11 * MIB, 5.0)
-    assert (plan.root_peak_bytes, plan.predicted_peak_bytes, plan.reached) == (30 * MIB, 19 * MIB, True)
+    assert (plan.modules, plan.saved_bytes, plan.peak_saved_bytes, plan.extra_ms) == (("a",), 10 * MIB, 10 * MIB, 2.5)
+    assert (plan.root_peak_bytes, plan.predicted_peak_bytes, plan.reached) == (30 * MIB, 20 * MIB, True)
     assert "peak <= 20.0 MiB (the root's peak_mem_mb: 30.0 MiB)" in plan.table()
+    # Budget 15: 15 off. On the curve {a, b} (18 MiB, 4.5 ms) takes only min(18, 24 - 10 = 14, 24 - 10 + 10 - 4)
+    # = 14 (a's recompute holds 10 MiB again while b's 8 are gone); {a.x, b, c} (19, 7 ms): a.x 24 - 6 = 18,
+    # b 24 - 10 + 6 - 4 = 16, c 24 - 18 + 14 - 5 = 15 -> 15: chosen. The conservative search (saved - largest
+    # call >= 15) finds {a.x, a.y, b, c} (22 - 6 = 16, 9 ms) only. The limit the docstring states: {a.x, a.y, b}
+    # (17 MiB, 5 ms; a.x 18, a.y 24 - 6 + 6 - 3 = 21, b 24 - 10 + 9 - 4 = 19 -> 17) is cheaper, off the curve.
+    plan = plan_checkpointing(_tree(), memory_budget_bytes=15 * MIB)
+    assert (plan.modules, plan.peak_saved_bytes, plan.extra_ms) == (("a.x", "b", "c"), 15 * MIB, 7.0)
+    cands = plan.candidates
+    sets = (("a.x", "a.y", "b"), ("a.x", "a.y", "b", "c"))
+    points = [CurvePoint(sum(cands[p].saved_bytes for p in s), 0.0, s) for s in sets]
+    figures = [ckpt.peak_saved_bytes(p, cands, 24 * MIB) for p in points]
+    assert figures == [17 * MIB, 18 * MIB]
 
 
 def test_a_budget_already_met_chooses_nothing_and_one_out_of_reach_says_so() -> None:
     assert plan_checkpointing(_tree(), memory_budget_bytes=30 * MIB).modules == ()
-    # the most off the peak: {a, b, c} 23 - 10 = 13 or {a.x, a.y, b, c} 22 - 6 = 16 MiB: 30 - 16 = 14 > 10
+    # the most off the peak on the curve: {a.x, b, c} 15 MiB (above): 30 - 15 > 10
     plan = plan_checkpointing(_tree(), memory_budget_bytes=10 * MIB)
     assert not plan.reached
     with pytest.raises(ValueError, match="needs the root's peak_mem_mb"):
@@ -173,7 +184,7 @@ def test_the_table_lists_the_choice_totals_and_limits() -> None:
     assert isinstance(plan, CheckpointPlan) and text == plan.table()
     assert "checkpointing plan: save >= 14.0 MiB of activations: reached" in text
     assert "  a.x   Block      1  6.00 MiB      1.00\n  b     Block      2  8.00 MiB      2.00\n" in text
-    assert "total: 2 modules, saves 14.0 MiB held to the backward (8.00 MiB off the peak: 30.0 MiB -> 22.0 MiB)" in text
+    assert "total: 2 modules, saves 14.0 MiB held to the backward (14.0 MiB off the peak: 30.0 MiB -> 16.0 MiB)" in text
     assert "adds 3.00 ms per step" in text and "8 trade-off points considered" in text
     assert all(limit in text for limit in ckpt.LIMITS)
     assert plan.to_dict()["modules"] == ["a.x", "b"] and len(plan.to_dict()["curve"]) == 8
