@@ -107,8 +107,11 @@ class CurvePoint:
     modules: tuple[str, ...]
 
 
-def _refusal(row: ComponentRow, stateful: bool, communicates: bool) -> str | None:
-    """Why ``row``'s module cannot be checkpointed (``None``: it can); ``stateful`` / ``communicates``: its subtree."""
+def _refusal(row: ComponentRow, stateful: bool, communicates: bool, leaf: bool) -> str | None:
+    """Why ``row``'s module cannot be checkpointed (``None``: it can).
+
+    ``stateful`` / ``communicates``: of its subtree; ``leaf``: no row below it.
+    """
     d = row.details
     if row.parent is None:
         return "the root: its recompute is the whole forward, held again at the backward's start; wrap its children"
@@ -129,6 +132,11 @@ def _refusal(row: ComponentRow, stateful: bool, communicates: bool) -> str | Non
         return f"no backward ({d.get('no_backward') or 'bwd_ms is 0'}): it holds nothing for one"
     if not math.isfinite(row.activation_mb) or not math.isfinite(row.fwd_ms):
         return "no activation_mb or fwd_ms measured"
+    if leaf and row.params_mb == 0:
+        return (
+            "a leaf without parameters (an activation, a dropout): what it saves is its output or a mask, kept by its "
+            "consumer or traded for its input, which the checkpoint keeps: no saving to count on"
+        )
     return None
 
 
@@ -180,7 +188,7 @@ def _candidates(report: Report) -> tuple[dict[str, Candidate], dict[str, str]]:
     candidates: dict[str, Candidate] = {}
     refused: dict[str, str] = {}
     for r in report.rows:
-        why = _refusal(r, *flags[r.path])
+        why = _refusal(r, *flags[r.path], leaf=r.path not in kids)
         if why is not None:
             refused[r.path] = why
             continue

@@ -158,6 +158,7 @@ def test_a_budget_already_met_chooses_nothing_and_one_out_of_reach_says_so() -> 
         ("c", {"details": {"no_backward": "run under no_grad"}}, "no backward (run under no_grad)"),
         ("c", {"details": {"shared_with": ["d.lin"]}}, "shared with d.lin"),
         ("c", {"module_type": "BatchNorm2d"}, "a BatchNorm in training mode inside"),
+        ("a.y", {"params_mb": 0.0, "module_type": "ReLU"}, "a leaf without parameters"),  # ReLU saves its output
     ],
 )  # fmt: skip
 def test_modules_it_cannot_wrap_are_refused_with_a_reason(path: str, override: dict[str, Any], reason: str) -> None:
