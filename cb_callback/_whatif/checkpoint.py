@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._report.numbers import sig
+from cb_callback._whatif.checkpoint_peak import Timeline
 
 if TYPE_CHECKING:
     from torch import nn
@@ -63,9 +64,9 @@ LIMITS: tuple[str, ...] = (
     "which activation_mb already leaves out (taken to be held anyway, by the parent or the module's first op)",
     "an output the module saved itself and its consumer saves too stays held; activations a module frees early "
     "(or in-place ops that reuse a buffer) were not held, and their saving is over-counted",
-    "the peak figure takes the peak at the backward's start: a recompute holds one call's activations again, "
-    "after the backward has freed what ran later (the report's row order is the order of execution); gradients "
-    "and temporaries alive then are not counted",
+    "the peak figure walks the backward in the report's order of execution: at each component, what ran before "
+    "it, its own isolated peak_mem_mb (which a recompute reaches again) and the gradients of what ran after it; "
+    "the parent's own work between its children and the allocator's caching are not seen",
     "added time is fwd_ms x calls, replayed alone: the recompute inside the step may run faster (warm caches) or "
     "slower; communication inside a recompute is refused, not priced",
 )
@@ -82,10 +83,6 @@ class Candidate:
         saved_bytes: ``activation_mb × calls`` in bytes: what no longer stays until the backward.
         call_bytes: one call's ``activation_mb`` in bytes (held again while its recompute runs).
         extra_ms: ``fwd_ms × calls``: the recompute's predicted time.
-        order: its place in the forward: the index among its siblings (the report's order, first
-            execution) of each module on the way from the root to it; compared as tuples.
-        before_bytes: the activations the modules that ran before it hold (its ancestors' earlier
-            siblings' and theirs, ``activation_mb × calls``), still held when the backward reaches it.
     """
 
     path: str
@@ -94,8 +91,6 @@ class Candidate:
     saved_bytes: int
     call_bytes: int
     extra_ms: float
-    order: tuple[int, ...] = ()
-    before_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,28 +150,6 @@ def _subtree_flags(
     return out
 
 
-def _held(row: ComponentRow) -> int:
-    """The activation bytes ``row``'s calls hold until the backward (0 when not measured)."""
-    return round(row.activation_mb * _MIB) * row.calls if math.isfinite(row.activation_mb) else 0
-
-
-def _positions(report: Report) -> dict[str, tuple[tuple[int, ...], int]]:
-    """``path -> (order, before_bytes)`` (see :class:`Candidate`) of every row whose parents are rows."""
-    out: dict[str, tuple[tuple[int, ...], int]] = {}
-    running: dict[str, tuple[int, int]] = {}  # parent -> (children seen, their held bytes so far)
-    for r in report.rows:  # breadth-first: a parent before its children, siblings in execution order
-        if r.parent is None:
-            out[r.path] = ((), 0)
-            continue
-        if r.parent not in out:
-            continue
-        order, before = out[r.parent]
-        seen, held = running.get(r.parent, (0, 0))
-        out[r.path] = ((*order, seen), before + held)
-        running[r.parent] = (seen + 1, held + _held(r))
-    return out
-
-
 def _candidates(report: Report) -> tuple[dict[str, Candidate], dict[str, str]]:
     """The candidates (saving something) and the refused rows with their reasons."""
     kids: dict[str, list[ComponentRow]] = {}
@@ -184,7 +157,6 @@ def _candidates(report: Report) -> tuple[dict[str, Candidate], dict[str, str]]:
         if r.parent is not None:
             kids.setdefault(r.parent, []).append(r)
     flags = _subtree_flags(report.rows, kids)
-    positions = _positions(report)
     candidates: dict[str, Candidate] = {}
     refused: dict[str, str] = {}
     for r in report.rows:
@@ -193,10 +165,9 @@ def _candidates(report: Report) -> tuple[dict[str, Candidate], dict[str, str]]:
             refused[r.path] = why
             continue
         call_bytes = round(r.activation_mb * _MIB)
-        if call_bytes > 0 and r.path in positions:
-            order, before = positions[r.path]
+        if call_bytes > 0:
             candidates[r.path] = Candidate(
-                r.path, r.module_type, r.calls, call_bytes * r.calls, call_bytes, r.fwd_ms * r.calls, order, before
+                r.path, r.module_type, r.calls, call_bytes * r.calls, call_bytes, r.fwd_ms * r.calls
             )
     return candidates, refused
 
@@ -255,22 +226,9 @@ def _frontier(report: Report, candidates: Mapping[str, Candidate], cap: int) -> 
     return empty, exact  # no root row: nothing to choose from
 
 
-def peak_saved_bytes(point: CurvePoint, candidates: Mapping[str, Candidate], total_bytes: int) -> int:
-    """What ``point`` takes off the step's peak, taken at the backward's start, ``total_bytes`` held there.
-
-    Checkpointed, the forward ends holding ``total_bytes − saved``. The backward frees what
-    ran after a chosen module ``i`` before it recomputes ``i``, one call at a time, so it
-    then holds what ran before ``i`` (``before_bytes``, less the chosen that ran before it)
-    and one call of ``i``: the peak falls by
-    ``min(saved, min_i (total − before_i + saved_before_i − call_i))``, which lies between
-    ``saved − the largest call`` and ``saved``.
-    """
-    chosen = sorted((candidates[p] for p in point.modules), key=lambda c: c.order)
-    drop, earlier = point.saved_bytes, 0
-    for c in chosen:
-        drop = min(drop, total_bytes - c.before_bytes + earlier - c.call_bytes)
-        earlier += c.saved_bytes
-    return max(0, drop)
+def peak_saved_bytes(point: CurvePoint, candidates: Mapping[str, Candidate], timeline: Timeline) -> int:
+    """What ``point`` takes off the step's peak (:class:`~cb_callback._whatif.checkpoint_peak.Timeline`)."""
+    return timeline.peak_saved(point.modules, {p: candidates[p].saved_bytes for p in point.modules})
 
 
 def _mib(n: float) -> str:
@@ -285,9 +243,8 @@ class CheckpointPlan:
         modules: the chosen paths (an antichain of the component tree), sorted.
         saved_bytes: activation bytes no longer held from the forward to the backward
             (``Σ activation_mb × calls`` of the chosen).
-        peak_saved_bytes: the predicted drop of the step's peak (:func:`peak_saved_bytes`):
-            ``saved_bytes``, less what a recompute holds again beyond what the backward has
-            freed by then.
+        peak_saved_bytes: the predicted drop of the step's peak (:func:`peak_saved_bytes`,
+            the peak walked along the backward: a module that runs last saves little of it).
         extra_ms: predicted added time per step (``Σ fwd_ms × calls``: the recomputes).
         curve: the trade-off points considered (the root's frontier), saved bytes ascending;
             the first is ``(0, 0, ())``.
@@ -401,43 +358,55 @@ def _root_peak(report: Report) -> int | None:
     return round(root.peak_mem_mb * _MIB)  # a peak, per call: never multiplied by calls
 
 
-def _total_bytes(report: Report) -> int:
-    """The activations the step holds at the backward's start: the root's (its top children's when unmeasured)."""
-    root = next((r for r in report.rows if r.parent is None), None)
-    if root is None:
-        return 0
-    return _held(root) or sum(_held(r) for r in report.rows if r.parent == root.path)
-
-
 def _cheapest(curve: list[CurvePoint], need: int) -> CurvePoint | None:
     """The first (cheapest) point of ``curve`` that saves at least ``need`` bytes."""
     return next((p for p in curve if p.saved_bytes >= need), None)
 
 
 def _choose_for_peak(
-    report: Report, candidates: Mapping[str, Candidate], curve: list[CurvePoint], need: tuple[int, int], total: int
+    report: Report, candidates: Mapping[str, Candidate], curve: list[CurvePoint], need: tuple[int, int]
 ) -> tuple[CurvePoint | None, bool]:
     """The cheapest set found saving ``need[0]`` bytes and ``need[1]`` off the peak; whether no frontier was thinned.
 
-    The peak figure (:func:`peak_saved_bytes`) does not add up; it is at least ``saved − the
-    largest chosen call``. For each threshold ``m`` (a candidate's call bytes), the frontier
-    of the candidates whose calls hold at most ``m`` gives its cheapest point saving
-    ``need[1] + m``: over the thresholds, the cheapest is optimal for that conservative
-    figure (the optimal set, of largest call ``m*``, is among threshold ``m*``'s). The
-    points of ``curve`` that meet the order-aware figure itself are tried too. With more than
-    :data:`_THRESHOLDS` distinct call sizes, that many evenly spread ones are tried.
+    The peak figure (:func:`peak_saved_bytes`) does not add up, so no frontier is exact for it.
+    Tried: every point of ``curve``, and for each threshold ``m`` (a candidate's call bytes)
+    the cheapest point of the frontier of the candidates whose calls hold at most ``m`` that
+    saves ``need[1] + m`` (a recompute holds one call again: sets of small calls lose least
+    to it). With more than :data:`_THRESHOLDS` distinct call sizes, that many evenly spread
+    ones are tried. The cheapest that meet both needs are pruned (:func:`_pruned`), and the
+    cheapest of those wins.
     """
+    timeline = Timeline(report)
     sizes = sorted({c.call_bytes for c in candidates.values()})
     if len(sizes) > _THRESHOLDS:
         sizes = [sizes[round(i * (len(sizes) - 1) / (_THRESHOLDS - 1))] for i in range(_THRESHOLDS)]
-    found = [p for p in curve if p.saved_bytes >= need[0] and peak_saved_bytes(p, candidates, total) >= need[1]]
-    exact = True
+    tried, exact = list(curve), True
     for m in sizes:
         front, kept_all = _frontier(report, {k: c for k, c in candidates.items() if c.call_bytes <= m}, FRONTIER_CAP)
         exact = exact and kept_all
         p = _cheapest(front, max(need[0], need[1] + m))
-        found += [] if p is None else [p]
-    return min(found, key=lambda p: (p.extra_ms, -p.saved_bytes), default=None), exact
+        tried += [] if p is None else [p]
+    found = [p for p in tried if p.saved_bytes >= need[0] and peak_saved_bytes(p, candidates, timeline) >= need[1]]
+    found.sort(key=lambda p: (p.extra_ms, -p.saved_bytes))
+    pruned = [_pruned(p, candidates, timeline, need) for p in found[:_THRESHOLDS]]
+    return min(pruned, key=lambda p: (p.extra_ms, -p.saved_bytes), default=None), exact
+
+
+def _pruned(
+    point: CurvePoint, candidates: Mapping[str, Candidate], timeline: Timeline, need: tuple[int, int]
+) -> CurvePoint:
+    """``point`` less the modules it can do without: the costliest first, while both needs still hold."""
+    while True:
+        for path in sorted(point.modules, key=lambda p: -candidates[p].extra_ms):
+            kept = tuple(p for p in point.modules if p != path)
+            rest = CurvePoint(
+                sum(candidates[p].saved_bytes for p in kept), sum(candidates[p].extra_ms for p in kept), kept
+            )
+            if rest.saved_bytes >= need[0] and peak_saved_bytes(rest, candidates, timeline) >= need[1]:
+                point = rest
+                break
+        else:
+            return point
 
 
 def plan_checkpointing(
@@ -465,11 +434,11 @@ def plan_checkpointing(
 
     Notes:
         Optimal (least ``extra_ms`` over every antichain of the candidates) for ``save_bytes``
-        when :attr:`CheckpointPlan.exact`: the curve's cheapest point that reaches it. For a
-        budget, whose peak figure (:func:`peak_saved_bytes`) does not add up, the plan is at
-        least as cheap as the optimal set for the conservative figure ``saved − the largest
-        chosen call`` (:func:`_choose_for_peak`), and may lie off :attr:`CheckpointPlan.curve`
-        (a point of the curve saves more for less, but holds a larger call again). See
+        when :attr:`CheckpointPlan.exact`: the curve's cheapest point that reaches it. A budget's
+        figure (:func:`peak_saved_bytes`: the peak along the backward) does not add up: the
+        plan is the cheapest of the curve's points and of a search by the size of the largest
+        call (:func:`_choose_for_peak`) that fits, and may lie off :attr:`CheckpointPlan.curve`;
+        a cheaper set that fits may exist. See
         :data:`LIMITS` for what the figures cannot know.
     """
     for name, value in (("save_bytes", save_bytes), ("memory_budget_bytes", memory_budget_bytes)):
@@ -480,20 +449,20 @@ def plan_checkpointing(
         raise ValueError("a memory budget needs the root's peak_mem_mb, which this report does not have")
     candidates, refused = _candidates(report)
     curve, exact = _frontier(report, candidates, FRONTIER_CAP)
-    total = _total_bytes(report)
+    timeline = Timeline(report)
     need_peak = 0 if memory_budget_bytes is None else max(0, (root_peak or 0) - memory_budget_bytes)
     point, reached = curve[0], True  # no target, or a budget already met: nothing chosen
     if need_peak > 0:
-        found, exact_peak = _choose_for_peak(report, candidates, curve, (save_bytes or 0, need_peak), total)
+        found, exact_peak = _choose_for_peak(report, candidates, curve, (save_bytes or 0, need_peak))
         exact = exact and exact_peak
-        most = max(curve, key=lambda p: (peak_saved_bytes(p, candidates, total), -p.extra_ms))
+        most = max(curve, key=lambda p: (peak_saved_bytes(p, candidates, timeline), -p.extra_ms))
         point, reached = (found, True) if found is not None else (most, False)
     elif save_bytes is not None:
         found = _cheapest(curve, save_bytes)
         point, reached = (found, True) if found is not None else (curve[-1], False)
     return CheckpointPlan(
         modules=point.modules, saved_bytes=point.saved_bytes,
-        peak_saved_bytes=peak_saved_bytes(point, candidates, total), extra_ms=point.extra_ms, curve=curve,
+        peak_saved_bytes=peak_saved_bytes(point, candidates, timeline), extra_ms=point.extra_ms, curve=curve,
         refused=refused, candidates=candidates, save_bytes=save_bytes, memory_budget_bytes=memory_budget_bytes,
         root_peak_bytes=root_peak, reached=reached, exact=exact,
     )  # fmt: skip

@@ -14,6 +14,7 @@ from torch import nn
 from cb_callback import CheckpointPlan, ComponentRow, Report, plan_checkpointing
 from cb_callback._whatif import checkpoint as ckpt
 from cb_callback._whatif.checkpoint import CurvePoint
+from cb_callback._whatif.checkpoint_peak import Timeline
 from cb_callback._whatif.checkpoint_wrap import CheckpointHandle
 
 MIB = 1024 * 1024
@@ -28,22 +29,21 @@ def _row(path: str, parent: str | None, act_mb: float, fwd_ms: float, calls: int
 
 
 def _tree(**override: dict[str, Any]) -> Report:
-    """root (peak 30 MiB, 24 MiB of activations) > a (10 MiB, 2.5 ms) > {a.x (6, 1), a.y (3, 2)};
-    b (4 MiB x 2 calls, 1 ms); c (5, 4): in this order of execution."""
+    """root (peak 30 MiB) > a (10 MiB, 2.5 ms; peak 12) > {a.x (6, 1; 7), a.y (3, 2; 4)};
+    b (4 MiB x 2 calls, 1 ms; 5); c (5, 4; 6): in this order of execution, no parameters."""
     spec = {
-        "": (None, 24.0, 20.0, 1),
-        "a": ("", 10.0, 2.5, 1),
-        "a.x": ("a", 6.0, 1.0, 1),
-        "a.y": ("a", 3.0, 2.0, 1),
-        "b": ("", 4.0, 1.0, 2),
-        "c": ("", 5.0, 4.0, 1),
+        "": (None, 24.0, 20.0, 1, 30.0),
+        "a": ("", 10.0, 2.5, 1, 12.0),
+        "a.x": ("a", 6.0, 1.0, 1, 7.0),
+        "a.y": ("a", 3.0, 2.0, 1, 4.0),
+        "b": ("", 4.0, 1.0, 2, 5.0),
+        "c": ("", 5.0, 4.0, 1, 6.0),
     }
     rows = []
-    for path, (parent, act, fwd, calls) in spec.items():
+    for path, (parent, act, fwd, calls, peak) in spec.items():
         kw = dict(override.get(path, {}))
         calls = kw.pop("calls", calls)
-        if path == "":
-            kw.setdefault("peak_mem_mb", 30.0)
+        kw.setdefault("peak_mem_mb", peak)
         rows.append(_row(path, parent, act, fwd, calls, **kw))
     return Report(rows)
 
@@ -114,32 +114,37 @@ def test_an_unreachable_target_says_so_and_holds_the_most_it_can_save() -> None:
     assert "NOT reached" in str(plan)
 
 
-def test_a_budget_takes_the_order_of_the_forward_into_account() -> None:
-    # Root peak 30 MiB, 24 MiB of activations held at the backward's start. Checkpointed, the peak falls by
-    # min(saved, min_i (24 - before_i + saved_before_i - call_i)): the backward frees what ran after i before it
-    # recomputes one call of i. Order a, b, c (a.x, a.y inside a); before: a 0, a.x 0, a.y 6, b 10, c 18 MiB.
-    # Budget 20: 10 off the peak. {a} (10 MiB, 2.5 ms): min(10, 24 - 0 + 0 - 10 = 14) = 10: the cheapest.
+def test_a_budget_walks_the_peak_along_the_backward() -> None:
+    # At each position e of the backward (forward order a, b, c; a opened into a.x, a.y when a child is chosen)
+    # the step holds what ran before e + e's own peak (+ later gradients: none here); checkpointed modules free
+    # their saved bytes for every later position. Positions a, b, c: held 10, 8, 5; peaks 12, 5, 6:
+    #   plain max(0 + 12, 10 + 5, 18 + 6) = 24.
+    # Budget 20 of the root's 30: 10 off. {a.x} (6 MiB, 1 ms) on a.x, a.y, b, c (held 6, 3, 8, 5; peaks 7, 4, 5,
+    # 6): plain max(7, 10, 14, 23) = 23, wrapped max(7, 4, 8, 17) = 17: 6 off. {b} (8, 2 ms): max(12, 15, 16): 8.
+    # {a} (10, 2.5 ms): max(12, 5, 14): 10 off: the cheapest that fits.
     plan = plan_checkpointing(_tree(), memory_budget_bytes=20 * MIB)
     assert (plan.modules, plan.saved_bytes, plan.peak_saved_bytes, plan.extra_ms) == (("a",), 10 * MIB, 10 * MIB, 2.5)
     assert (plan.root_peak_bytes, plan.predicted_peak_bytes, plan.reached) == (30 * MIB, 20 * MIB, True)
     assert "peak <= 20.0 MiB (the root's peak_mem_mb: 30.0 MiB)" in plan.table()
-    # Budget 15: 15 off. On the curve {a, b} (18 MiB, 4.5 ms) takes only min(18, 24 - 10 = 14, 24 - 10 + 10 - 4)
-    # = 14 (a's recompute holds 10 MiB again while b's 8 are gone); {a.x, b, c} (19, 7 ms): a.x 24 - 6 = 18,
-    # b 24 - 10 + 6 - 4 = 16, c 24 - 18 + 14 - 5 = 15 -> 15: chosen. The conservative search (saved - largest
-    # call >= 15) finds {a.x, a.y, b, c} (22 - 6 = 16, 9 ms) only. The limit the docstring states: {a.x, a.y, b}
-    # (17 MiB, 5 ms; a.x 18, a.y 24 - 6 + 6 - 3 = 21, b 24 - 10 + 9 - 4 = 19 -> 17) is cheaper, off the curve.
-    plan = plan_checkpointing(_tree(), memory_budget_bytes=15 * MIB)
-    assert (plan.modules, plan.peak_saved_bytes, plan.extra_ms) == (("a.x", "b", "c"), 15 * MIB, 7.0)
-    cands = plan.candidates
-    sets = (("a.x", "a.y", "b"), ("a.x", "a.y", "b", "c"))
-    points = [CurvePoint(sum(cands[p].saved_bytes for p in s), 0.0, s) for s in sets]
-    figures = [ckpt.peak_saved_bytes(p, cands, 24 * MIB) for p in points]
-    assert figures == [17 * MIB, 18 * MIB]
+    # c runs last: its position keeps its peak, 18 + 6 = 24, checkpointed or not; nothing comes off
+    timeline = Timeline(_tree())
+    assert timeline.peak_saved(("c",), {"c": 5 * MIB}) == 0
+    # Budget 14: 16 off. On the curve {a, b} (18, 4.5 ms) takes 24 - max(12, 5, 6) = 12 and {a.x, b, c}
+    # (19, 7 ms) 23 - max(7, 4, 8, 9) = 14. The search by largest call (<= 6 MiB: a.x, a.y, b, c; saving
+    # 16 + 6) finds {a.x, a.y, b, c} (22, 9 ms): 23 - max(7, 4, 5, 6) = 16; pruned of c (4 ms) it keeps 16:
+    # {a.x, a.y, b} (17, 5 ms), off the curve ({a, b} saves more for less, but its a holds 10 MiB again).
+    plan = plan_checkpointing(_tree(), memory_budget_bytes=14 * MIB)
+    assert (plan.modules, plan.saved_bytes, plan.peak_saved_bytes, plan.extra_ms) == (
+        ("a.x", "a.y", "b"),
+        17 * MIB,
+        16 * MIB,
+        5.0,
+    )
 
 
 def test_a_budget_already_met_chooses_nothing_and_one_out_of_reach_says_so() -> None:
     assert plan_checkpointing(_tree(), memory_budget_bytes=30 * MIB).modules == ()
-    # the most off the peak on the curve: {a.x, b, c} 15 MiB (above): 30 - 15 > 10
+    # 20 off: no set takes more than 16 (the budget-14 case below)
     plan = plan_checkpointing(_tree(), memory_budget_bytes=10 * MIB)
     assert not plan.reached
     with pytest.raises(ValueError, match="needs the root's peak_mem_mb"):
