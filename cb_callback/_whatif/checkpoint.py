@@ -368,28 +368,32 @@ def _choose_for_peak(
 ) -> tuple[CurvePoint | None, bool]:
     """The cheapest set found saving ``need[0]`` bytes and ``need[1]`` off the peak; whether no frontier was thinned.
 
-    The peak figure (:func:`peak_saved_bytes`) does not add up, so no frontier is exact for it.
-    Tried: every point of ``curve``, and for each threshold ``m`` (a candidate's call bytes)
-    the cheapest point of the frontier of the candidates whose calls hold at most ``m`` that
-    saves ``need[1] + m`` (a recompute holds one call again: sets of small calls lose least
-    to it). With more than :data:`_THRESHOLDS` distinct call sizes, that many evenly spread
-    ones are tried. The cheapest that meet both needs are pruned (:func:`_pruned`), and the
-    cheapest of those wins.
+    The peak figure (:func:`peak_saved_bytes`) does not add up, so no frontier is exact for it;
+    it is never above the saved bytes. Searched: ``curve``, and for each threshold ``m`` (a
+    candidate's call bytes) the frontier of the candidates whose calls hold at most ``m`` (a
+    recompute holds one call again: sets of small calls lose least to it), each cheapest
+    first up to its first point that meets both needs. With more than :data:`_THRESHOLDS`
+    distinct call sizes, that many evenly spread ones are tried. Each point found is pruned
+    of the modules it can do without (:func:`_pruned`); the cheapest wins.
     """
     timeline = Timeline(report)
     sizes = sorted({c.call_bytes for c in candidates.values()})
     if len(sizes) > _THRESHOLDS:
         sizes = [sizes[round(i * (len(sizes) - 1) / (_THRESHOLDS - 1))] for i in range(_THRESHOLDS)]
-    tried, exact = list(curve), True
+    fronts, exact = [curve], True
     for m in sizes:
         front, kept_all = _frontier(report, {k: c for k, c in candidates.items() if c.call_bytes <= m}, FRONTIER_CAP)
+        fronts.append(front)
         exact = exact and kept_all
-        p = _cheapest(front, max(need[0], need[1] + m))
-        tried += [] if p is None else [p]
-    found = [p for p in tried if p.saved_bytes >= need[0] and peak_saved_bytes(p, candidates, timeline) >= need[1]]
-    found.sort(key=lambda p: (p.extra_ms, -p.saved_bytes))
-    pruned = [_pruned(p, candidates, timeline, need) for p in found[:_THRESHOLDS]]
-    return min(pruned, key=lambda p: (p.extra_ms, -p.saved_bytes), default=None), exact
+    found = []
+    for front in fronts:  # ascending time: the first that fits is the front's cheapest
+        fits = (
+            p for p in front
+            if p.saved_bytes >= max(need) and peak_saved_bytes(p, candidates, timeline) >= need[1]
+        )  # fmt: skip
+        first = next(fits, None)
+        found += [] if first is None else [_pruned(first, candidates, timeline, need)]
+    return min(found, key=lambda p: (p.extra_ms, -p.saved_bytes), default=None), exact
 
 
 def _pruned(

@@ -130,9 +130,9 @@ def test_a_budget_walks_the_peak_along_the_backward() -> None:
     timeline = Timeline(_tree())
     assert timeline.peak_saved(("c",), {"c": 5 * MIB}) == 0
     # Budget 14: 16 off. On the curve {a, b} (18, 4.5 ms) takes 24 - max(12, 5, 6) = 12 and {a.x, b, c}
-    # (19, 7 ms) 23 - max(7, 4, 8, 9) = 14. The search by largest call (<= 6 MiB: a.x, a.y, b, c; saving
-    # 16 + 6) finds {a.x, a.y, b, c} (22, 9 ms): 23 - max(7, 4, 5, 6) = 16; pruned of c (4 ms) it keeps 16:
-    # {a.x, a.y, b} (17, 5 ms), off the curve ({a, b} saves more for less, but its a holds 10 MiB again).
+    # (19, 7 ms) 23 - max(7, 4, 8, 9) = 14. The frontier of the calls of at most 6 MiB (a.x, a.y, b, c: a left
+    # out) holds {a.x, a.y, b} (17, 5 ms): 23 - max(7, 4, 5, 6) = 16, its first that fits: chosen, off the curve
+    # ({a, b} saves more for less, but a's position holds its 10 MiB again).
     plan = plan_checkpointing(_tree(), memory_budget_bytes=14 * MIB)
     assert (plan.modules, plan.saved_bytes, plan.peak_saved_bytes, plan.extra_ms) == (
         ("a.x", "a.y", "b"),

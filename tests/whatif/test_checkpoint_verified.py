@@ -159,7 +159,9 @@ def test_a_gpt_plan_saves_the_predicted_peak_at_the_predicted_time() -> None:
         loss.backward()
         return loss.detach()
 
-    print(plan, _verify(model, report, plan, step))  # the numbers docs/whatif.md shows (pytest -s)
+    print(
+        plan.table().split("  refused")[0], _verify(model, report, plan, step)
+    )  # the numbers docs/whatif.md shows (pytest -s)
 
 
 def test_a_dlrm_plan_fits_a_budget_with_the_predicted_peak_and_time() -> None:
@@ -169,12 +171,12 @@ def test_a_dlrm_plan_fits_a_budget_with_the_predicted_peak_and_time() -> None:
     # 2048 samples: activations (4 MiB per block) well above the 3 MiB of gradients the backward allocates
     args = (torch.randn(2048, 128, generator=gen), torch.randint(0, 1000, (4, 2048, 8), generator=gen))
     report = profile_components(model, args, descend="all", **TIMED, **PEAKS)
-    curve = plan_checkpointing(report).curve
-    assert curve[-1].saved_bytes > 0
     root_peak = round(report.row("").peak_mem_mb * MIB)
-    # ask for 60 % of the most the candidates could save: the plan picks residual blocks, not the ReLU (refused)
-    plan = plan_checkpointing(report, memory_budget_bytes=root_peak - int(0.6 * curve[-1].saved_bytes))
-    assert all(p.startswith("dense_arch.") for p in plan.modules if plan.candidates[p].saved_bytes >= MIB)
+    # 10 MiB off the peak: three of the four residual blocks (4 MiB each; which three, the times decide), not the
+    # ReLU of the over arch (refused), not the whole dense arch (its position would keep its own peak: nothing off)
+    plan = plan_checkpointing(report, memory_budget_bytes=root_peak - 10 * MIB)
+    blocks = [p for p in plan.modules if p.startswith("dense_arch.")]
+    assert len(blocks) >= 3 and set(plan.modules) - set(blocks) <= {f"tables.{i}" for i in range(4)}
     assert "a leaf without parameters" in plan.refused["over.1"]
     assert plan.predicted_peak_bytes is not None and plan.predicted_peak_bytes <= plan.memory_budget_bytes
 
@@ -183,4 +185,4 @@ def test_a_dlrm_plan_fits_a_budget_with_the_predicted_peak_and_time() -> None:
         loss.backward()
         return loss.detach()
 
-    print(plan, _verify(model, report, plan, step))
+    print(plan.table().split("  refused")[0], _verify(model, report, plan, step))
