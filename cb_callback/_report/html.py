@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from cb_callback._report.diff import Comparison
     from cb_callback._report.model import Report
 
-__all__ = ["HTML_FILE", "plotly_js", "render_html", "viewer_js", "write_diff_html", "write_html"]
+__all__ = ["HTML_FILE", "PAGE_DATA", "plotly_js", "render_html", "viewer_js", "write_diff_html", "write_html"]
 
 _MARKER = re.compile(r"__(?:SCRIPT_ORIGINS|TITLE|CSS|CONFIG|DATA|JS|PLOTLY|QUALITY)__")
 
@@ -55,8 +56,24 @@ def plotly_js() -> str:
 
 
 def viewer_js() -> str:
-    """The viewer's script (served on its own by the TensorBoard plugin)."""
-    return _asset("viewer.js")
+    """The viewer's script (served on its own by the TensorBoard plugin), its checkpointing section's after it."""
+    return _asset("viewer.js") + "\n;" + _asset("checkpoint.js")  # ";": two scripts, whatever the first ends with
+
+
+#: Data the layers above compute for a page from its report's dict, by the page config's key
+#: (``cb_callback._api`` installs ``"checkpoint"``: the checkpointing plan's curve). A function
+#: that raises gives ``{"error": "Type: message"}`` there instead; the diff page takes none.
+PAGE_DATA: dict[str, Callable[[dict[str, Any]], Any]] = {}
+
+
+def _page_data(data: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, compute in PAGE_DATA.items():
+        try:
+            out[key] = compute(data)
+        except Exception as e:  # a page is still written without the section
+            out[key] = {"error": f"{type(e).__name__}: {e}"}
+    return out
 
 
 def _json_for_script(value: object) -> str:
@@ -106,7 +123,7 @@ def render_html(
     else:
         plotly_tag = f'<script src="{_attr(plotly_src)}"></script>'
     if viewer_src is None:
-        viewer_tag = "<script>\n" + _asset("viewer.js") + "\n</script>"
+        viewer_tag = "<script>\n" + viewer_js() + "\n</script>"
     else:
         viewer_tag = f'<script src="{_attr(viewer_src)}"></script>'
     origins = ""
@@ -114,7 +131,9 @@ def render_html(
         "__SCRIPT_ORIGINS__": origins,
         "__TITLE__": _text(title),
         "__CSS__": _asset("viewer.css"),
-        "__CONFIG__": _json_for_script({"artifactBase": artifact_base, "diff": diff}),
+        "__CONFIG__": _json_for_script(
+            {"artifactBase": artifact_base, "diff": diff, **(_page_data(data) if diff is None else {})}
+        ),
         "__DATA__": _json_for_script(data),
         "__JS__": viewer_tag,
         "__PLOTLY__": plotly_tag,

@@ -413,6 +413,11 @@ def _pruned(
             return point
 
 
+def page_data(data: dict[str, Any]) -> dict[str, Any]:
+    """What report.html's checkpointing section draws, from a report's dict: the plan without a target."""
+    return plan_checkpointing(Report.from_dict(data)).to_dict()
+
+
 def plan_checkpointing(
     report: Report, save_bytes: int | None = None, memory_budget_bytes: int | None = None
 ) -> CheckpointPlan:
