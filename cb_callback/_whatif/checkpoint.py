@@ -67,6 +67,8 @@ LIMITS: tuple[str, ...] = (
     "the peak figure walks the backward in the report's order of execution: at each component, what ran before "
     "it, its own isolated peak_mem_mb (which a recompute reaches again) and the gradients of what ran after it; "
     "the parent's own work between its children and the allocator's caching are not seen",
+    "randomness inside (dropout) is no reason to refuse: the non-reentrant checkpoint restores the RNG state it "
+    "stashed (preserve_rng_state=True), so the recompute draws the same numbers",
     "added time is fwd_ms x calls, replayed alone: the recompute inside the step may run faster (warm caches) or "
     "slower; communication inside a recompute is refused, not priced",
 )
