@@ -16,8 +16,15 @@ trade-off curve; a target is met by its cheapest point that reaches it, which
 is optimal among all antichains of candidates for the additive figure
 (``saved_bytes``). A frontier of more than :data:`FRONTIER_CAP` points is
 thinned (the cheapest point of each of ``FRONTIER_CAP`` equal steps of saved
-bytes kept), after which the choice is within one step of the optimum:
-:attr:`CheckpointPlan.exact` says whether that happened.
+bytes kept): a target may then cost up to the optimum of a target one such
+step higher, per level thinned. :attr:`CheckpointPlan.exact` says whether that
+happened.
+
+A memory budget is held against the step's peak, which the plan predicts by
+walking the backward (:mod:`cb_callback._whatif.checkpoint_peak`): that figure
+does not add up over modules (a module that runs last saves nothing off the
+peak), so no frontier is exact for it, and a budget is met by a search
+(:func:`_choose_for_peak`), not proven optimal.
 """
 
 from __future__ import annotations
@@ -258,7 +265,8 @@ class CheckpointPlan:
             peak above the level before it (parameters and what was allocated before the step
             excluded); ``None`` when the report has none.
         reached: whether the chosen point meets every target (without one: True, nothing chosen).
-        exact: whether no frontier was thinned (the choice is then optimal, see the module docstring).
+        exact: whether no frontier was thinned: a ``save_bytes`` choice is then optimal (see the
+            module docstring); a budget's choice is the best the search found, never proven optimal.
         limits: what the prediction cannot know.
     """
 
