@@ -132,8 +132,9 @@ def _refusal(row: ComponentRow, stateful: bool, communicates: bool, leaf: bool) 
     if stateful:
         return ("a BatchNorm in training mode inside: the recompute would update its running statistics twice "
                 "(checkpoint it in eval mode, or its siblings)")  # fmt: skip
-    if d.get("no_backward") or row.bwd_ms == 0:
-        return f"no backward ({d.get('no_backward') or 'bwd_ms is 0'}): it holds nothing for one"
+    call_set = d.get("call_set") or {}
+    if d.get("no_backward") or call_set.get("backward_calls", 1) == 0:
+        return f"no backward ({d.get('no_backward') or 'no call reached the loss'}): it holds nothing for one"
     if not math.isfinite(row.activation_mb) or not math.isfinite(row.fwd_ms):
         return "no activation_mb or fwd_ms measured"
     if leaf and row.params_mb == 0:

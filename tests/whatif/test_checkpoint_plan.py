@@ -161,6 +161,8 @@ def test_a_budget_already_met_chooses_nothing_and_one_out_of_reach_says_so() -> 
         ("a", {"calls": 0}, "never called itself (a container such as ModuleList)"),
         ("c", {"details": {"comm": [{"op": "all_reduce"}]}}, "communicates"),
         ("c", {"details": {"no_backward": "run under no_grad"}}, "no backward (run under no_grad)"),
+        ("c", {"details": {"call_set": {"backward_calls": 0}}}, "no backward (no call reached the loss)"),
+        ("c", {"details": {"aliases": ["c2"]}}, "shared with c2"),
         ("c", {"details": {"shared_with": ["d.lin"]}}, "shared with d.lin"),
         ("c", {"module_type": "BatchNorm2d"}, "a BatchNorm in training mode inside"),
         ("a.y", {"params_mb": 0.0, "module_type": "ReLU"}, "a leaf without parameters"),  # ReLU saves its output
