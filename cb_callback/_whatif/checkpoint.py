@@ -56,10 +56,13 @@ __all__ = [
 _MIB = 1024 * 1024
 
 #: Most points a node's frontier keeps before it is thinned (see the module docstring).
-FRONTIER_CAP = 256
+FRONTIER_CAP = 64
 
 #: Most thresholds :func:`_choose_for_peak` tries (one frontier each).
-_THRESHOLDS = 32
+_THRESHOLDS = 12
+
+#: Most modules a budget's point may hold to be pruned (:func:`_pruned`).
+_PRUNE_MOST = 24
 
 #: Module types whose forward updates buffers in training mode (running statistics).
 _STATEFUL_TYPES = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LazyBatchNorm1d",
@@ -182,58 +185,75 @@ def _candidates(report: Report) -> tuple[dict[str, Candidate], dict[str, str]]:
     return candidates, refused
 
 
-def _pareto(points: Iterable[CurvePoint]) -> list[CurvePoint]:
+#: A frontier point while the frontiers are built: ``(saved bytes, added ms, modules)``, the modules a
+#: tree of pairs (``None`` none, a path, or ``(left, right)``) read out only for the points kept.
+_Point = tuple[int, float, Any]
+
+
+def _pareto(points: Iterable[_Point]) -> list[_Point]:
     """The non-dominated points (no other saves as much for no more time), by saved bytes ascending."""
-    ordered = sorted(points, key=lambda p: (-p.saved_bytes, p.extra_ms, len(p.modules), p.modules))
-    kept: list[CurvePoint] = []
+    kept: list[_Point] = []
     best = math.inf
-    for p in ordered:
-        if p.extra_ms < best:
+    for p in sorted(points, key=lambda p: (-p[0], p[1])):  # stable: equal points keep their order
+        if p[1] < best:
             kept.append(p)
-            best = p.extra_ms
+            best = p[1]
     return kept[::-1]
 
 
-def _thin(points: list[CurvePoint], cap: int) -> tuple[list[CurvePoint], bool]:
+def _thin(points: list[_Point], cap: int) -> tuple[list[_Point], bool]:
     """At most ``cap`` + 1 points: the cheapest of each of ``cap`` equal steps of saved bytes, and the largest."""
     if len(points) <= cap:
         return points, True
-    step = points[-1].saved_bytes / cap
-    kept: dict[int, CurvePoint] = {}
+    step = points[-1][0] / cap
+    kept: dict[int, _Point] = {}
     for p in points:  # ascending saved and time: the first of a step is its cheapest
-        kept.setdefault(int(p.saved_bytes // step), p)
-    out = sorted(kept.values(), key=lambda p: p.saved_bytes)
+        kept.setdefault(int(p[0] // step), p)
+    out = sorted(kept.values(), key=lambda p: p[0])
     return (out if out[-1] is points[-1] else [*out, points[-1]]), False
 
 
-def _merge(a: list[CurvePoint], b: list[CurvePoint]) -> list[CurvePoint]:
+def _merge(a: list[_Point], b: list[_Point]) -> list[_Point]:
     """The Minkowski sum of two frontiers of disjoint subtrees, pruned."""
     return _pareto(
-        CurvePoint(p.saved_bytes + q.saved_bytes, p.extra_ms + q.extra_ms, tuple(sorted(p.modules + q.modules)))
+        (p[0] + q[0], p[1] + q[1], q[2] if p[2] is None else p[2] if q[2] is None else (p[2], q[2]))
         for p in a
         for q in b
     )
 
 
+def _modules(ref: Any) -> tuple[str, ...]:
+    """The sorted paths of a point's tree of pairs."""
+    out: list[str] = []
+    todo = [ref]
+    while todo:
+        r = todo.pop()
+        if isinstance(r, str):
+            out.append(r)
+        elif r is not None:
+            todo += r
+    return tuple(sorted(out))
+
+
 def _frontier(report: Report, candidates: Mapping[str, Candidate], cap: int) -> tuple[list[CurvePoint], bool]:
     """The root's frontier (the trade-off curve) and whether no node's frontier had to be thinned."""
-    empty = [CurvePoint(0, 0.0, ())]
-    fronts: dict[str, list[CurvePoint]] = {}
+    empty: list[_Point] = [(0, 0.0, None)]
+    fronts: dict[str, list[_Point]] = {}
     exact = True
     for row in reversed(report.rows):  # children before parents
         front = fronts.pop(row.path, empty)
         c = candidates.get(row.path)
         if c is not None:
-            front = _pareto([*front, CurvePoint(c.saved_bytes, c.extra_ms, (c.path,))])
+            front = _pareto([*front, (c.saved_bytes, c.extra_ms, c.path)])
         front, kept_all = _thin(front, cap)
         exact = exact and kept_all
         if row.parent is None:
-            return front, exact
+            return [CurvePoint(p[0], p[1], _modules(p[2])) for p in front], exact
         parent = fronts.get(row.parent)
         merged = front if parent is None else _merge(parent, front)
         fronts[row.parent], kept_all = _thin(merged, cap)
         exact = exact and kept_all
-    return empty, exact  # no root row: nothing to choose from
+    return [CurvePoint(0, 0.0, ())], exact  # no root row: nothing to choose from
 
 
 def peak_saved_bytes(point: CurvePoint, candidates: Mapping[str, Candidate], timeline: Timeline) -> int:
@@ -410,8 +430,11 @@ def _choose_for_peak(
 def _pruned(
     point: CurvePoint, candidates: Mapping[str, Candidate], timeline: Timeline, need: tuple[int, int]
 ) -> CurvePoint:
-    """``point`` less the modules it can do without: the costliest first, while both needs still hold."""
-    while True:
+    """``point`` less the modules it can do without: the costliest first, while both needs still hold.
+
+    A point of more than :data:`_PRUNE_MOST` modules is kept as it is (each try walks the whole backward).
+    """
+    while len(point.modules) <= _PRUNE_MOST:
         for path in sorted(point.modules, key=lambda p: -candidates[p].extra_ms):
             kept = tuple(p for p in point.modules if p != path)
             rest = CurvePoint(
@@ -422,6 +445,7 @@ def _pruned(
                 break
         else:
             return point
+    return point
 
 
 def page_data(data: dict[str, Any]) -> dict[str, Any]:

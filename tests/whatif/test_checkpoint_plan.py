@@ -13,7 +13,6 @@ from torch import nn
 
 from cb_callback import CheckpointPlan, ComponentRow, Report, plan_checkpointing
 from cb_callback._whatif import checkpoint as ckpt
-from cb_callback._whatif.checkpoint import CurvePoint
 from cb_callback._whatif.checkpoint_peak import Timeline
 from cb_callback._whatif.checkpoint_wrap import CheckpointHandle
 
@@ -75,11 +74,8 @@ def test_the_curve_is_the_exact_frontier_of_every_antichain() -> None:
         (18, 4.5, ("a", "b")), (19, 7.0, ("a.x", "b", "c")), (23, 8.5, ("a", "b", "c")),
     ]  # fmt: skip
     cands = plan.candidates
-    brute = [
-        CurvePoint(sum(cands[p].saved_bytes for p in s), sum(cands[p].extra_ms for p in s), s)
-        for s in _antichains(report)
-    ]
-    assert plan.curve == ckpt._pareto(brute)
+    brute = [(sum(cands[p].saved_bytes for p in s), sum(cands[p].extra_ms for p in s), s) for s in _antichains(report)]
+    assert [(p.saved_bytes, p.extra_ms, p.modules) for p in plan.curve] == ckpt._pareto(brute)
     assert plan.modules == () and plan.reached and plan.exact  # no target: nothing chosen
 
 
