@@ -157,7 +157,8 @@ def test_a_gpt_plan_saves_the_predicted_peak_at_the_predicted_time() -> None:
     # norms 6.10 together: the residual adds' and the mask's share is the block's own)
     need = sum(round(report.row(b).activation_mb * MIB) for b in blocks)
     plan = plan_checkpointing(report, save_bytes=need)
-    assert plan.modules == tuple(blocks)
+    assert set(blocks) <= set(plan.modules)  # and at most a few KiB more (a LayerNorm) if a frontier was thinned
+    assert all(plan.candidates[p].saved_bytes < MIB for p in set(plan.modules) - set(blocks))
     assert plan.refused["blocks"].startswith("never called itself")
 
     def step(m: nn.Module) -> torch.Tensor:
