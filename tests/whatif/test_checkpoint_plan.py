@@ -280,3 +280,19 @@ def test_apply_refuses_a_batchnorm_in_training_mode_and_wraps_nothing() -> None:
         _plan(("nope",)).apply(model)
     with pytest.raises(ValueError, match="the root cannot be checkpointed"):
         _plan(("",)).apply(model)
+
+
+def test_why_a_training_mode_batchnorm_is_refused_its_statistics_would_update_twice() -> None:
+    # What the refusal guards against, checked on torch itself: the recompute runs the BatchNorm's forward again.
+    from cb_callback._whatif.checkpoint_wrap import checkpointed_forward
+
+    x = torch.randn(8, 4)
+    counts = []
+    for wrapped in (False, True):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+        if wrapped:
+            net.forward = checkpointed_forward(net.forward)  # type: ignore[method-assign]
+        net(x).sum().backward()
+        counts.append(int(net[1].num_batches_tracked))
+    assert counts == [1, 2]
