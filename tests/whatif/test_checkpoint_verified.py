@@ -35,6 +35,8 @@ from cb_callback import CheckpointPlan, Report, plan_checkpointing, profile_comp
 from cb_callback._metrics.memory import _allocation_events, _peak_of_cpu_events
 from tests._zoo_models import GPT
 
+pytestmark = pytest.mark.slow  # a profile and 20 timed steps per model: 10-30 s each on a shared 2-CPU VM
+
 MIB = 1024 * 1024
 ROUNDS = 9
 PEAKS: dict[str, Any] = dict(peak_flops=1e12, peak_bandwidth=1e11)
