@@ -35,6 +35,7 @@ from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._engine.run.profile import profile_captured
 from cb_callback._hardware.registry import register_device_peaks
 from cb_callback._report.model import COLUMNS, STATUSES, ComponentRow, Report
+from cb_callback._whatif.checkpoint import CheckpointPlan, plan_checkpointing
 from cb_callback._whatif.compare import Comparison, compare_components
 
 if TYPE_CHECKING:
@@ -47,10 +48,12 @@ __all__ = [
     "STATUSES",
     "BenchmarkConfig",
     "Capture",
+    "CheckpointPlan",
     "Comparison",
     "ComponentRow",
     "Report",
     "compare_components",
+    "plan_checkpointing",
     "profile_captured",
     "profile_components",
     "register_device_peaks",

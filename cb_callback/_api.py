@@ -11,11 +11,13 @@ does the joins:
 - :class:`~cb_callback._report.model.Report`'s renderers (:data:`RENDERERS`): its
   ``summary()`` is :func:`~cb_callback._report.table.format_summary` and its ``save()``
   writes ``report.html`` with :func:`~cb_callback._report.html.write_html`.
+- the page's :data:`~cb_callback._report.html.PAGE_DATA`: the checkpointing plan's curve
+  (:func:`cb_callback._whatif.checkpoint.page_data`) that report.html draws.
 - the engine's :data:`~cb_callback._engine.run.extensions.EXTENSIONS`: the built-in
   metric and artifact plugins (``cb_callback._metrics``) and the compile what-if
   (``cb_callback._whatif.compile``).
 
-``cb_callback/__init__.py`` imports this module, so all three hold whenever the
+``cb_callback/__init__.py`` imports this module, so all of them hold whenever the
 package is imported. The file reporter (matplotlib, for its icicles) is
 imported only when it is used.
 """
@@ -34,15 +36,17 @@ from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._engine.run.extensions import EXTENSIONS
 from cb_callback._metrics.artifacts import artifact_plugins
 from cb_callback._metrics.builtin import builtin_metrics
-from cb_callback._report.html import write_html
+from cb_callback._report.html import PAGE_DATA, write_html
 from cb_callback._report.model import RENDERERS, Report
 from cb_callback._report.table import format_summary
+from cb_callback._whatif.checkpoint import page_data as checkpoint_page_data
 from cb_callback._whatif.compile import compile_speedup, compile_what_if, fill_children_separately
 
 __all__ = ["profile_components"]
 
 RENDERERS.summary = format_summary
 RENDERERS.page = write_html
+PAGE_DATA["checkpoint"] = checkpoint_page_data  # report.html's checkpointing curve (the page may not import it)
 EXTENSIONS.builtin_metrics = builtin_metrics
 EXTENSIONS.artifact_plugins = artifact_plugins
 EXTENSIONS.compile_what_if = compile_what_if

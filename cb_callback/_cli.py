@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_diff(sub)
     _add_compare(sub)
     _add_roofline(sub)
+    _add_checkpoint(sub)
     return parser
 
 
@@ -698,10 +699,82 @@ def _compare_cmd(args: argparse.Namespace) -> int:
     return 0 if comparison.equivalent else 1
 
 
+#: Size units ``--save`` / ``--budget`` accept (case-insensitive), in bytes.
+_UNITS = {
+    "": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}  # fmt: skip
+
+
+def _size(text: str) -> int:
+    """Bytes of a size such as ``1GiB``, ``512 MB``, ``1.5KiB`` or ``4096`` (for argparse)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"expected a size such as 1GiB, 512MB or 4096 (bytes; units KiB MiB GiB TiB, KB MB GB TB), got {text!r}"
+        )
+    return round(float(m.group(1)) * _UNITS[unit])
+
+
+def _add_checkpoint(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``cb checkpoint``: which components to recompute in backward, from a saved report."""
+    p = sub.add_parser(
+        "checkpoint",
+        help="plan activation checkpointing from a saved report (memory saved vs time added)",
+        description="Choose the components to recompute in backward (torch.utils.checkpoint, non-reentrant) at "
+        "the least added time, from the report's measured activation_mb and fwd_ms. Exit status: 0 a plan "
+        "printed, 1 no plan reaches the target (the closest is printed, the reason on stderr), 2 no report or "
+        "one that cannot be read. Without --save or --budget the trade-off curve is printed.",
+    )
+    p.add_argument("report", metavar="REPORT", help=_LOCATION_HELP.format(what="report", file=REPORT_FILE))
+    p.add_argument("--step", type=_count, default=None, metavar="N", help=_STEP_HELP.format(what="report"))
+    p.add_argument(
+        "--save", type=_size, default=None, metavar="SIZE", help="save at least SIZE of activations (e.g. 1GiB)"
+    )
+    p.add_argument(
+        "--budget",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="bring the step's peak (the root's peak_mem_mb) to at most SIZE (e.g. 8GiB)",
+    )
+
+
+def _checkpoint_cmd(args: argparse.Namespace) -> int:
+    from cb_callback._whatif.checkpoint import plan_checkpointing
+
+    loaded = _load(args.report, args.step)
+    if loaded is None:
+        return 2
+    report, _ = loaded
+    try:
+        plan = plan_checkpointing(report, save_bytes=args.save, memory_budget_bytes=args.budget)
+    except ValueError as e:
+        print(f"cb: error: {e}", file=sys.stderr)
+        return 1
+    print(plan.table())
+    if args.save is None and args.budget is None:
+        print("\ntrade-off curve (saved MiB, added ms, modules):")
+        for point in plan.curve:
+            print(f"  {point.saved_bytes / 2**20:10.3f}  {point.extra_ms:10.3f}  {', '.join(point.modules) or '-'}")
+    if not plan.reached:
+        print(
+            f"cb: error: no plan reaches the target: the candidates save at most {plan.saved_bytes / 2**20:.3f} MiB "
+            f"({plan.peak_saved_bytes / 2**20:.3f} MiB off the peak); see the refused modules above",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``cb`` with ``argv`` (default: the command line); returns the exit status."""
     args = _parser().parse_args(argv)
     handlers = {"replay": _replay, "report": _report, "diff": _diff, "compare": _compare_cmd, "roofline": _roofline}
+    handlers["checkpoint"] = _checkpoint_cmd
     return handlers[args.command](args)
 
 

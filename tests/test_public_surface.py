@@ -21,8 +21,9 @@ import cb_callback.reporters
 def test_the_top_level_holds_what_a_user_of_the_callback_function_report_and_cli_needs() -> None:
     assert sorted(cb_callback.__all__) == sorted(
         [
-            "BenchmarkConfig", "COLUMNS", "Capture", "Comparison", "ComponentRow", "Report", "STATUSES",
-            "compare_components", "profile_captured", "profile_components", "register_device_peaks",
+            "BenchmarkConfig", "COLUMNS", "Capture", "CheckpointPlan", "Comparison", "ComponentRow", "Report",
+            "STATUSES", "compare_components", "plan_checkpointing", "profile_captured", "profile_components",
+            "register_device_peaks",
         ]
     )  # fmt: skip
     for name in cb_callback.__all__:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from cb_callback._report.diff import Comparison
     from cb_callback._report.model import Report
 
-__all__ = ["HTML_FILE", "plotly_js", "render_html", "viewer_js", "write_diff_html", "write_html"]
+__all__ = ["HTML_FILE", "PAGE_DATA", "plotly_js", "render_html", "viewer_js", "write_diff_html", "write_html"]
 
 _MARKER = re.compile(r"__(?:SCRIPT_ORIGINS|TITLE|CSS|CONFIG|DATA|JS|PLOTLY|QUALITY)__")
 
@@ -57,8 +58,10 @@ def plotly_js() -> str:
 
 def viewer_js() -> str:
     """The viewer's scripts (served on their own by the TensorBoard plugin): ``viewer.js``, then
-    ``roofline.js`` (the roofline chart, which reads the viewer's ``window.cbViewer``)."""
-    return _asset("viewer.js") + "\n" + _asset("roofline.js")
+    ``roofline.js`` (the roofline chart, which reads the viewer's ``window.cbViewer``) and
+    ``checkpoint.js`` (the checkpointing section)."""
+    # ";" between them: separate scripts, whatever the one before ends with
+    return _asset("viewer.js") + "\n;" + _asset("roofline.js") + "\n;" + _asset("checkpoint.js")
 
 
 def _roofline(data: dict[str, Any]) -> dict[str, Any] | None:
@@ -71,6 +74,22 @@ def _roofline(data: dict[str, Any]) -> dict[str, Any] | None:
         return roofline_data(Report.from_dict(data)).to_dict()
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+#: Data the layers above compute for a page from its report's dict, by the page config's key
+#: (``cb_callback._api`` installs ``"checkpoint"``: the checkpointing plan's curve). A function
+#: that raises gives ``{"error": "Type: message"}`` there instead; the diff page takes none.
+PAGE_DATA: dict[str, Callable[[dict[str, Any]], Any]] = {}
+
+
+def _page_data(data: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, compute in PAGE_DATA.items():
+        try:
+            out[key] = compute(data)
+        except Exception as e:  # a page is still written without the section
+            out[key] = {"error": f"{type(e).__name__}: {e}"}
+    return out
 
 
 def _json_for_script(value: object) -> str:
@@ -128,9 +147,14 @@ def render_html(
         "__SCRIPT_ORIGINS__": origins,
         "__TITLE__": _text(title),
         "__CSS__": _asset("viewer.css"),
-        # a diff page colours B's tree by change and draws no roofline
+        # a diff page colours B's tree by change and draws no roofline and no section of the layers above
         "__CONFIG__": _json_for_script(
-            {"artifactBase": artifact_base, "diff": diff, "roofline": None if diff else _roofline(data)}
+            {
+                "artifactBase": artifact_base,
+                "diff": diff,
+                "roofline": None if diff else _roofline(data),
+                **(_page_data(data) if diff is None else {}),
+            }
         ),
         "__DATA__": _json_for_script(data),
         "__JS__": viewer_tag,
