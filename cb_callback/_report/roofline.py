@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cb_callback._report.finite import finite
+from cb_callback._report.headroom import has_peaks
 from cb_callback._report.numbers import sig
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ __all__ = [
     "RooflinePoint",
     "headroom_lines",
     "headroom_ranking",
+    "no_headroom_reason",
     "left_out_text",
     "roofline_data",
 ]
@@ -47,10 +49,11 @@ LEFT_OUT: dict[str, str] = {
     "failed": "failed",
     "skipped": "skipped",
     "not_run": "not run",
-    "at_floor": "at the harness floor",
+    "at_floor": "within its noise of the harness floor",
     "no_time": "without a time",
     "no_flops": "without FLOPs",
     "no_bytes": "without bytes",
+    "not_finite": "with an infinite FLOP/s or FLOP/byte",
 }
 _COMPONENT_REASONS = ("estimated", "failed", "skipped", "not_run")
 
@@ -162,6 +165,8 @@ def _point(row: ComponentRow, name: str, at_floor: Sequence[str]) -> RooflinePoi
     if not finite(nbytes) or nbytes <= 0:
         return "no_bytes"
     nbytes = float(nbytes)
+    if not math.isfinite(flops / nbytes) or not math.isfinite(flops / (ms / 1e3) / 1e12):
+        return "not_finite"  # a hand-edited report (1e308 FLOPs in 1e-300 ms): no place on a log axis
     share = (
         row.share * ms / row.total_ms if finite(row.share) and finite(row.total_ms) and row.total_ms > 0 else math.nan
     )
@@ -225,8 +230,11 @@ def headroom_ranking(report: Report, top: int = 10) -> list[Headroom]:
 
     Rows taken from a representative of repeated structure are folded into the row they were taken
     from (their headroom over the step added up), as the summary's hotspots are. Rows without a
-    finite ``headroom_ms`` are not ranked.
+    finite ``headroom_ms`` are not ranked; none is without both peaks in the report's metadata (no roof:
+    a stored ``headroom_ms`` then has nothing to be measured against).
     """
+    if not has_peaks(report.metadata):
+        return []
     groups: dict[str, list[Any]] = {}
     for r in report.hotspots(len(report.rows)):
         if not finite(r.headroom_ms):
@@ -260,9 +268,21 @@ def _step_total_ms(report: Report) -> float:
     return root.total_ms * max(root.calls, 1)
 
 
+def no_headroom_reason(report: Report, top: int) -> str:
+    """Why :func:`headroom_lines` is ``[]``, in the words ``cb roofline`` prints."""
+    if top <= 0:
+        return "no headroom ranking asked for (--top 0)"
+    if not has_peaks(report.metadata):
+        return "no peaks in this report: no roof, no headroom"
+    return (
+        "no measured component has a headroom (none is ok with a pass timed above the harness floor "
+        "and that pass's FLOPs and bytes)"
+    )
+
+
 def headroom_lines(report: Report, top: int = 10) -> list[str]:
     """The ranking as text: a title, then one aligned line per component (``path ×n`` for folded rows);
-    ``[]`` when no component has a headroom (no peaks, nothing measured)."""
+    ``[]`` when no component has a headroom (:func:`no_headroom_reason` says why)."""
     ranked = headroom_ranking(report, top)
     if not ranked or top <= 0:
         return []

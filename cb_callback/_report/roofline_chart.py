@@ -17,7 +17,7 @@ from cb_callback._report.roofline import RooflineData, RooflinePoint, headroom_r
 if TYPE_CHECKING:
     from cb_callback._report.model import Report
 
-__all__ = ["ROOFLINE_FILE", "roofline_figure", "save_roofline"]
+__all__ = ["ROOFLINE_FILE", "roofline_figure", "roofline_target", "save_roofline"]
 
 #: The chart's file name, beside ``report.json``.
 ROOFLINE_FILE = "roofline.png"
@@ -126,6 +126,25 @@ def roofline_figure(report: Report) -> Figure:
     ax.set_title(left_out_text(data.left_out) + "; labelled: the most headroom over the step", fontsize=10)
     fig.subplots_adjust(left=0.06, right=0.98, bottom=0.08, top=0.9)
     return fig
+
+
+def roofline_target(out: Path | None, beside: Path) -> Path:
+    """Where ``cb roofline --out OUT`` writes: ``beside / roofline.png`` without ``OUT``, ``OUT / roofline.png``
+    for a directory, ``OUT.png`` for a name without an extension, else ``OUT``.
+
+    Raises:
+        ValueError: ``OUT``'s extension is not a format matplotlib writes (``.xyz``), saying which are.
+    """
+    if out is None:
+        return beside / ROOFLINE_FILE
+    if out.is_dir():
+        return out / ROOFLINE_FILE
+    if not out.suffix:
+        return out.with_name(out.name + ".png")
+    formats = Figure().canvas.get_supported_filetypes()
+    if out.suffix[1:].lower() not in formats:
+        raise ValueError(f"cannot write {out}: {out.suffix!r} is not an image format ({', '.join(sorted(formats))})")
+    return out
 
 
 def save_roofline(report: Report, directory: str | Path, name: str = ROOFLINE_FILE) -> Path:
