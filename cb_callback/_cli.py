@@ -502,7 +502,7 @@ def _roofline(args: argparse.Namespace) -> int:
     if loaded is None:
         return 2
     report, file = loaded
-    from cb_callback._report.roofline import headroom_lines, left_out_text, no_headroom_reason, roofline_data
+    from cb_callback._report.roofline import headroom_lines, no_headroom_reason, roofline_data
     from cb_callback._report.roofline_chart import roofline_target, save_roofline
 
     try:
@@ -521,7 +521,7 @@ def _roofline(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"cb: error: cannot write {target}: {e}", file=sys.stderr)
         return 1
-    print(f"cb: wrote {written} ({len(data.points)} points; {left_out_text(data.left_out)})")
+    print(f"cb: wrote {written} ({len(data.points)} points; {data.text()})")
     print("\n".join(ranking) if ranking else no_headroom_reason(report, args.top))
     return 0
 
