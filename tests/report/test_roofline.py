@@ -13,11 +13,11 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
+from cb_callback._report import roofline_chart
 from cb_callback._report.context import ReportContext
 from cb_callback._report.files import FileReporter
 from cb_callback._report.html import render_html
 from cb_callback._report.roofline import ceilings, left_out_text, roofline_data
-from cb_callback._report import roofline_chart
 from cb_callback._report.roofline_chart import roofline_figure, save_roofline
 from cb_callback._report.tensorboard import ROOFLINE_TAG, log_report
 from tests._roofline_report import EXPECTED, LEFT_OUT, roofline_report
@@ -92,7 +92,7 @@ def test_a_pass_with_no_flops_counted_is_drawn_against_its_bandwidth_ceiling() -
     (b,) = roofline_data(report).bandwidth
     assert (b.ceiling, b.ceiling_gbps) == ("L1", 400.0)
     fig = roofline_figure(report)
-    main, side = fig.axes
+    _main, side = fig.axes
     assert side.get_yscale() == "log" and side.get_ylabel() == "achieved GB/s (per pass)"
     assert [t.get_text() for t in side.get_xticklabels()] == ["L1"]
     (dots,) = side.collections
