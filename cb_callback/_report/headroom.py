@@ -2,7 +2,7 @@
 
 The one copy of the formula: the engine's derive step (:func:`cb_callback._engine.derive.estimate.derive`)
 fills the column with it, and :meth:`cb_callback._report.model.Report.from_dict` with it where a
-``report.json`` written before the column lacks the key (:func:`fill_missing_headroom`).
+``report.json`` written before the column lacks the key (:func:`missing_headroom`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from cb_callback._report.finite import finite
 
-__all__ = ["fill_missing_headroom", "has_peaks", "headroom_ms", "row_bandwidth"]
+__all__ = ["has_peaks", "headroom_ms", "missing_headroom", "row_bandwidth"]
 
 _NAN = float("nan")
 
@@ -21,13 +21,18 @@ class ComponentRow(Protocol):
     """What the formula reads of a :class:`cb_callback._report.model.ComponentRow` (this module is below
     the model: the model's loader calls it)."""
 
-    status: str
-    fwd_ms: float
-    bwd_ms: float
-    fwd_flops: float
-    bwd_flops: float
-    headroom_ms: float
-    details: dict[str, Any]
+    @property
+    def status(self) -> str: ...
+    @property
+    def fwd_ms(self) -> float: ...
+    @property
+    def bwd_ms(self) -> float: ...
+    @property
+    def fwd_flops(self) -> float: ...
+    @property
+    def bwd_flops(self) -> float: ...
+    @property
+    def details(self) -> Mapping[str, object]: ...
 
 
 def _pass_at_floor(row: ComponentRow, name: str) -> bool:
@@ -85,13 +90,19 @@ def row_bandwidth(row: ComponentRow, device_bandwidth: float | None) -> float | 
     return float(gbps) * 1e9 if finite(gbps) and gbps > 0 else device_bandwidth
 
 
-def fill_missing_headroom(rows: Sequence[ComponentRow], raw: Sequence[Any], metadata: Mapping[str, Any]) -> None:
-    """Derive ``headroom_ms`` of each row whose JSON (``raw``, the same order) has no such key: a
-    ``report.json`` written before the column. Needs the peaks in ``metadata``; else the rows keep NaN."""
+def missing_headroom(
+    rows: Sequence[ComponentRow], raw: Sequence[Any], metadata: Mapping[str, Any]
+) -> list[float | None]:
+    """``headroom_ms`` derived for each row whose JSON (``raw``, the same order) has no such key (a
+    ``report.json`` written before the column), ``None`` for the others: they keep theirs. All ``None``
+    without both peaks in ``metadata``."""
     if not has_peaks(metadata):
-        return
+        return [None] * len(rows)
     peaks = metadata["peaks"]
     flops, device = float(peaks["flops"]), float(peaks["bandwidth"])
-    for row, data in zip(rows, raw, strict=True):
-        if isinstance(data, dict) and "headroom_ms" not in data:
-            row.headroom_ms = headroom_ms(row, flops, row_bandwidth(row, device))
+    return [
+        headroom_ms(row, flops, row_bandwidth(row, device))
+        if isinstance(data, dict) and "headroom_ms" not in data
+        else None
+        for row, data in zip(rows, raw, strict=True)
+    ]

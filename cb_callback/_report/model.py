@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from cb_callback._report.discover import resolve_report_dir  # the standard library only: no heavy import
-from cb_callback._report.headroom import fill_missing_headroom
+from cb_callback._report.headroom import missing_headroom
 from cb_callback._report.schema import SCHEMA_VERSION, STATUSES, RowDetails, Status
 
 __all__ = ["COLUMNS", "RENDERERS", "STATUSES", "ComponentRow", "Renderers", "Report", "error_text"]
@@ -345,7 +345,9 @@ class Report:
         _checked("rows", rows, isinstance(rows, list), "a list")
         parsed = [_from_json(r, f"rows[{i}]") for i, r in enumerate(rows)]
         _checked("metadata", metadata, metadata is None or isinstance(metadata, dict), "an object (dict)")
-        fill_missing_headroom(parsed, rows, metadata or {})  # a report.json written before the column
+        for row, derived in zip(parsed, missing_headroom(parsed, rows, metadata or {}), strict=True):
+            if derived is not None:  # a report.json written before the column
+                row.headroom_ms = derived
         return cls(parsed, metadata or {})
 
     def save(self, directory: str | Path, *, html: bool = True) -> Path:

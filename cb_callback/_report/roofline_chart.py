@@ -46,7 +46,8 @@ def _ceiling_style(i: int) -> tuple[str, str]:
 def _colours(points: list[RooflinePoint], bandwidth: list[BandwidthPoint]) -> dict[str, str]:
     """A colour per module type, the types with most time over the step first; past ``len(_PALETTE)``, grey."""
     weight: dict[str, float] = {}
-    for p in [*points, *bandwidth]:
+    both: list[RooflinePoint | BandwidthPoint] = [*points, *bandwidth]
+    for p in both:
         weight[p.module_type] = weight.get(p.module_type, 0.0) + p.ms * max(p.calls, 1)
     ranked = sorted(weight, key=lambda t: -weight[t])
     return {t: (_PALETTE[i] if i < len(_PALETTE) else _OTHER) for i, t in enumerate(ranked)}
@@ -201,7 +202,7 @@ def roofline_figure(report: Report) -> Figure:
     _legend(ax, colours)
     device = report.metadata.get("device_name") or "device"
     roofs = "" if data.ceilings or data.peak_flops else "; no peaks: no ceilings"
-    passes = {p.pass_name for p in [*data.points, *data.bandwidth]}
+    passes = {p.pass_name for p in data.points} | {b.pass_name for b in data.bandwidth}
     what = "forward and backward" if "bwd" in passes else "forward"
     fig.suptitle(f"roofline \u2014 {device}: {len(data.points)} points ({what} per component){roofs}")
     ax.set_title(data.text() + "; labelled: the most headroom over the step", fontsize=10, wrap=True)
