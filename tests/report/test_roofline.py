@@ -177,3 +177,16 @@ def test_the_page_carries_the_same_points() -> None:
     assert [(p["path"], p["pass_name"], p["intensity"]) for p in data["points"]] == [
         (path, name, x) for (path, name), (x, _) in EXPECTED.items()
     ]
+
+
+def test_each_ceiling_is_labelled_along_its_own_line() -> None:
+    fig = roofline_figure(roofline_report())
+    ax = fig.axes[0]
+    labels = {t.get_text(): t for t in ax.texts if "GB/s" in t.get_text()}
+    assert sorted(labels) == ["DRAM 100 GB/s (ridge 10.0 FLOP/B)", "L1 400 GB/s (ridge 2.50 FLOP/B)"]
+    for line, text in zip(ax.lines[0:4:2], ["L1", "DRAM"], strict=True):  # each roof: its line, its ridge marker
+        (xa, xb), (ya, yb) = line.get_xdata(), line.get_ydata()
+        angle = roofline_chart._along(ax, (xa, ya), (xb, yb))  # slope 1 in log-log: its angle on screen
+        label = next(t for name, t in labels.items() if name.startswith(text + " "))
+        # the words run along the line (not across it: a flat label on a slanted line is struck through)
+        assert 10 < angle < 80 and abs(label.get_rotation() - angle) < 0.5, (text, angle, label.get_rotation())

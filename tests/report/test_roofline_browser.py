@@ -140,3 +140,13 @@ def test_types_past_the_ninth_are_one_grey_group(browser: object, tmp_path: Path
     palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]
     assert legend == [["Net", palette[0], 1], *[[f"Type{i}", palette[i + 1], 1] for i in range(8)],
                       ["other types", "#9e9e9e", 4]]  # fmt: skip
+
+
+def test_without_peaks_the_note_claims_no_roof(browser: object, tmp_path: Path) -> None:
+    report = roofline_report()
+    del report.metadata["peaks"]
+    with new_page(browser) as (page, _log):
+        _open(page, write_html(report, tmp_path))
+        note = page.inner_text("#roofline-note")
+    assert "roof above it" not in note and note.endswith("No peaks in this report: no roof is drawn, no headroom; "
+                                                         "click a point to select its component.")  # fmt: skip
