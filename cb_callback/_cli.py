@@ -224,7 +224,7 @@ def _add_roofline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "(x FLOP/byte, y TFLOP/s) under the device's FLOP/s and bandwidth ceilings, saying how many were left out "
         "and why; print where the PNG went and the components that would save the most time at their own roof "
         "(headroom_ms x calls). Exit status: 0 drawn, 1 the PNG could not be written, 2 no report, none of the "
-        "capture step asked for, or one that cannot be read.",
+        "capture step asked for, one that cannot be read, or an --out of no image format.",
     )
     roofline.add_argument("report", metavar="REPORT", help=_LOCATION_HELP.format(what="report", file=REPORT_FILE))
     roofline.add_argument("--step", type=_count, default=None, metavar="N", help=_STEP_HELP.format(what="report"))
@@ -233,7 +233,8 @@ def _add_roofline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         type=Path,
         default=None,
         metavar="FILE",
-        help="the PNG to write (default: roofline.png beside report.json)",
+        help="the PNG to write (default: roofline.png beside report.json; a directory: roofline.png in it; "
+        "no extension: .png added; another extension matplotlib writes, .svg or .pdf, that format)",
     )
     roofline.add_argument(
         "--top", type=_count, default=10, metavar="K", help="components ranked by headroom (default 10)"
@@ -502,10 +503,14 @@ def _roofline(args: argparse.Namespace) -> int:
     if loaded is None:
         return 2
     report, file = loaded
-    from cb_callback._report.roofline import headroom_lines, left_out_text, roofline_data
-    from cb_callback._report.roofline_chart import ROOFLINE_FILE, save_roofline
+    from cb_callback._report.roofline import headroom_lines, no_headroom_reason, roofline_data
+    from cb_callback._report.roofline_chart import roofline_target, save_roofline
 
-    target = args.out if args.out is not None else file.parent / ROOFLINE_FILE
+    try:
+        target = roofline_target(args.out, file.parent)
+    except ValueError as e:
+        print(f"cb: error: --out: {e}", file=sys.stderr)
+        return 2
     try:
         data = roofline_data(report)
         ranking = headroom_lines(report, args.top)
@@ -517,8 +522,8 @@ def _roofline(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"cb: error: cannot write {target}: {e}", file=sys.stderr)
         return 1
-    print(f"cb: wrote {written} ({len(data.points)} points; {left_out_text(data.left_out)})")
-    print("\n".join(ranking) if ranking else "no component has a headroom (no peaks, or nothing measured)")
+    print(f"cb: wrote {written} ({len(data.points)} points; {data.text()})")
+    print("\n".join(ranking) if ranking else no_headroom_reason(report, args.top))
     return 0
 
 

@@ -152,6 +152,7 @@ LAYERS: dict[str, int] = {
     "cb_callback._report.discover": 0,  # finding reports on disk (stdlib only): what Report.load resolves with
     "cb_callback._report.context": 0,
     "cb_callback._report.finite": 0,  # which values are numbers (stdlib only): the engine's and the renderers' rule
+    "cb_callback._report.headroom": 0,  # headroom_ms's formula: the engine derives with it, Report.from_dict on load
     "cb_callback._hardware": 0,
     "cb_callback._report": 1,
     "cb_callback._engine": 1,
@@ -217,7 +218,11 @@ def test_the_results_model_and_the_hardware_tables_import_only_their_own_folder(
 
 def test_the_results_model_imports_no_renderer() -> None:
     # the statuses, and finding a report on disk (Report.load accepts what `cb report` does); no renderer
-    assert GRAPH["cb_callback._report.model"] == {"cb_callback._report.schema", "cb_callback._report.discover"}
+    # and headroom_ms's formula, which a report written before the column is given on load (issue 26)
+    assert GRAPH["cb_callback._report.model"] == {
+        "cb_callback._report.schema", "cb_callback._report.discover", "cb_callback._report.headroom",
+    }  # fmt: skip
+    assert GRAPH["cb_callback._report.headroom"] == {"cb_callback._report.finite"}
     assert GRAPH["cb_callback._report.discover"] == set()  # the standard library only
 
 

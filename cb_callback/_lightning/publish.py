@@ -251,7 +251,7 @@ def log_to_tensorboard(
         kept = "partly written to files (report.json is complete)" if ctx.output_dir else "not written to files"
         where = f"{kept}: {files_problem}"
     elif ctx.output_dir is not None:
-        where = f"written to {ctx.output_dir} (report.json, components.csv, report.html, icicle_*.png)"
+        where = f"written to {ctx.output_dir} (report.json, components.csv, report.html, icicle_*.png, roofline.png)"
     else:
         where = "not written to files"
     line = f"cb_callback: component report of step {ctx.step} {where}"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from cb_callback._report.discover import resolve_report_dir  # the standard library only: no heavy import
+from cb_callback._report.headroom import missing_headroom
 from cb_callback._report.schema import SCHEMA_VERSION, STATUSES, RowDetails, Status
 
 __all__ = ["COLUMNS", "RENDERERS", "STATUSES", "ComponentRow", "Renderers", "Report", "error_text"]
@@ -332,6 +333,9 @@ class Report:
                 ``schema_version`` is not an integer from 1 to this one's (a newer
                 cb_callback wrote it: the message says to upgrade).
                 Keys a row does not know are kept in its ``details``.
+
+        A row without ``headroom_ms`` (a report written before the column) gets it derived from its
+        counts, times and the peaks in ``metadata`` (:func:`cb_callback._report.headroom.headroom_ms`).
         """
         _checked("the top level", data, isinstance(data, dict), "an object (dict) with 'rows'")
         _schema_version(data)  # versions 1 and 2 lay out rows and metadata alike: nothing to convert
@@ -341,6 +345,9 @@ class Report:
         _checked("rows", rows, isinstance(rows, list), "a list")
         parsed = [_from_json(r, f"rows[{i}]") for i, r in enumerate(rows)]
         _checked("metadata", metadata, metadata is None or isinstance(metadata, dict), "an object (dict)")
+        for row, derived in zip(parsed, missing_headroom(parsed, rows, metadata or {}), strict=True):
+            if derived is not None:  # a report.json written before the column
+                row.headroom_ms = derived
         return cls(parsed, metadata or {})
 
     def save(self, directory: str | Path, *, html: bool = True) -> Path:

@@ -156,7 +156,7 @@ def test_a_tensorboard_failure_is_a_warning(tmp_path: Path, monkeypatch: pytest.
     out = Path(trainer.logger.log_dir) / "component_benchmark"
     assert _ours(record) == [
         f"cb_callback: could not log the report to TensorBoard (OSError: disk full); it is written to {out} "
-        "(report.json, components.csv, report.html, icicle_*.png)."
+        "(report.json, components.csv, report.html, icicle_*.png, roofline.png)."
     ]
     assert trainer.global_step == 3
     assert cb.report is not None and (out / "report.json").is_file()

@@ -22,8 +22,10 @@ from cb_callback._engine.derive.rollup import derive_all
 from cb_callback._engine.selection.groups import take_row
 from cb_callback._hardware.calibration import CacheLevel
 from cb_callback._hardware.peaks import Peaks
+from cb_callback._report import headroom as headroom_module
 from cb_callback._report.listing import format_listing
-from cb_callback._report.roofline import headroom_lines, headroom_ranking
+from cb_callback._report.roofline import headroom_lines, headroom_ranking, no_headroom_reason
+from tests._roofline_report import roofline_report
 from tests.conftest import FAST
 
 PEAK_FLOPS = 1e12  # FLOP/s
@@ -98,7 +100,7 @@ def test_a_row_taken_from_a_representative_has_its_headroom_per_call() -> None:
     assert copy.details["as"] == "representative" and copy.calls == 3
     assert copy.headroom_ms == source.headroom_ms == 12.0  # per call: the same times and counts
     report = Report([ComponentRow("", "Net", 0, None, "ok", calls=1, fwd_ms=50.0, bwd_ms=50.0, total_ms=100.0),
-                     source, copy])  # fmt: skip
+                     source, copy], {"peaks": {"flops": PEAK_FLOPS, "bandwidth": PEAK_BW}})  # fmt: skip
     (only,) = headroom_ranking(report)  # the copy is folded into its source, as the hotspots are
     assert (only.row.path, only.n, only.calls, only.step_ms) == ("blocks.0.mm", 2, (1, 3), 48.0)  # 12 × 1 + 12 × 3
     lines = headroom_lines(report)
@@ -180,3 +182,42 @@ def test_rows_taken_from_a_representative_carry_its_headroom() -> None:
         assert same or (math.isnan(row.headroom_ms) and math.isnan(source.headroom_ms)), (row.path, source.path)
         expected = _expected(row, 1e11, 1e10) if row.status == "ok" else math.nan
         assert row.headroom_ms == expected or (math.isnan(expected) and math.isnan(row.headroom_ms)), row.path
+
+
+def test_one_copy_of_the_formula_serves_the_engine_and_the_loader() -> None:
+    assert headroom_ms is headroom_module.headroom_ms  # the engine's name is the _report function
+
+
+def test_a_report_written_before_the_column_gets_it_derived_on_load() -> None:
+    report = roofline_report()
+    data = report.to_dict()
+    for row in data["rows"]:
+        row.pop("headroom_ms")
+    data["rows"][1]["details"]["bw_ceiling"] = {"level": "L1", "gbps": 400.0}  # mlp fits L1
+    loaded = Report.from_dict(data)
+    # the root: (8 - max(4e9 / 1e12, 4e7 / 1e11) = 4) + (16 - max(8, 1.6)) = 12 ms (against DRAM, 1e11 B/s);
+    # mlp against its L1 (4e11 B/s): 2 - max(1e8 / 1e12, 1e8 / 4e11) ms = 2 - 0.25 = 1.75 ms;
+    # act: 0.5 - 1e6 / 1e11 s = 0.49 ms; tiny: the backward alone, 1 - max(2e-3, 1e-2) = 0.99 ms
+    assert loaded.row("").headroom_ms == 12.0
+    assert loaded.row("mlp").headroom_ms == 1.75
+    assert loaded.row("act").headroom_ms == 0.5 - 0.01
+    assert loaded.row("tiny").headroom_ms == 1.0 - 0.01
+    assert math.isnan(loaded.row("nob").headroom_ms)  # a timed pass without bytes
+    assert math.isnan(loaded.row("bad").headroom_ms)  # not ok
+    # a stored value (also NaN: null) is kept; without peaks nothing is derived
+    data["rows"][1]["headroom_ms"] = None
+    assert math.isnan(Report.from_dict(data).row("mlp").headroom_ms)
+    del data["metadata"]["peaks"]
+    assert math.isnan(Report.from_dict(data).row("").headroom_ms)
+
+
+def test_no_ranking_without_peaks_and_each_reason_said() -> None:
+    report = roofline_report()
+    assert headroom_lines(report) and no_headroom_reason(report, 0) == "no headroom ranking asked for (--top 0)"
+    del report.metadata["peaks"]  # the rows still carry their stored headroom_ms: no roof to measure it against
+    assert headroom_ranking(report) == [] and headroom_lines(report) == []
+    assert no_headroom_reason(report, 10) == "no peaks in this report: no roof, no headroom"
+    measured = roofline_report()
+    for row in measured.rows:
+        row.headroom_ms = math.nan
+    assert no_headroom_reason(measured, 10).startswith("no measured component has a headroom")

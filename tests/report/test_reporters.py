@@ -121,7 +121,8 @@ def test_log_to_tensorboard_uses_the_targets_writer_at_the_step(no_icicles: None
     line = log_to_tensorboard(_report(), ReportContext(output_dir=tmp_path, step=4), target)
     assert line == (
         f"cb_callback: component report of step 4 written to {tmp_path} (report.json, components.csv, "
-        "report.html, icicle_*.png); logged to TensorBoard under component_benchmark/: tensorboard --logdir /logs/v0"
+        "report.html, icicle_*.png, roofline.png); logged to TensorBoard under component_benchmark/: "
+        "tensorboard --logdir /logs/v0"
     )
     tags = {tag for tag, _ in writer.tags}
     assert {"component_benchmark/table", "component_benchmark/summary", "component_benchmark/total_ms/root",
@@ -152,7 +153,7 @@ def test_a_writer_that_cannot_open_is_one_warning(tmp_path: Path) -> None:
         assert log_to_tensorboard(_report(), ReportContext(output_dir=tmp_path, step=0), target) is None
     assert _ours(record) == [
         "cb_callback: could not log the report to TensorBoard (OSError: read-only file system); it is "
-        f"written to {tmp_path} (report.json, components.csv, report.html, icicle_*.png)."
+        f"written to {tmp_path} (report.json, components.csv, report.html, icicle_*.png, roofline.png)."
     ]
 
 

@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 
+from cb_callback import ComponentRow, Report
 from cb_callback._report.html import write_html
 from tests._browser import browser, new_page
 from tests._roofline_report import EXPECTED, roofline_report
 
 __all__ = ["browser"]  # the fixture
 
-ALL = [f"{path}:{name}" for path, name in EXPECTED]  # ":fwd", ":bwd", "mlp:fwd", "tiny:bwd"
+#: ":fwd", ":bwd", "mlp:fwd", "tiny:bwd", then the bandwidth panel's "act:fwd" (no FLOPs counted)
+ALL = [f"{path}:{name}" for path, name in EXPECTED] + ["act:fwd"]
 #: The markers drawn for components (the ridges' markers carry no component).
 DRAWN = "document.getElementById('roofline').data.filter(t => t.customdata).reduce((n, t) => n + t.x.length, 0)"
 
@@ -61,7 +63,8 @@ def test_clicking_a_point_selects_its_component(browser: object, page_file: Path
         assert page.evaluate("window.cbRoofline.shown()") == ALL
         assert page.evaluate(DRAWN) == len(ALL)
         note = page.inner_text("#roofline-note")
-        assert note.startswith("4 of 4 points shown") and "left out: 3 components (1 estimated" in note
+        assert note.startswith("4 of 4 points and 1 of 1 passes with no FLOPs counted (the bandwidth panel) shown")
+        assert "left out: 3 components (1 estimated" in note and "roof above it is its headroom" in note
         page.locator("#roofline").scroll_into_view_if_needed()
         _click(page, "mlp", "fwd")
         assert "mlp (Linear), forward" in page.evaluate(HOVER)  # the hover names the path and the pass
@@ -71,6 +74,14 @@ def test_clicking_a_point_selects_its_component(browser: object, page_file: Path
         page.locator("#roofline").scroll_into_view_if_needed()  # selecting scrolled the table's row into view
         _click(page, "tiny", "bwd")
         assert page.inner_text("#details h2") == "tiny"
+        page.locator("#roofline").scroll_into_view_if_needed()
+        _click(page, "act", "fwd")  # the bandwidth panel's pass: hover and select as on the roofline
+        # 1e6 B in 0.5 ms = 2 GB/s of DRAM's 100 (2 %); no share in the fixture: "-", not "0 %"
+        assert page.evaluate(HOVER) == (
+            "act (ReLU), forwardno FLOPs counted; 2 GB/s of DRAM's 100 GB/s (2 %)0.5 ms per call; 1 MB"
+            "share of the step -; headroom 0.49 ms per call (both passes)"
+        )
+        assert page.inner_text("#details h2") == "act"
 
 
 def test_the_table_filters_remove_points(browser: object, page_file: Path) -> None:
@@ -79,7 +90,7 @@ def test_the_table_filters_remove_points(browser: object, page_file: Path) -> No
         page.select_option("#f-type", "Linear")  # mlp alone of the drawn components is a Linear
         assert page.evaluate("window.cbRoofline.shown()") == ["mlp:fwd"]
         assert page.evaluate(DRAWN) == 1
-        assert page.inner_text("#roofline-note").startswith("1 of 4 points shown")
+        assert page.inner_text("#roofline-note").startswith("1 of 4 points and 0 of 1 passes")
         page.select_option("#f-type", "")
         page.fill("#f-path", "tiny")
         assert page.evaluate("window.cbRoofline.shown()") == ["tiny:bwd"]
@@ -87,3 +98,55 @@ def test_the_table_filters_remove_points(browser: object, page_file: Path) -> No
         page.select_option("#f-depth", "0")  # the root alone: both its passes
         assert page.evaluate("window.cbRoofline.shown()") == [":fwd", ":bwd"]
         assert page.evaluate(DRAWN) == 2
+
+
+def test_the_hover_shows_a_quote_as_itself_and_runs_no_markup(browser: object, tmp_path: Path) -> None:
+    report = roofline_report()
+    report.row("mlp").path = 'm"q'  # a quote: &quot; is no entity plotly decodes
+    report.row("tiny").path = "<svg onload=alert(1)>"
+    page_file = write_html(report, tmp_path)
+    with new_page(browser, height=1400) as (page, log):
+        dialogs: list[str] = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        _open(page, page_file)
+        page.locator("#roofline").scroll_into_view_if_needed()
+        for path, name in (('m"q', "fwd"), ("<svg onload=alert(1)>", "bwd")):
+            where = page.evaluate("([a, b]) => window.cbRoofline.where(a, b)", [path, name])
+            page.mouse.move(where["x"], where["y"])
+            _until(page, f"{HOVER}.startsWith({path!r} + ' (')")  # the path as written, no &quot; nor &lt;
+            page.mouse.move(5, 5)
+        assert dialogs == [] and log.errors == []
+        assert page.evaluate("document.querySelectorAll('#roofline svg svg, #roofline [onload]').length") == 0
+
+
+def test_types_past_the_ninth_are_one_grey_group(browser: object, tmp_path: Path) -> None:
+    rows = [ComponentRow("", "Net", 0, None, "ok", calls=1, fwd_ms=20.0, bwd_ms=0.0, total_ms=20.0, fwd_flops=1e10,
+                         bwd_flops=0.0, share=1.0)]  # fmt: skip
+    for i in range(12):  # Type0 the slowest after the root: the colours go by time over the step
+        ms = 1.0 + 0.1 * (12 - i)
+        row = ComponentRow(f"m{i}", f"Type{i}", 1, "", "ok", calls=1, fwd_ms=ms, bwd_ms=0.0, total_ms=ms,
+                           fwd_flops=1e8 * (i + 1), bwd_flops=0.0, share=0.05)  # fmt: skip
+        rows.append(row)
+    for row in rows:
+        row.details["fwd_bytes"] = 1e7
+    page_file = write_html(Report(rows, {"device": "cpu", "peaks": {"flops": 1e12, "bandwidth": 1e11}}), tmp_path)
+    with new_page(browser) as (page, _log):
+        _open(page, page_file)
+        legend = page.evaluate(
+            "document.getElementById('roofline').data.filter(t => t.customdata && t.showlegend)"
+            ".map(t => [t.name, t.marker.color, t.x.length])"
+        )
+    # Net and Type0..Type7: nine colours (tab10 without its grey); Type8..Type11 one grey entry of 4 points
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]
+    assert legend == [["Net", palette[0], 1], *[[f"Type{i}", palette[i + 1], 1] for i in range(8)],
+                      ["other types", "#9e9e9e", 4]]  # fmt: skip
+
+
+def test_without_peaks_the_note_claims_no_roof(browser: object, tmp_path: Path) -> None:
+    report = roofline_report()
+    del report.metadata["peaks"]
+    with new_page(browser) as (page, _log):
+        _open(page, write_html(report, tmp_path))
+        note = page.inner_text("#roofline-note")
+    assert "roof above it" not in note and note.endswith("No peaks in this report: no roof is drawn, no headroom; "
+                                                         "click a point to select its component.")  # fmt: skip

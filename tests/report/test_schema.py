@@ -19,6 +19,7 @@ import torch
 
 import cb_callback
 from cb_callback import ComponentRow, Report
+from cb_callback._report.headroom import headroom_ms
 from cb_callback._report.schema import SCHEMA_VERSION, STATUSES, RowDetails, Status
 from tests.conftest import FAST
 from tests.report.data.make_report_v1 import Tiny
@@ -118,13 +119,19 @@ def test_a_report_saved_now_has_the_version_and_round_trips(tmp_path: Path) -> N
     raw, new = json.loads(V1.read_text()), json.loads((tmp_path / "report.json").read_text())
     assert list(new) == ["schema_version", "metadata", "rows"] and new["schema_version"] == SCHEMA_VERSION == 2
     # Version 2 only adds the key: the previous release's rows and metadata pass through unchanged, but for
-    # the column added since (headroom_ms, issue 26): not in the old file, it loads as NaN and saves as null.
+    # the column added since (headroom_ms, issue 26): not in the old file, it is derived on load from the
+    # rows' counts and times and the file's peaks (1e12 FLOP/s, 1e11 B/s), NaN (saved as null) where it
+    # cannot be (the rows that are not ok).
     assert all("headroom_ms" not in r for r in raw["rows"])
-    assert all(r.pop("headroom_ms") is None for r in new["rows"])
+    peaks = raw["metadata"]["peaks"]
+    for row, saved in zip(old, new["rows"], strict=True):
+        expected = headroom_ms(row, peaks["flops"], peaks["bandwidth"])  # the root: 0.1264 - 568 / 1e11 s ...
+        assert (saved["headroom_ms"] is None) == (row.status != "ok") == math.isnan(expected), row.path
+        assert row.status != "ok" or saved["headroom_ms"] == row.headroom_ms == expected, row.path
+        saved.pop("headroom_ms")
     assert new["rows"] == raw["rows"] and new["metadata"] == raw["metadata"]
     again = Report.load(tmp_path)
     assert again.to_dict() == old.to_dict()
-    assert all(math.isnan(r.headroom_ms) for r in again)
 
 
 @pytest.mark.parametrize(

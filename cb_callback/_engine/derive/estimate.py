@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from cb_callback._engine.clocks.floor import is_at_floor
 from cb_callback._report.finite import finite, or_zero
+from cb_callback._report.headroom import headroom_ms
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.schema import Roofline
 
@@ -63,42 +62,6 @@ def derive(
             row.bound = found["bound"]
             row.details["roofline"] = found
     row.headroom_ms = headroom_ms(row, peak_flops, ceiling_bandwidth or peak_bandwidth)
-
-
-def _pass_at_floor(row: ComponentRow, name: str) -> bool:
-    floor = row.details.get("floor_ms")
-    return isinstance(floor, Mapping) and name in (floor.get("at_floor") or ())
-
-
-def headroom_ms(row: ComponentRow, peak_flops: float | None, bandwidth: float | None) -> float:
-    """The time per call ``row`` would save at its own roof, ms; NaN where that is unknown.
-
-    Per pass (forward, backward): ``max(0, t - max(flops / peak_flops, bytes / bandwidth))``, with
-    ``t`` the pass's time (``fwd_ms``, ``bwd_ms``, net of the harness floor), its FLOPs (``fwd_flops``,
-    ``bwd_flops``) and bytes (``details["fwd_bytes"]``, ``["bwd_bytes"]``): what the pass takes beyond
-    the time its work needs at the ceiling that binds it. ``bandwidth`` is the row's own memory roof
-    (bytes/s: ``details["bw_ceiling"]``, else the device's peak), as ``bound``'s. The two passes add up.
-
-    A pass with no time (``0``: no backward; NaN: not timed) or at the harness floor
-    (``details["floor_ms"]["at_floor"]``: its time is within the harness's noise of no work) adds 0.
-    NaN for a row that is not ``ok`` (an estimate sums isolated children; failed, skipped and not-run
-    rows have no time), without both peaks, when no pass has a time above the floor, or when a pass
-    that does lacks its FLOPs or bytes. The result is ms per call.
-    """
-    if row.status != "ok" or not peak_flops or not bandwidth:
-        return _NAN
-    passes = (("fwd", row.fwd_ms, row.fwd_flops), ("bwd", row.bwd_ms, row.bwd_flops))
-    total, timed = 0.0, False
-    for name, ms, flops in passes:
-        if not finite(ms) or ms <= 0 or _pass_at_floor(row, name):
-            continue
-        nbytes = row.details.get(f"{name}_bytes")
-        if not finite(flops) or not finite(nbytes):
-            return _NAN
-        roof_ms = max(flops / peak_flops, float(nbytes) / bandwidth) * 1e3
-        total += max(0.0, ms - roof_ms)
-        timed = True
-    return total if timed else _NAN
 
 
 def roofline(
