@@ -81,6 +81,8 @@ LIMITS: tuple[str, ...] = (
     "stashed (preserve_rng_state=True), so the recompute draws the same numbers",
     "added time is fwd_ms x calls, replayed alone: the recompute inside the step may run faster (warm caches) or "
     "slower; communication inside a recompute is refused, not priced",
+    "the recompute runs the forward's Python again: side effects outside tensors (a KV cache list appended to, "
+    "a counter) happen twice; .apply raises at the forward that writes a buffer or modifies its input in place",
 )
 
 
