@@ -106,6 +106,11 @@ class CheckpointedForward:
             return self.previous
         return MethodType(type(self.module).forward, self.module)
 
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:
+        """The forward run (``inspect.signature(module.forward)`` reads its parameters)."""
+        return self._target()
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():  # nothing is saved, so nothing is recomputed
             return _run_checkpointed(self._target(), args, kwargs)

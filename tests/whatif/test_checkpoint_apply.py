@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 from typing import Any
 
@@ -133,6 +134,7 @@ def test_a_modules_keywords_named_like_checkpoints_reach_the_module(kwargs: dict
     with wrap_modules(model, ["m"]):
         y = model["m"](x, **kwargs)
         y.sum().backward()
+        assert "determinism_check" in inspect.signature(model["m"].forward).parameters  # seen through the wrapper
     assert torch.equal(y, y_ref)
     grads = {n: p.grad for n, p in model.named_parameters()}
     assert _equal(grads, {n: p.grad for n, p in reference.named_parameters()})
