@@ -149,7 +149,8 @@ class CheckpointedForward:
 
 def _problem(path: str, module: nn.Module) -> str | None:
     """Why ``module`` cannot be wrapped now (``None``: it can)."""
-    if isinstance(module.__dict__.get("forward"), CheckpointedForward):
+    forward = module.__dict__.get("forward")
+    if isinstance(forward, CheckpointedForward) or _ORIGINAL in getattr(forward, "__dict__", {}):
         return f"{path!r} is already wrapped in a checkpoint by cb_callback"
     for name, sub in module.named_modules():
         if isinstance(sub, (_BatchNorm, _InstanceNorm)) and sub.training and sub.track_running_stats:

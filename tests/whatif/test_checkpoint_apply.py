@@ -238,3 +238,12 @@ def test_the_same_module_under_two_paths_is_refused_and_nothing_is_wrapped() -> 
     with pytest.raises(ValueError, match="cannot checkpoint 'b': it is the same module as 'a'"):
         wrap_modules(model, ["a", "b"])
     assert "forward" not in block.__dict__
+
+
+def test_a_forward_already_under_the_bare_checkpointed_forward_is_refused() -> None:
+    from cb_callback._whatif.checkpoint_wrap import checkpointed_forward
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    model[0].forward = checkpointed_forward(model[0].forward)  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="cannot checkpoint '0': '0' is already wrapped"):
+        wrap_modules(model, ["0"])
