@@ -187,7 +187,10 @@ def test_share_counts_a_component_only_in_the_batches_it_ran_in() -> None:
     # Σ_b big's time ÷ Σ_b the root's: batch 2 counted once, not as if in every batch
     assert big.share == pytest.approx(cost(big, 2) / sum(cost(root, b) for b in range(4)))
     assert root.share == 1.0
-    assert "slower_than_parent" not in (big.details.get("flags") or [])
+    # not flagged slower than its parent for being counted in one batch only; a busy machine can still
+    # make its own medians cross the root's, and then the row says it was noisy
+    flags = big.details.get("flags") or []
+    assert "slower_than_parent" not in flags or "noisy" in flags, flags
 
 
 def test_batch_size_replicates_each_batch_from_its_own_size() -> None:

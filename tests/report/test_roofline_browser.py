@@ -43,12 +43,20 @@ HOVER = "(document.querySelector('#roofline .hovertext') || {textContent: ''}).t
 
 
 def _click(page: Any, path: str, pass_name: str) -> None:
-    """Point at ``path``'s ``pass_name`` point until plotly hovers it, then click it."""
-    where = page.evaluate(f"window.cbRoofline.where({path!r}, {pass_name!r})")
-    page.mouse.move(where["x"], where["y"])
-    _until(page, f"{HOVER}.startsWith({path!r} + ' (')")
-    page.mouse.click(where["x"], where["y"])
-    _until(page, f"window.cbViewer.state.selected === {path!r}")
+    """Point at ``path``'s ``pass_name`` point until plotly hovers it, then click it: up to three times, each
+    from the point's position read again (on a busy machine the page may still be scrolling the previous
+    selection's table row into view when the first position is read, and that click lands elsewhere)."""
+    selected = f"window.cbViewer.state.selected === {path!r}"
+    for _ in range(3):
+        where = page.evaluate(f"window.cbRoofline.where({path!r}, {pass_name!r})")
+        page.mouse.move(where["x"], where["y"])
+        _until(page, f"{HOVER}.startsWith({path!r} + ' (')")
+        page.mouse.click(where["x"], where["y"])
+        for _ in range(40):
+            if page.evaluate(selected):
+                return
+            page.wait_for_timeout(50)
+    raise AssertionError(f"three clicks did not select {path!r}")
 
 
 def _open(page: Any, path: Path) -> None:
