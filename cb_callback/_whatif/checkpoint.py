@@ -79,7 +79,11 @@ LIMITS: tuple[str, ...] = (
     "the parent's own work between its children and the allocator's caching are not seen",
     "randomness inside (dropout) is no reason to refuse: the non-reentrant checkpoint restores the RNG state it "
     "stashed (preserve_rng_state=True), so the recompute draws the same numbers",
-    "added time is fwd_ms x calls, replayed alone: the recompute inside the step may run faster (warm caches) or "
+    "added time is fwd_ms x calls, replayed alone, less a last child that is a leaf saving only its inputs and "
+    "parameters (a Linear ...: torch's non-reentrant recompute stops once the last saved tensor is back, before "
+    "it); otherwise an upper bound: the recompute runs at most the forward, and stops early after the last op "
+    "that saves a tensor. An op of the module's own after that child that saves its output (a functional relu) "
+    "re-runs it, which the report cannot see. The recompute inside the step may also run faster (warm caches) or "
     "slower; communication inside a recompute is refused, not priced",
 )
 
@@ -94,7 +98,10 @@ class Candidate:
         calls: how often the step called it.
         saved_bytes: ``activation_mb × calls`` in bytes: what no longer stays until the backward.
         call_bytes: one call's ``activation_mb`` in bytes (held again while its recompute runs).
-        extra_ms: ``fwd_ms × calls``: the recompute's predicted time.
+        extra_ms: the recompute's predicted time: ``fwd_ms × calls``, less its last child's forward when that
+            child is a leaf saving only its inputs and parameters (a Linear ...: the non-reentrant recompute
+            stops before it, see :func:`_not_rerun_ms`); otherwise an upper bound (the recompute runs at most
+            the forward).
     """
 
     path: str
@@ -179,10 +186,27 @@ def _candidates(report: Report) -> tuple[dict[str, Candidate], dict[str, str]]:
             continue
         call_bytes = round(r.activation_mb * _MIB)
         if call_bytes > 0:
-            candidates[r.path] = Candidate(
-                r.path, r.module_type, r.calls, call_bytes * r.calls, call_bytes, r.fwd_ms * r.calls
-            )
+            extra = max(0.0, r.fwd_ms * r.calls - _not_rerun_ms(r, kids))
+            candidates[r.path] = Candidate(r.path, r.module_type, r.calls, call_bytes * r.calls, call_bytes, extra)
     return candidates, refused
+
+
+def _not_rerun_ms(row: ComponentRow, kids: Mapping[str, list[ComponentRow]]) -> float:
+    """The forward time the recompute of ``row`` skips: its last child's, when that child saves nothing of its own.
+
+    torch's non-reentrant checkpoint stops the recompute once the last tensor the backward
+    needs is back. A last child (the last of ``row``'s children in the report's order: by first
+    execution) that is a leaf saving only its inputs and parameters (``activation_mb`` 0: a
+    Linear, a Conv, an Embedding) produces none of them, so it is not re-run: once per call of
+    ``row`` (``min(child calls, row calls)``: a child called k times in each call skips only its last).
+    """
+    children = kids.get(row.path, [])
+    last = children[-1] if children else None
+    if last is None or last.path in kids or last.status != "ok" or last.activation_mb != 0:
+        return 0.0
+    if not math.isfinite(last.fwd_ms) or last.calls <= 0:
+        return 0.0
+    return last.fwd_ms * min(last.calls, row.calls)
 
 
 #: A frontier point while the frontiers are built: ``(saved bytes, added ms, modules)``, the modules a
@@ -275,7 +299,7 @@ class CheckpointPlan:
             (``Σ activation_mb × calls`` of the chosen).
         peak_saved_bytes: the predicted drop of the step's peak (:func:`peak_saved_bytes`,
             the peak walked along the backward: a module that runs last saves little of it).
-        extra_ms: predicted added time per step (``Σ fwd_ms × calls``: the recomputes).
+        extra_ms: predicted added time per step (``Σ`` of the candidates' ``extra_ms``: the recomputes).
         curve: the trade-off points considered (the root's frontier), saved bytes ascending;
             the first is ``(0, 0, ())``.
         refused: path -> why that module cannot be checkpointed (every row refused, with its reason).

@@ -296,3 +296,34 @@ def test_why_a_training_mode_batchnorm_is_refused_its_statistics_would_update_tw
         net(x).sum().backward()
         counts.append(int(net[1].num_batches_tracked))
     assert counts == [1, 2]
+
+
+def _block(last_act_mb: float, last_calls: int = 1, blk_calls: int = 1, last_kids: bool = False) -> Report:
+    """root > inp; blk (1 MiB, 40 ms) > {blk.a (0 MiB, 2 ms), blk.big (last_act_mb, 34 ms)}; head."""
+    rows = [
+        _row("", None, 2.0, 50.0, peak_mem_mb=20.0),
+        _row("inp", "", 0.0, 1.0, params_mb=1.0, module_type="Linear"),
+        _row("blk", "", 1.0, 40.0, calls=blk_calls, params_mb=2.0),
+        _row("head", "", 0.0, 1.0, params_mb=1.0, module_type="Linear"),
+        _row("blk.a", "blk", 0.0, 2.0, calls=blk_calls, params_mb=1.0, module_type="Linear"),
+        _row("blk.big", "blk", last_act_mb, 34.0, calls=last_calls, params_mb=1.0, module_type="Linear"),
+    ]
+    if last_kids:
+        rows.append(_row("blk.big.inner", "blk.big", 0.0, 34.0, params_mb=1.0, module_type="Linear"))
+    return Report(rows)
+
+
+def test_the_recompute_stops_before_a_last_child_that_saves_only_its_inputs() -> None:
+    # torch's non-reentrant recompute stops once the last saved tensor is back: blk's last child blk.big
+    # (a Linear, activation_mb 0: it saves its input and weight only) is never re-run, so blk adds
+    # 40 - 34 = 6 ms, not its whole fwd_ms 40 (before the fix: 40.0).
+    assert plan_checkpointing(_block(0.0), save_bytes=1).extra_ms == 6.0
+    # blk called twice, blk.big once per call: 2 x 40 - 2 x 34 = 12 ms
+    assert plan_checkpointing(_block(0.0, last_calls=2, blk_calls=2), save_bytes=1).extra_ms == 12.0
+    # blk.big called twice within blk's one call: only its last call is skipped: 40 - 34 = 6 ms
+    assert plan_checkpointing(_block(0.0, last_calls=2), save_bytes=1).extra_ms == 6.0
+    # a last child that saves something of its own (0.5 MiB), or one that is not a leaf: the whole forward, 40
+    # (a target of 1 MiB: blk.big alone saves 0.5)
+    assert plan_checkpointing(_block(0.5), save_bytes=MIB).candidates["blk"].extra_ms == 40.0
+    assert plan_checkpointing(_block(0.0, last_kids=True), save_bytes=1).candidates["blk"].extra_ms == 40.0
+    assert "an upper bound" in ckpt.Candidate.__doc__ and any("upper bound" in s for s in ckpt.LIMITS)
