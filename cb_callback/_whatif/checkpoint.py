@@ -186,9 +186,23 @@ def _candidates(report: Report) -> tuple[dict[str, Candidate], dict[str, str]]:
             continue
         call_bytes = round(r.activation_mb * _MIB)
         if call_bytes > 0:
-            extra = max(0.0, r.fwd_ms * r.calls - _not_rerun_ms(r, kids))
+            extra = _recompute_ms(r, kids)
             candidates[r.path] = Candidate(r.path, r.module_type, r.calls, call_bytes * r.calls, call_bytes, extra)
     return candidates, refused
+
+
+def _recompute_ms(row: ComponentRow, kids: Mapping[str, list[ComponentRow]]) -> float:
+    """``row``'s recompute time: ``fwd_ms × calls`` less :func:`_not_rerun_ms`, at least its other children's.
+
+    The floor (the other children's ``fwd_ms × calls``, which the recompute does re-run) keeps a
+    noisy replay (the last child timed above its parent) from predicting a free recompute.
+    """
+    full = row.fwd_ms * row.calls
+    skip = _not_rerun_ms(row, kids)
+    if skip == 0:
+        return full
+    others = sum(k.fwd_ms * k.calls for k in kids[row.path][:-1] if math.isfinite(k.fwd_ms))
+    return min(full, max(full - skip, others))
 
 
 def _not_rerun_ms(row: ComponentRow, kids: Mapping[str, list[ComponentRow]]) -> float:

@@ -112,11 +112,12 @@ def test_an_unreachable_target_says_so_and_holds_the_most_it_can_save() -> None:
 
 def test_a_budget_walks_the_peak_along_the_backward() -> None:
     # At each position e of the backward (forward order a, b, c; a opened into a.x, a.y when a child is chosen)
-    # the step holds what ran before e + e's own peak (+ later gradients: none here); checkpointed modules free
-    # their saved bytes for every later position. Positions a, b, c: held 10, 8, 5; peaks 12, 5, 6:
-    #   plain max(0 + 12, 10 + 5, 18 + 6) = 24.
+    # the step holds what ran before e + e's own peak (+ later gradients: none here; + a module called n times:
+    # its n - 1 earlier calls' activations, freed too when it is checkpointed); checkpointed modules free their
+    # saved bytes for every later position. Positions a, b, c: held 10, 8 (4 x 2 calls), 5; peaks 12, 5, 6:
+    #   plain max(0 + 12, 10 + 4 + 5, 18 + 6) = 24.
     # Budget 20 of the root's 30: 10 off. {a.x} (6 MiB, 1 ms) on a.x, a.y, b, c (held 6, 3, 8, 5; peaks 7, 4, 5,
-    # 6): plain max(7, 10, 14, 23) = 23, wrapped max(7, 4, 8, 17) = 17: 6 off. {b} (8, 2 ms): max(12, 15, 16): 8.
+    # 6): plain max(7, 10, 18, 23) = 23, wrapped max(7, 4, 12, 17) = 17: 6 off. {b} (8, 2 ms): max(12, 15, 16): 8.
     # {a} (10, 2.5 ms): max(12, 5, 14): 10 off: the cheapest that fits.
     plan = plan_checkpointing(_tree(), memory_budget_bytes=20 * MIB)
     assert (plan.modules, plan.saved_bytes, plan.peak_saved_bytes, plan.extra_ms) == (("a",), 10 * MIB, 10 * MIB, 2.5)
@@ -326,4 +327,32 @@ def test_the_recompute_stops_before_a_last_child_that_saves_only_its_inputs() ->
     # (a target of 1 MiB: blk.big alone saves 0.5)
     assert plan_checkpointing(_block(0.5), save_bytes=MIB).candidates["blk"].extra_ms == 40.0
     assert plan_checkpointing(_block(0.0, last_kids=True), save_bytes=1).candidates["blk"].extra_ms == 40.0
+    # a noisy replay timing blk.big (50 ms) above blk (40): at least the other children's 2 ms, not 40 - 50 < 0
+    report = _block(0.0)
+    report.rows[-1].fwd_ms = 50.0
+    assert plan_checkpointing(report, save_bytes=1).extra_ms == 2.0
     assert "an upper bound" in ckpt.Candidate.__doc__ and any("upper bound" in s for s in ckpt.LIMITS)
+
+
+def _repeated(calls: int) -> Report:
+    """root (peak 11 MiB) > inp (1 MiB; peak 1.5), blk (4 MiB per call x ``calls``; peak 6), head (1; peak 1)."""
+    return Report([
+        _row("", None, 2.0, 10.0, peak_mem_mb=11.0),
+        _row("inp", "", 1.0, 1.0, peak_mem_mb=1.5),
+        _row("blk", "", 4.0, 2.0, calls=calls, peak_mem_mb=6.0),
+        _row("head", "", 1.0, 1.0, peak_mem_mb=1.0),
+    ])  # fmt: skip
+
+
+def test_a_module_called_several_times_frees_every_calls_activations_off_its_own_position() -> None:
+    # blk's position is met by its last call's backward with the earlier calls' 4 x (calls - 1) still held;
+    # checkpointed, those are freed too (its recompute holds one call at a time).
+    # 2 calls: plain max(1.5, 1 + 4 + 6, 1 + 8 + 1) = 11, wrapped max(1.5, 1 + 6, 1 + 1) = 7: 4 off (before the
+    # fix blk's position kept 1 + 6 plain too: 10 - 7 = 3; measured on shared_peak.py: one call's 3.99 MiB).
+    timeline = Timeline(_repeated(2))
+    assert timeline.peak_saved(("blk",), {"blk": 8 * MIB}) == 4 * MIB
+    # 4 calls: plain max(1.5, 1 + 12 + 6, 1 + 16 + 1) = 19, wrapped 7: 12 off (before: 18 - 7 = 11)
+    assert Timeline(_repeated(4)).peak_saved(("blk",), {"blk": 16 * MIB}) == 12 * MIB
+    # so a budget of 7 MiB (4 off the root's 11) is reached with 2 calls (before: NOT reached)
+    plan = plan_checkpointing(_repeated(2), memory_budget_bytes=7 * MIB)
+    assert (plan.modules, plan.peak_saved_bytes, plan.reached) == (("blk",), 4 * MIB, True)
