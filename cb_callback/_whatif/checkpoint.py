@@ -64,7 +64,8 @@ _THRESHOLDS = 12
 #: Most modules a budget's point may hold to be pruned (:func:`_pruned`).
 _PRUNE_MOST = 24
 
-#: Module types whose forward updates buffers in training mode (running statistics).
+#: Module types whose forward updates buffers in training mode (running statistics). The report holds class
+#: names only, so a subclass of another name is missed here; ``.apply`` checks the real class (``isinstance``).
 _STATEFUL_TYPES = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LazyBatchNorm1d",
                    "LazyBatchNorm2d", "LazyBatchNorm3d")  # fmt: skip
 
@@ -121,14 +122,20 @@ class CurvePoint:
     modules: tuple[str, ...]
 
 
-def _refusal(row: ComponentRow, stateful: bool, communicates: bool, leaf: bool) -> str | None:
+def _refusal(row: ComponentRow, stateful: bool, communicates: bool, leaf: bool, mutator: str | None) -> str | None:
     """Why ``row``'s module cannot be checkpointed (``None``: it can).
 
-    ``stateful`` / ``communicates``: of its subtree; ``leaf``: no row below it.
+    ``stateful`` / ``communicates``: of its subtree; ``leaf``: no row below it; ``mutator``: the
+    row (itself or its first child, and so on down) that changes its input in place, if any.
     """
     d = row.details
     if row.parent is None:
         return "the root: its recompute is the whole forward, held again at the backward's start; wrap its children"
+    if row.calls == 0 and row.status == "not_run":
+        return (
+            "never ran in the profiled step (status not_run: an unused expert, or a module whose parent uses its "
+            "weights without calling it, as MultiheadAttention does its out_proj): no forward to recompute"
+        )
     if row.calls == 0:
         return "never called itself (a container such as ModuleList): wrap its children"
     if row.status != "ok":
@@ -137,6 +144,12 @@ def _refusal(row: ComponentRow, stateful: bool, communicates: bool, leaf: bool) 
     if d.get("shared_with") or d.get("aliases"):
         others = [*(d.get("shared_with") or []), *(d.get("aliases") or [])]
         return f"shared with {', '.join(others)}: wrapping the module would checkpoint every use of it"
+    if mutator is not None:
+        who = "its forward" if mutator == row.path else f"its first op {mutator}"
+        return (
+            f"{who} changes its input in place (mutates_inputs): the recompute would see the modified input "
+            "(torch raises in the backward)"
+        )
     if communicates:
         return "communicates (collectives inside): a recompute would issue them again, in step with no other rank"
     if stateful:
@@ -153,6 +166,19 @@ def _refusal(row: ComponentRow, stateful: bool, communicates: bool, leaf: bool) 
             "consumer or traded for its input, which the checkpoint keeps: no saving to count on"
         )
     return None
+
+
+def _input_mutators(rows: Sequence[ComponentRow], kids: Mapping[str, list[ComponentRow]]) -> dict[str, str]:
+    """``path -> the row that changes its input in place``: itself (``mutates_inputs``) or, down the first
+    children (the first of each in the report's order, which gets its input), the first that does."""
+    out: dict[str, str] = {}
+    for row in reversed(rows):  # children before parents
+        first = (kids.get(row.path) or [None])[0]
+        if row.details.get("mutates_inputs"):
+            out[row.path] = row.path
+        elif first is not None and first.path in out:
+            out[row.path] = out[first.path]
+    return out
 
 
 def _subtree_flags(
@@ -177,15 +203,17 @@ def _candidates(report: Report) -> tuple[dict[str, Candidate], dict[str, str]]:
         if r.parent is not None:
             kids.setdefault(r.parent, []).append(r)
     flags = _subtree_flags(report.rows, kids)
+    mutators = _input_mutators(report.rows, kids)
     candidates: dict[str, Candidate] = {}
     refused: dict[str, str] = {}
     for r in report.rows:
-        why = _refusal(r, *flags[r.path], leaf=r.path not in kids)
+        why = _refusal(r, *flags[r.path], leaf=r.path not in kids, mutator=mutators.get(r.path))
+        call_bytes = round(r.activation_mb * _MIB) if why is None else 0
+        if why is None and call_bytes <= 0:
+            why = "saves no activations (activation_mb 0: only its inputs and parameters, which a checkpoint keeps)"
         if why is not None:
             refused[r.path] = why
-            continue
-        call_bytes = round(r.activation_mb * _MIB)
-        if call_bytes > 0:
+        else:
             extra = _recompute_ms(r, kids)
             candidates[r.path] = Candidate(r.path, r.module_type, r.calls, call_bytes * r.calls, call_bytes, extra)
     return candidates, refused

@@ -356,3 +356,29 @@ def test_a_module_called_several_times_frees_every_calls_activations_off_its_own
     # so a budget of 7 MiB (4 off the root's 11) is reached with 2 calls (before: NOT reached)
     plan = plan_checkpointing(_repeated(2), memory_budget_bytes=7 * MIB)
     assert (plan.modules, plan.peak_saved_bytes, plan.reached) == (("blk",), 4 * MIB, True)
+
+
+def test_a_module_that_changes_its_input_in_place_is_refused_and_so_is_a_parent_whose_first_op_does() -> None:
+    # the recompute would run on the modified input (torch raises in the backward: inplace_first.py)
+    plan = plan_checkpointing(_tree(**{"c": {"details": {"mutates_inputs": True}}}), save_bytes=1)
+    assert "changes its input in place" in plan.refused["c"] and "c" not in plan.candidates
+    # a.x is a's first child (the report's order): it gets a's input, so a is refused too; a.y, a's second, not
+    plan = plan_checkpointing(_tree(**{"a.x": {"details": {"mutates_inputs": True}}}), save_bytes=1)
+    assert plan.refused["a"].startswith("its first op a.x changes its input in place")
+    assert "a.x" in plan.refused and "a" not in plan.candidates
+    plan = plan_checkpointing(_tree(**{"a.y": {"details": {"mutates_inputs": True}}}), save_bytes=1)
+    assert "a" in plan.candidates and "a.y" in plan.refused
+
+
+def test_rows_that_never_ran_or_save_nothing_are_refused_with_their_own_reason() -> None:
+    # not_run with no calls (an unused expert, MultiheadAttention's out_proj): not a container (before: "never
+    # called itself (a container such as ModuleList)")
+    plan = plan_checkpointing(_tree(**{"c": {"status": "not_run", "calls": 0}}), save_bytes=1)
+    assert plan.refused["c"].startswith("never ran in the profiled step (status not_run")
+    assert "container" not in plan.refused["c"]
+    # activation_mb 0 (a Linear saves only its input and weight): before, neither a candidate nor refused
+    report = _tree()
+    report.rows[-1].activation_mb = 0.0
+    plan = plan_checkpointing(report, save_bytes=1)
+    assert plan.refused["c"].startswith("saves no activations") and "c" not in plan.candidates
+    assert set(plan.refused) | set(plan.candidates) == {r.path for r in report.rows}  # every row accounted for
