@@ -30,6 +30,7 @@ peak), so no frontier is exact for it, and a budget is met by a search
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -414,8 +415,20 @@ class CheckpointPlan:
             asked.append(f"peak <= {_mib(self.memory_budget_bytes)} (the root's peak_mem_mb: {root})")
         if not asked:
             return "checkpointing plan: no target (the trade-off curve only)"
-        verdict = "reached" if self.reached else "NOT reached: the most the candidates save is shown"
-        return f"checkpointing plan: {' and '.join(asked)}: {verdict}"
+        return f"checkpointing plan: {' and '.join(asked)}: {self._verdict()}"
+
+    def _verdict(self) -> str:
+        if self.reached:
+            return "reached"
+        most = max((p.saved_bytes for p in self.curve), default=0)
+        if self.memory_budget_bytes is None or self.predicted_peak_bytes is None:
+            return f"NOT reached: the most the candidates save ({_mib(most)}) is shown"
+        if self.predicted_peak_bytes <= self.memory_budget_bytes:  # the peak fits: the saving asked is the miss
+            return f"NOT reached: the candidates save at most {_mib(most)}; shown: the set found that fits the budget"
+        return (
+            "NOT reached: no plan found that reaches it (the budget's search is not exhaustive: a set that fits may "
+            f"exist); shown: the set found that takes most off the peak (the most any set saves: {_mib(most)})"
+        )
 
     def table(self) -> str:
         """The plan as text: the target, the chosen modules, the totals, the refusals and the limits."""
@@ -514,6 +527,16 @@ def _pruned(
     return point
 
 
+def _check_bytes(name: str, value: object) -> None:
+    """Raise unless ``value`` is ``None`` or a finite number of bytes >= 0 (``name``: the argument, for the message)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r}: expected a number of bytes (int or float), got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value}: expected a finite number of bytes >= 0")
+
+
 def page_data(data: dict[str, Any]) -> dict[str, Any]:
     """What report.html's checkpointing section draws, from a report's dict: the plan without a target."""
     return plan_checkpointing(Report.from_dict(data)).to_dict()
@@ -540,7 +563,9 @@ def plan_checkpointing(
         candidates reaches the target (the plan then holds the point that saves most).
 
     Raises:
-        ValueError: a negative target, or a budget on a report whose root has no ``peak_mem_mb``.
+        TypeError: a target that is not a number (a string, a bool), naming the argument.
+        ValueError: a negative, NaN or infinite target (naming the argument), or a budget on a report
+            whose root has no ``peak_mem_mb``.
 
     Notes:
         Optimal (least ``extra_ms`` over every antichain of the candidates) for ``save_bytes``
@@ -551,9 +576,8 @@ def plan_checkpointing(
         a cheaper set that fits may exist. See
         :data:`LIMITS` for what the figures cannot know.
     """
-    for name, value in (("save_bytes", save_bytes), ("memory_budget_bytes", memory_budget_bytes)):
-        if value is not None and value < 0:
-            raise ValueError(f"{name}={value}: expected bytes >= 0")
+    _check_bytes("save_bytes", save_bytes)
+    _check_bytes("memory_budget_bytes", memory_budget_bytes)
     root_peak = _root_peak(report)
     if memory_budget_bytes is not None and root_peak is None:
         raise ValueError("a memory budget needs the root's peak_mem_mb, which this report does not have")

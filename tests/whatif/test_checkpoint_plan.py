@@ -146,7 +146,7 @@ def test_a_budget_already_met_chooses_nothing_and_one_out_of_reach_says_so() -> 
     assert not plan.reached
     with pytest.raises(ValueError, match="needs the root's peak_mem_mb"):
         plan_checkpointing(_tree(**{"": {"peak_mem_mb": float("nan")}}), memory_budget_bytes=MIB)
-    with pytest.raises(ValueError, match="save_bytes=-1: expected bytes >= 0"):
+    with pytest.raises(ValueError, match="save_bytes=-1: expected a finite number of bytes >= 0"):
         plan_checkpointing(_tree(), save_bytes=-1)
 
 
@@ -382,3 +382,31 @@ def test_rows_that_never_ran_or_save_nothing_are_refused_with_their_own_reason()
     plan = plan_checkpointing(report, save_bytes=1)
     assert plan.refused["c"].startswith("saves no activations") and "c" not in plan.candidates
     assert set(plan.refused) | set(plan.candidates) == {r.path for r in report.rows}  # every row accounted for
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "match"),
+    [
+        ({"save_bytes": float("nan")}, ValueError, "save_bytes=nan"),  # before: no error (nan < 0 is False)
+        ({"save_bytes": -1.0}, ValueError, "save_bytes=-1.0"),
+        ({"memory_budget_bytes": float("nan")}, ValueError, "memory_budget_bytes=nan"),
+        ({"memory_budget_bytes": float("inf")}, ValueError, "memory_budget_bytes=inf"),
+        ({"memory_budget_bytes": -5}, ValueError, "memory_budget_bytes=-5"),
+        ({"save_bytes": "1GiB"}, TypeError, "save_bytes='1GiB'"),  # before: TypeError from '<' naming nothing
+        ({"memory_budget_bytes": True}, TypeError, "memory_budget_bytes=True"),
+    ],
+)
+def test_a_target_that_is_not_a_finite_size_is_refused_naming_the_argument(
+    kw: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match.replace("(", r"\(").replace(".", r"\.")):
+        plan_checkpointing(_tree(), **kw)
+
+
+def test_both_targets_with_an_unreachable_saving_say_what_is_shown() -> None:
+    # budget 20 (met by {a}: 10 off) and a saving of 100 MiB (the most: a + b + c = 23): before, "the most the
+    # candidates save is shown" while {a} saving 10 was shown
+    plan = plan_checkpointing(_tree(), save_bytes=100 * MIB, memory_budget_bytes=20 * MIB)
+    assert not plan.reached and plan.saved_bytes < 23 * MIB
+    assert "NOT reached: the candidates save at most 23.0 MiB; shown: the set found that fits the budget" in str(plan)
+    assert "the most the candidates save is shown" not in str(plan)
