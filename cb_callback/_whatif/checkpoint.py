@@ -174,11 +174,11 @@ def _input_mutators(rows: Sequence[ComponentRow], kids: Mapping[str, list[Compon
     children (the first of each in the report's order, which gets its input), the first that does."""
     out: dict[str, str] = {}
     for row in reversed(rows):  # children before parents
-        first = (kids.get(row.path) or [None])[0]
+        children = kids.get(row.path, [])
         if row.details.get("mutates_inputs"):
             out[row.path] = row.path
-        elif first is not None and first.path in out:
-            out[row.path] = out[first.path]
+        elif children and children[0].path in out:
+            out[row.path] = out[children[0].path]
     return out
 
 
