@@ -62,6 +62,9 @@ FRONTIER_CAP = 64
 #: Most thresholds :func:`_choose_for_peak` tries (one frontier each).
 _THRESHOLDS = 12
 
+#: Most candidates :func:`_greedy` adds from (each step walks the backward once per candidate).
+_GREEDY_MOST = 64
+
 #: Most modules a budget's point may hold to be pruned (:func:`_pruned`).
 _PRUNE_MOST = 24
 
@@ -483,8 +486,9 @@ def _choose_for_peak(
     candidate's call bytes) the frontier of the candidates whose calls hold at most ``m`` (a
     recompute holds one call again: sets of small calls lose least to it), each cheapest
     first up to its first point that meets both needs. With more than :data:`_THRESHOLDS`
-    distinct call sizes, that many evenly spread ones are tried. Each point found is pruned
-    of the modules it can do without (:func:`_pruned`); the cheapest wins.
+    distinct call sizes, that many evenly spread ones are tried; and the set built by greedy
+    additions (:func:`_greedy`). Each point found is pruned of the modules it can do without
+    (:func:`_pruned`); the cheapest wins. No point fitting is no proof none exists.
     """
     timeline = Timeline(report)
     sizes = sorted({c.call_bytes for c in candidates.values()})
@@ -503,7 +507,43 @@ def _choose_for_peak(
         )  # fmt: skip
         first = next(fits, None)
         found += [] if first is None else [_pruned(first, candidates, timeline, need)]
+    greedy = _greedy(candidates, timeline, need)
+    if greedy is not None:
+        found.append(_pruned(greedy, candidates, timeline, need))
     return min(found, key=lambda p: (p.extra_ms, -p.saved_bytes), default=None), exact
+
+
+def _point(modules: Sequence[str], candidates: Mapping[str, Candidate]) -> CurvePoint:
+    kept = tuple(sorted(modules))
+    return CurvePoint(sum(candidates[p].saved_bytes for p in kept), sum(candidates[p].extra_ms for p in kept), kept)
+
+
+def _greedy(candidates: Mapping[str, Candidate], timeline: Timeline, need: tuple[int, int]) -> CurvePoint | None:
+    """Candidates added one at a time, each the one whose addition gains most per added ms (off the peak while
+    ``need[1]`` is unmet, else or when no addition gains off it alone, saved bytes), until both needs hold;
+    ``None`` when they never do, or with more than :data:`_GREEDY_MOST` candidates."""
+    if len(candidates) > _GREEDY_MOST:
+        return None
+    chosen: list[str] = []
+    now = _point(chosen, candidates)
+    peak = 0
+    while now.saved_bytes < need[0] or peak < need[1]:
+        best: tuple[tuple[float, float], CurvePoint, int] | None = None
+        for path, c in candidates.items():
+            if any(path == q or path.startswith(q + ".") or q.startswith(path + ".") for q in chosen):
+                continue
+            pt = _point([*chosen, path], candidates)
+            got = peak_saved_bytes(pt, candidates, timeline)
+            gain = got - peak if peak < need[1] else 0
+            # no addition gains off the peak alone (two may together): the most saved bytes per ms then
+            score = (gain / max(c.extra_ms, 1e-9), c.saved_bytes / max(c.extra_ms, 1e-9))
+            if (gain > 0 or pt.saved_bytes > now.saved_bytes) and (best is None or score > best[0]):
+                best = (score, pt, got)
+        if best is None:
+            return None
+        _, now, peak = best
+        chosen = list(now.modules)
+    return now
 
 
 def _pruned(

@@ -410,3 +410,39 @@ def test_both_targets_with_an_unreachable_saving_say_what_is_shown() -> None:
     assert not plan.reached and plan.saved_bytes < 23 * MIB
     assert "NOT reached: the candidates save at most 23.0 MiB; shown: the set found that fits the budget" in str(plan)
     assert "the most the candidates save is shown" not in str(plan)
+
+
+def test_a_budget_the_threshold_search_misses_is_found_by_greedy_additions(monkeypatch: pytest.MonkeyPatch) -> None:
+    # /tmp/break-ckpt/brute2.py's seed 175 (a random tree, peak 50 MiB): the most any antichain of candidates
+    # takes off the peak (by the plan's own walk, brute force over every antichain) is reachable, but the
+    # curve and the call-size thresholds found no set that takes it (NOT reached before)
+    spec = [  # path, parent, activation_mb, fwd_ms, calls, peak_mem_mb, params_mb (full precision)
+        ("m0", "", 11.168271515759448, 7.536160531912804, 1, 14.518752970487283, 0),
+        ("m1", "", 3.704586933567624, 3.596957517548169, 1, 7.688878307586786, 0),
+        ("m10", "", 0.5, 0.7298813482946156, 1, 5.374279052594986, 0.5),
+        ("m1.m2", "m1", 3.52062200814588, 3.526513584200227, 1, 7.688878307586786, 0.5),
+        ("m0.m4", "m0", 3, 1.7901067900935408, 2, 3.9000000000000004, 0),
+        ("m0.m6", "m0", 5.034906211267893, 3.8309387359628246, 1, 6.545378074648261, 0.5),
+        ("m1.m2.m3", "m1.m2", 1.5927949081095503, 1.75443196490872, 2, 7.688878307586786, 0.5),
+        ("m0.m6.m8", "m0.m6", 4.611746167971236, 3.639156850138663, 1, 5.995270018362607, 0.5),
+        ("m1.m2.m3.m5", "m1.m2.m3", 0.5, 0.29133610815661526, 2, 3.4245384604594853, 0),
+        ("m1.m2.m3.m7", "m1.m2.m3", 2, 2.8088479389812973, 1, 2.6, 0.5),
+        ("m0.m6.m8.m9", "m0.m6.m8", 4, 3.397243202726679, 1, 5.310420220291061, 0.5),
+    ]  # fmt: skip
+    rows = [_row("", None, 0.0, 0.0, peak_mem_mb=50.0, params_mb=1.0)]
+    rows += [_row(p, par, a, f, calls=n, peak_mem_mb=pk, params_mb=pm) for p, par, a, f, n, pk, pm in spec]
+    report = Report(rows)
+    cands = plan_checkpointing(report).candidates
+    timeline = Timeline(report)
+    sets = [s for s in _antichains(report) if all(p in cands for p in s)]
+    peaks = {s: timeline.peak_saved(s, {p: cands[p].saved_bytes for p in s}) for s in sets}
+    need = max(peaks.values())
+    best = min((s for s in sets if peaks[s] >= need), key=lambda s: sum(cands[p].extra_ms for p in s))
+    budget = 50 * MIB - need
+    monkeypatch.setattr(ckpt, "_GREEDY_MOST", 0)  # the search before: the curve and the call-size thresholds
+    assert not plan_checkpointing(report, memory_budget_bytes=budget).reached
+    monkeypatch.undo()
+    plan = plan_checkpointing(report, memory_budget_bytes=budget)
+    assert plan.reached and plan.peak_saved_bytes == need
+    assert plan.modules == best == ("m0.m6", "m1.m2.m3")  # the optimum, here (7.34 ms)
+    assert plan.extra_ms == pytest.approx(7.339802665780265)
