@@ -430,7 +430,7 @@ class CheckpointPlan:
             return f"NOT reached: the candidates save at most {_mib(most)}; shown: the set found that fits the budget"
         return (
             "NOT reached: no plan found that reaches it (the budget's search is not exhaustive: a set that fits may "
-            f"exist); shown: the set found that takes most off the peak (the most any set saves: {_mib(most)})"
+            f"exist); shown: the curve's point that takes most off the peak (the most any set saves: {_mib(most)})"
         )
 
     def table(self) -> str:
