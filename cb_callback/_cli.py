@@ -23,6 +23,7 @@ from cb_callback._report.listing import format_listing, select_rows
 from cb_callback._report.model import COLUMNS, Report
 
 if TYPE_CHECKING:
+    from cb_callback._whatif.checkpoint import CheckpointPlan
     from cb_callback._whatif.snapshot import Snapshot
 
 __all__ = ["main"]
@@ -715,25 +716,34 @@ def _size(text: str) -> int:
     """Bytes of a size such as ``1GiB``, ``512 MB``, ``1.5KiB`` or ``4096`` (for argparse)."""
     import re
 
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", text)
-    unit = m.group(2).lower() if m else ""
+    m = re.fullmatch(r"\s*(-?)\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(3).lower() if m else ""
     if m is None or unit not in _UNITS:
         raise argparse.ArgumentTypeError(
             f"expected a size such as 1GiB, 512MB or 4096 (bytes; units KiB MiB GiB TiB, KB MB GB TB), got {text!r}"
         )
-    return round(float(m.group(1)) * _UNITS[unit])
+    if m.group(1):
+        raise argparse.ArgumentTypeError(f"a size cannot be negative, got {text!r} (expected e.g. 1GiB, 512MB)")
+    return round(float(m.group(2)) * _UNITS[unit])
 
 
 def _add_checkpoint(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``cb checkpoint``: which components to recompute in backward, from a saved report."""
+    import re
+
     p = sub.add_parser(
         "checkpoint",
         help="plan activation checkpointing from a saved report (memory saved vs time added)",
         description="Choose the components to recompute in backward (torch.utils.checkpoint, non-reentrant) at "
         "the least added time, from the report's measured activation_mb and fwd_ms. Exit status: 0 a plan "
-        "printed, 1 no plan reaches the target (the closest is printed, the reason on stderr), 2 no report or "
-        "one that cannot be read. Without --save or --budget the trade-off curve is printed.",
+        "printed, 1 no plan found that reaches the target (the closest is printed, the reason on stderr; a "
+        "budget's search is not exhaustive), 2 no report, one that cannot be read, or one the target cannot be "
+        "planned on (a --budget without the root's peak_mem_mb). Without --save or --budget the trade-off "
+        "curve is printed.",
     )
+    # "--save -1MiB": a value that looks negative is a value here (argparse would take it for an option and say
+    # "expected one argument"), so _size says what is wrong with it; this parser has no option named like one
+    p._negative_number_matcher = re.compile(r"^-\s*\.?\d")
     p.add_argument("report", metavar="REPORT", help=_LOCATION_HELP.format(what="report", file=REPORT_FILE))
     p.add_argument("--step", type=_count, default=None, metavar="N", help=_STEP_HELP.format(what="report"))
     p.add_argument(
@@ -757,22 +767,30 @@ def _checkpoint_cmd(args: argparse.Namespace) -> int:
     report, _ = loaded
     try:
         plan = plan_checkpointing(report, save_bytes=args.save, memory_budget_bytes=args.budget)
-    except ValueError as e:
-        print(f"cb: error: {e}", file=sys.stderr)
-        return 1
+    except ValueError as e:  # a target this report cannot be planned on: could not do it
+        print(f"cb: error: could not plan: {e}", file=sys.stderr)
+        return 2
     print(plan.table())
     if args.save is None and args.budget is None:
         print("\ntrade-off curve (saved MiB, added ms, modules):")
         for point in plan.curve:
             print(f"  {point.saved_bytes / 2**20:10.3f}  {point.extra_ms:10.3f}  {', '.join(point.modules) or '-'}")
     if not plan.reached:
-        print(
-            f"cb: error: no plan reaches the target: the candidates save at most {plan.saved_bytes / 2**20:.3f} MiB "
-            f"({plan.peak_saved_bytes / 2**20:.3f} MiB off the peak); see the refused modules above",
-            file=sys.stderr,
-        )
+        print(f"cb: error: {_not_reached(plan)}; see the refused modules above", file=sys.stderr)
         return 1
     return 0
+
+
+def _not_reached(plan: CheckpointPlan) -> str:
+    """Why ``plan`` misses its target, as true as the search allows (a budget's search is not exhaustive)."""
+    most = max((p.saved_bytes for p in plan.curve), default=0) / 2**20
+    shown = f"{plan.saved_bytes / 2**20:.3f} MiB saved, {plan.peak_saved_bytes / 2**20:.3f} MiB off the peak"
+    if plan.memory_budget_bytes is None:
+        return f"no plan reaches the target: the candidates save at most {most:.3f} MiB"
+    return (
+        f"no plan found that reaches the target (the search is not exhaustive; the candidates save at most "
+        f"{most:.3f} MiB); the best found is printed ({shown})"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

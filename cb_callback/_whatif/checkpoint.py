@@ -30,6 +30,7 @@ peak), so no frontier is exact for it, and a budget is met by a search
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -61,10 +62,14 @@ FRONTIER_CAP = 64
 #: Most thresholds :func:`_choose_for_peak` tries (one frontier each).
 _THRESHOLDS = 12
 
+#: Most candidates :func:`_greedy` adds from (each step walks the backward once per candidate).
+_GREEDY_MOST = 64
+
 #: Most modules a budget's point may hold to be pruned (:func:`_pruned`).
 _PRUNE_MOST = 24
 
-#: Module types whose forward updates buffers in training mode (running statistics).
+#: Module types whose forward updates buffers in training mode (running statistics). The report holds class
+#: names only, so a subclass of another name is missed here; ``.apply`` checks the real class (``isinstance``).
 _STATEFUL_TYPES = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LazyBatchNorm1d",
                    "LazyBatchNorm2d", "LazyBatchNorm3d")  # fmt: skip
 
@@ -79,7 +84,11 @@ LIMITS: tuple[str, ...] = (
     "the parent's own work between its children and the allocator's caching are not seen",
     "randomness inside (dropout) is no reason to refuse: the non-reentrant checkpoint restores the RNG state it "
     "stashed (preserve_rng_state=True), so the recompute draws the same numbers",
-    "added time is fwd_ms x calls, replayed alone: the recompute inside the step may run faster (warm caches) or "
+    "added time is fwd_ms x calls, replayed alone, less a last child that is a leaf saving only its inputs and "
+    "parameters (a Linear ...: torch's non-reentrant recompute stops once the last saved tensor is back, before "
+    "it); otherwise an upper bound: the recompute runs at most the forward, and stops early after the last op "
+    "that saves a tensor. An op of the module's own after that child that saves its output (a functional relu) "
+    "re-runs it, which the report cannot see. The recompute inside the step may also run faster (warm caches) or "
     "slower; communication inside a recompute is refused, not priced",
     "the recompute runs the forward's Python again: side effects outside tensors (a KV cache list appended to, "
     "a counter) happen twice; .apply raises at the forward that writes a buffer or modifies its input in place",
@@ -96,7 +105,10 @@ class Candidate:
         calls: how often the step called it.
         saved_bytes: ``activation_mb × calls`` in bytes: what no longer stays until the backward.
         call_bytes: one call's ``activation_mb`` in bytes (held again while its recompute runs).
-        extra_ms: ``fwd_ms × calls``: the recompute's predicted time.
+        extra_ms: the recompute's predicted time: ``fwd_ms × calls``, less its last child's forward when that
+            child is a leaf saving only its inputs and parameters (a Linear ...: the non-reentrant recompute
+            stops before it, see :func:`_not_rerun_ms`); otherwise an upper bound (the recompute runs at most
+            the forward).
     """
 
     path: str
@@ -116,14 +128,20 @@ class CurvePoint:
     modules: tuple[str, ...]
 
 
-def _refusal(row: ComponentRow, stateful: bool, communicates: bool, leaf: bool) -> str | None:
+def _refusal(row: ComponentRow, stateful: bool, communicates: bool, leaf: bool, mutator: str | None) -> str | None:
     """Why ``row``'s module cannot be checkpointed (``None``: it can).
 
-    ``stateful`` / ``communicates``: of its subtree; ``leaf``: no row below it.
+    ``stateful`` / ``communicates``: of its subtree; ``leaf``: no row below it; ``mutator``: the
+    row (itself or its first child, and so on down) that changes its input in place, if any.
     """
     d = row.details
     if row.parent is None:
         return "the root: its recompute is the whole forward, held again at the backward's start; wrap its children"
+    if row.calls == 0 and row.status == "not_run":
+        return (
+            "never ran in the profiled step (status not_run: an unused expert, or a module whose parent uses its "
+            "weights without calling it, as MultiheadAttention does its out_proj): no forward to recompute"
+        )
     if row.calls == 0:
         return "never called itself (a container such as ModuleList): wrap its children"
     if row.status != "ok":
@@ -132,6 +150,12 @@ def _refusal(row: ComponentRow, stateful: bool, communicates: bool, leaf: bool) 
     if d.get("shared_with") or d.get("aliases"):
         others = [*(d.get("shared_with") or []), *(d.get("aliases") or [])]
         return f"shared with {', '.join(others)}: wrapping the module would checkpoint every use of it"
+    if mutator is not None:
+        who = "its forward" if mutator == row.path else f"its first op {mutator}"
+        return (
+            f"{who} changes its input in place (mutates_inputs): the recompute would see the modified input "
+            "(torch raises in the backward)"
+        )
     if communicates:
         return "communicates (collectives inside): a recompute would issue them again, in step with no other rank"
     if stateful:
@@ -148,6 +172,19 @@ def _refusal(row: ComponentRow, stateful: bool, communicates: bool, leaf: bool) 
             "consumer or traded for its input, which the checkpoint keeps: no saving to count on"
         )
     return None
+
+
+def _input_mutators(rows: Sequence[ComponentRow], kids: Mapping[str, list[ComponentRow]]) -> dict[str, str]:
+    """``path -> the row that changes its input in place``: itself (``mutates_inputs``) or, down the first
+    children (the first of each in the report's order, which gets its input), the first that does."""
+    out: dict[str, str] = {}
+    for row in reversed(rows):  # children before parents
+        children = kids.get(row.path, [])
+        if row.details.get("mutates_inputs"):
+            out[row.path] = row.path
+        elif children and children[0].path in out:
+            out[row.path] = out[children[0].path]
+    return out
 
 
 def _subtree_flags(
@@ -172,19 +209,52 @@ def _candidates(report: Report) -> tuple[dict[str, Candidate], dict[str, str]]:
         if r.parent is not None:
             kids.setdefault(r.parent, []).append(r)
     flags = _subtree_flags(report.rows, kids)
+    mutators = _input_mutators(report.rows, kids)
     candidates: dict[str, Candidate] = {}
     refused: dict[str, str] = {}
     for r in report.rows:
-        why = _refusal(r, *flags[r.path], leaf=r.path not in kids)
+        why = _refusal(r, *flags[r.path], leaf=r.path not in kids, mutator=mutators.get(r.path))
+        call_bytes = round(r.activation_mb * _MIB) if why is None else 0
+        if why is None and call_bytes <= 0:
+            why = "saves no activations (activation_mb 0: only its inputs and parameters, which a checkpoint keeps)"
         if why is not None:
             refused[r.path] = why
-            continue
-        call_bytes = round(r.activation_mb * _MIB)
-        if call_bytes > 0:
-            candidates[r.path] = Candidate(
-                r.path, r.module_type, r.calls, call_bytes * r.calls, call_bytes, r.fwd_ms * r.calls
-            )
+        else:
+            extra = _recompute_ms(r, kids)
+            candidates[r.path] = Candidate(r.path, r.module_type, r.calls, call_bytes * r.calls, call_bytes, extra)
     return candidates, refused
+
+
+def _recompute_ms(row: ComponentRow, kids: Mapping[str, list[ComponentRow]]) -> float:
+    """``row``'s recompute time: ``fwd_ms × calls`` less :func:`_not_rerun_ms`, at least its other children's.
+
+    The floor (the other children's ``fwd_ms × calls``, which the recompute does re-run) keeps a
+    noisy replay (the last child timed above its parent) from predicting a free recompute.
+    """
+    full = row.fwd_ms * row.calls
+    skip = _not_rerun_ms(row, kids)
+    if skip == 0:
+        return full
+    others = sum(k.fwd_ms * k.calls for k in kids[row.path][:-1] if math.isfinite(k.fwd_ms))
+    return min(full, max(full - skip, others))
+
+
+def _not_rerun_ms(row: ComponentRow, kids: Mapping[str, list[ComponentRow]]) -> float:
+    """The forward time the recompute of ``row`` skips: its last child's, when that child saves nothing of its own.
+
+    torch's non-reentrant checkpoint stops the recompute once the last tensor the backward
+    needs is back. A last child (the last of ``row``'s children in the report's order: by first
+    execution) that is a leaf saving only its inputs and parameters (``activation_mb`` 0: a
+    Linear, a Conv, an Embedding) produces none of them, so it is not re-run: once per call of
+    ``row`` (``min(child calls, row calls)``: a child called k times in each call skips only its last).
+    """
+    children = kids.get(row.path, [])
+    last = children[-1] if children else None
+    if last is None or last.path in kids or last.status != "ok" or last.activation_mb != 0:
+        return 0.0
+    if not math.isfinite(last.fwd_ms) or last.calls <= 0:
+        return 0.0
+    return last.fwd_ms * min(last.calls, row.calls)
 
 
 #: A frontier point while the frontiers are built: ``(saved bytes, added ms, modules)``, the modules a
@@ -277,7 +347,7 @@ class CheckpointPlan:
             (``Σ activation_mb × calls`` of the chosen).
         peak_saved_bytes: the predicted drop of the step's peak (:func:`peak_saved_bytes`,
             the peak walked along the backward: a module that runs last saves little of it).
-        extra_ms: predicted added time per step (``Σ fwd_ms × calls``: the recomputes).
+        extra_ms: predicted added time per step (``Σ`` of the candidates' ``extra_ms``: the recomputes).
         curve: the trade-off points considered (the root's frontier), saved bytes ascending;
             the first is ``(0, 0, ())``.
         refused: path -> why that module cannot be checkpointed (every row refused, with its reason).
@@ -350,8 +420,20 @@ class CheckpointPlan:
             asked.append(f"peak <= {_mib(self.memory_budget_bytes)} (the root's peak_mem_mb: {root})")
         if not asked:
             return "checkpointing plan: no target (the trade-off curve only)"
-        verdict = "reached" if self.reached else "NOT reached: the most the candidates save is shown"
-        return f"checkpointing plan: {' and '.join(asked)}: {verdict}"
+        return f"checkpointing plan: {' and '.join(asked)}: {self._verdict()}"
+
+    def _verdict(self) -> str:
+        if self.reached:
+            return "reached"
+        most = max((p.saved_bytes for p in self.curve), default=0)
+        if self.memory_budget_bytes is None or self.predicted_peak_bytes is None:
+            return f"NOT reached: the most the candidates save ({_mib(most)}) is shown"
+        if self.predicted_peak_bytes <= self.memory_budget_bytes:  # the peak fits: the saving asked is the miss
+            return f"NOT reached: the candidates save at most {_mib(most)}; shown: the set found that fits the budget"
+        return (
+            "NOT reached: no plan found that reaches it (the budget's search is not exhaustive: a set that fits may "
+            f"exist); shown: the curve's point that takes most off the peak (the most any set saves: {_mib(most)})"
+        )
 
     def table(self) -> str:
         """The plan as text: the target, the chosen modules, the totals, the refusals and the limits."""
@@ -406,8 +488,9 @@ def _choose_for_peak(
     candidate's call bytes) the frontier of the candidates whose calls hold at most ``m`` (a
     recompute holds one call again: sets of small calls lose least to it), each cheapest
     first up to its first point that meets both needs. With more than :data:`_THRESHOLDS`
-    distinct call sizes, that many evenly spread ones are tried. Each point found is pruned
-    of the modules it can do without (:func:`_pruned`); the cheapest wins.
+    distinct call sizes, that many evenly spread ones are tried; and the set built by greedy
+    additions (:func:`_greedy`). Each point found is pruned of the modules it can do without
+    (:func:`_pruned`); the cheapest wins. No point fitting is no proof none exists.
     """
     timeline = Timeline(report)
     sizes = sorted({c.call_bytes for c in candidates.values()})
@@ -426,7 +509,43 @@ def _choose_for_peak(
         )  # fmt: skip
         first = next(fits, None)
         found += [] if first is None else [_pruned(first, candidates, timeline, need)]
+    greedy = _greedy(candidates, timeline, need)
+    if greedy is not None:
+        found.append(_pruned(greedy, candidates, timeline, need))
     return min(found, key=lambda p: (p.extra_ms, -p.saved_bytes), default=None), exact
+
+
+def _point(modules: Sequence[str], candidates: Mapping[str, Candidate]) -> CurvePoint:
+    kept = tuple(sorted(modules))
+    return CurvePoint(sum(candidates[p].saved_bytes for p in kept), sum(candidates[p].extra_ms for p in kept), kept)
+
+
+def _greedy(candidates: Mapping[str, Candidate], timeline: Timeline, need: tuple[int, int]) -> CurvePoint | None:
+    """Candidates added one at a time, each the one whose addition gains most per added ms (off the peak while
+    ``need[1]`` is unmet, else or when no addition gains off it alone, saved bytes), until both needs hold;
+    ``None`` when they never do, or with more than :data:`_GREEDY_MOST` candidates."""
+    if len(candidates) > _GREEDY_MOST:
+        return None
+    chosen: list[str] = []
+    now = _point(chosen, candidates)
+    peak = 0
+    while now.saved_bytes < need[0] or peak < need[1]:
+        best: tuple[tuple[float, float], CurvePoint, int] | None = None
+        for path, c in candidates.items():
+            if any(path == q or path.startswith(q + ".") or q.startswith(path + ".") for q in chosen):
+                continue
+            pt = _point([*chosen, path], candidates)
+            got = peak_saved_bytes(pt, candidates, timeline)
+            gain = got - peak if peak < need[1] else 0
+            # no addition gains off the peak alone (two may together): the most saved bytes per ms then
+            score = (gain / max(c.extra_ms, 1e-9), c.saved_bytes / max(c.extra_ms, 1e-9))
+            if (gain > 0 or pt.saved_bytes > now.saved_bytes) and (best is None or score > best[0]):
+                best = (score, pt, got)
+        if best is None:
+            return None
+        _, now, peak = best
+        chosen = list(now.modules)
+    return now
 
 
 def _pruned(
@@ -448,6 +567,16 @@ def _pruned(
         else:
             return point
     return point
+
+
+def _check_bytes(name: str, value: object) -> None:
+    """Raise unless ``value`` is ``None`` or a finite number of bytes >= 0 (``name``: the argument, for the message)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r}: expected a number of bytes (int or float), got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value}: expected a finite number of bytes >= 0")
 
 
 def page_data(data: dict[str, Any]) -> dict[str, Any]:
@@ -476,7 +605,9 @@ def plan_checkpointing(
         candidates reaches the target (the plan then holds the point that saves most).
 
     Raises:
-        ValueError: a negative target, or a budget on a report whose root has no ``peak_mem_mb``.
+        TypeError: a target that is not a number (a string, a bool), naming the argument.
+        ValueError: a negative, NaN or infinite target (naming the argument), or a budget on a report
+            whose root has no ``peak_mem_mb``.
 
     Notes:
         Optimal (least ``extra_ms`` over every antichain of the candidates) for ``save_bytes``
@@ -487,9 +618,8 @@ def plan_checkpointing(
         a cheaper set that fits may exist. See
         :data:`LIMITS` for what the figures cannot know.
     """
-    for name, value in (("save_bytes", save_bytes), ("memory_budget_bytes", memory_budget_bytes)):
-        if value is not None and value < 0:
-            raise ValueError(f"{name}={value}: expected bytes >= 0")
+    _check_bytes("save_bytes", save_bytes)
+    _check_bytes("memory_budget_bytes", memory_budget_bytes)
     root_peak = _root_peak(report)
     if memory_budget_bytes is not None and root_peak is None:
         raise ValueError("a memory budget needs the root's peak_mem_mb, which this report does not have")

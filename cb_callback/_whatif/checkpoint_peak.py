@@ -9,7 +9,11 @@ it (already allocated). The step's peak is the largest of these over a cover
 of the tree in the order of the forward (the report's row order: siblings by
 first execution). Checkpointed modules hold nothing from their forward to
 their backward: every position after one holds its saved bytes less; its own
-position keeps its peak (its recompute holds its activations again).
+position keeps its peak (its recompute holds its activations again). A module
+called ``n`` times is met at its position by the backward of its last call,
+with the ``n - 1`` earlier calls' activations still held (``earlier``);
+checkpointed, those are freed too: its recompute holds one call's activations
+at a time, so its position keeps one call's peak only.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class _Figures:
     held: int  # activation_mb x calls: held from its forward to its backward
     peak: int  # its own isolated peak (its held bytes when unmeasured)
     grads: int  # params_mb: the gradients its parameters get
+    earlier: int = 0  # activation_mb x (calls - 1): the earlier calls' activations, held at its own position
 
 
 class Timeline:
@@ -51,7 +56,8 @@ class Timeline:
     @staticmethod
     def _figures(r: ComponentRow) -> _Figures:
         held = _bytes(r.activation_mb, r.calls)
-        return _Figures(held, _bytes(r.peak_mem_mb) or held, _bytes(r.params_mb))
+        earlier = _bytes(r.activation_mb, max(0, r.calls - 1))
+        return _Figures(held, _bytes(r.peak_mem_mb) or held, _bytes(r.params_mb), earlier)
 
     def _cover(self, expand: set[str], under: str) -> Iterator[str]:
         """The positions below ``under``, in forward order, opening every row of ``expand``."""
@@ -86,8 +92,8 @@ class Timeline:
         for p in order:
             f = self.figures[p]
             after -= f.grads
-            here = before + f.peak + after
-            plain, wrapped = max(plain, here), max(wrapped, here - freed)
+            here = before + f.earlier + f.peak + after
+            plain, wrapped = max(plain, here), max(wrapped, here - freed - (f.earlier if p in chosen else 0))
             before += f.held
             freed += saved.get(p, 0) if p in chosen else 0
         return max(0, plain - wrapped)

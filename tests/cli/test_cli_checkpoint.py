@@ -31,7 +31,7 @@ def test_sizes_take_binary_and_decimal_units_and_bare_bytes(text: str, size: int
     assert _size(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "1 parsec", "-1MiB", "1e3", "1.2.3MB"])
+@pytest.mark.parametrize("text", ["", "GiB", "1 parsec", "1e3", "1.2.3MB", "nan", "inf"])
 def test_a_size_it_cannot_read_says_what_it_expects(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="expected a size such as 1GiB, 512MB or 4096"):
         _size(text)
@@ -83,3 +83,33 @@ def test_a_size_it_cannot_read_is_a_usage_error(tmp_path: Path, capsys: pytest.C
     with pytest.raises(SystemExit) as e:
         main(["checkpoint", str(_saved(tmp_path)), "--save", "lots"])
     assert e.value.code == 2 and "expected a size such as 1GiB" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--save", "-1MiB"], ["--save=-1MiB"], ["--budget", "-.5GiB"], ["--budget=-3"]])
+def test_a_negative_size_is_a_usage_error_naming_it(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # before: "--save -1MiB" read -1MiB as an option ("expected one argument"), "--save=-1MiB" said only
+    # "expected a size such as ..."
+    with pytest.raises(SystemExit) as e:
+        main(["checkpoint", str(_saved(tmp_path)), *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "a size cannot be negative, got '-" in err, err
+
+
+def test_a_budget_on_a_report_without_the_roots_peak_exits_2_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # could not do it (2), not "no plan reaches the target" (1, before)
+    _tree(**{"": {"peak_mem_mb": float("nan")}}).save(tmp_path, html=False)
+    assert main(["checkpoint", str(tmp_path), "--budget", "1MiB"]) == 2
+    assert "cb: error: could not plan: a memory budget needs the root's peak_mem_mb" in capsys.readouterr().err
+
+
+def test_a_budget_not_found_says_not_found_not_unreachable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # budget 10 of 30 (20 off; the most any set found takes is 16): the search is not exhaustive, so it says
+    # "no plan found", the best found printed
+    assert main(["checkpoint", str(_saved(tmp_path)), "--budget", "10MiB"]) == 1
+    err = capsys.readouterr().err
+    assert "cb: error: no plan found that reaches the target (the search is not exhaustive" in err
+    assert "no plan reaches" not in err

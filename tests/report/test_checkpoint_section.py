@@ -1,4 +1,4 @@
-"""report.html's activation-checkpointing section: the plan's curve, the chosen point, hidden without one."""
+"""report.html's activation-checkpointing section: the plan's curve, the chosen point, one line without a candidate."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from cb_callback import Report
 from cb_callback._report.html import HTML_FILE, render_html, write_html
 from tests._browser import browser, new_page
-from tests.whatif.test_checkpoint_plan import _tree
+from tests.whatif.test_checkpoint_plan import _row, _tree
 
 __all__ = ["browser"]  # the fixture
 
@@ -61,11 +61,34 @@ def test_the_section_draws_the_curve_and_marks_the_cheapest_point_for_a_target(b
         assert log.errors == []
 
 
-def test_the_section_stays_hidden_without_a_candidate(browser: object, tmp_path: Path) -> None:
+def test_without_a_candidate_the_section_says_why_in_one_line(browser: object, tmp_path: Path) -> None:
+    # before: the section stayed hidden, silently
     report = Report([r for r in _tree().rows if r.parent is None])  # the root alone: refused, nothing to draw
     write_html(report, tmp_path)
     with new_page(browser) as (page, log):
         page.goto((tmp_path / HTML_FILE).as_uri())  # type: ignore[attr-defined]
         page.wait_for_function("window.cbViewer !== undefined")  # type: ignore[attr-defined]
-        assert not page.is_visible("#checkpoint")  # type: ignore[attr-defined]
+        assert page.is_visible("#checkpoint") and not page.is_visible("#ckpt-chart")  # type: ignore[attr-defined]
+        assert not page.is_visible("#ckpt-target")  # type: ignore[attr-defined]
+        text = page.text_content("#ckpt-summary")  # type: ignore[attr-defined]
+        assert text.startswith("nothing to checkpoint: no component saves activations it can drop (0 refused")
+        assert log.errors == []
+
+
+def test_the_curve_steps_up_before_a_saving_and_a_long_choice_is_truncated(browser: object, tmp_path: Path) -> None:
+    # "vh": between two points the line is at the next point's time (what reaching that saving costs); "hv"
+    # drew the previous, cheaper one. 30 siblings of 1 MiB, 1 ms each: a target of 20 MiB picks 20 of them,
+    # listed as the first 8 and "... and 12 more" (before: all 20 names)
+    rows = [r for r in _tree().rows if r.parent is None]
+    rows += [_row(f"m{i:02d}", "", 1.0, 1.0, params_mb=1.0) for i in range(30)]
+    write_html(Report(rows), tmp_path)
+    with new_page(browser) as (page, log):
+        page.goto((tmp_path / HTML_FILE).as_uri())  # type: ignore[attr-defined]
+        page.wait_for_function("document.querySelectorAll('#ckpt-chart .scatterlayer .trace').length === 2")  # type: ignore[attr-defined]
+        shape = page.evaluate("document.getElementById('ckpt-chart').data[0].line.shape")  # type: ignore[attr-defined]
+        assert shape == "vh"
+        page.fill("#ckpt-target", "20")  # type: ignore[attr-defined]
+        names = ", ".join(f"m{i:02d}" for i in range(8))
+        expected = f"checkpoint {names} \u2026 and 12 more: saves 20.0 MiB, adds 20.0 ms per step"
+        assert page.text_content("#ckpt-summary") == expected  # type: ignore[attr-defined]
         assert log.errors == []
