@@ -112,7 +112,10 @@ def test_only_in_one_report_is_listed_and_filter_selects_what_is_gated(
     assert {c["path"]: c["verdict"] for c in data["components"]} == {
         "": "regressed", "a": "regressed", "b": "only_in_base", "x": "only_in_new",
     }  # fmt: skip
-    # --filter b: only b is judged (it is in one report only): nothing regressed
-    assert main(["diff", dirs["base"], str(tmp_path / "other"), "--fail-over", "10", "--filter", "b"]) == 0
+    # --filter b: only b is kept, and it is in one report only: no component judged, could not compare (was: passed)
+    assert main(["diff", dirs["base"], str(tmp_path / "other"), "--fail-over", "10", "--filter", "b"]) == 2
     out = capsys.readouterr().out
-    assert "only in base" in out and "gate: passed" in out
+    assert "only in base" in out and "gate: could not compare" in out and "judged 0 of 1 component" in out
+    # a --filter that matches nothing: exit 2, naming it
+    assert main(["diff", dirs["base"], str(tmp_path / "other"), "--fail-over", "10", "--filter", "nothing*"]) == 2
+    assert "--filter 'nothing*' matches no component" in capsys.readouterr().err

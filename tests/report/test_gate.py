@@ -57,7 +57,9 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
         _row("floor", 10.0, flags=["at_floor"]),  # at the harness floor in base: not gated
         _row("gone", 5.0),  # only in base
         _row("old", 3.0, module_type="ReLU", fwd_flops=10.0, params_mb=0.0),  # renamed: same type, parent, sizes
-        _row("box", 10.0),  # -> 20, but its two parts did not move: unconfirmed (their sum 8 -> 8)
+        # -> 11.2 (+12 %), its parts 4 -> 4.3 each (+7.5 %, within threshold): their sum 8 -> 8.6 (+7.5 %),
+        # its own part 2 -> 2.6 (+0.6 ms, at most 10 % of its base 10): unconfirmed
+        _row("box", 10.0),
         _row("box.p", 4.0),
         _row("box.q", 4.0),
     )
@@ -74,9 +76,9 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
         _row("floor", 20.0),
         _row("added", 5.0),
         _row("new_name", 3.0, module_type="ReLU", fwd_flops=10.0, params_mb=0.0),
-        _row("box", 20.0),
-        _row("box.p", 4.0),
-        _row("box.q", 4.0),
+        _row("box", 11.2),
+        _row("box.p", 4.3),
+        _row("box.q", 4.3),
     )
     g = gate_reports(base, new, 0.10, shift=False)
     assert _verdicts(g) == {
@@ -94,8 +96,8 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
         "new_name": "renamed",
         "added": "only_in_new",
         "box": "unconfirmed",
-        "box.p": "unchanged",
-        "box.q": "unchanged",
+        "box.p": "within_threshold",
+        "box.q": "within_threshold",
     }
     by = {r.path: r for r in g.rows}
     assert by["broke"].reason == "failed in new: RuntimeError: boom"
@@ -115,13 +117,20 @@ def test_a_parent_is_confirmed_by_a_regressed_part_or_by_its_parts_sum() -> None
     def new(root: float, p: float, q: float) -> Report:
         return _report(_row("", root, noise=0.1), _row("p", p, noise=0.1), _row("q", q, noise=0.1))
 
-    # (bound: within 1 + 2 x 0.1 = 1.2 times.) The root 10 -> 14 (1.4) alone: its parts did not move
+    # (bound: within 1 + 2 x 0.1 = 1.2 times.) The root 10 -> 14 (1.4) alone, its parts did not move: its
+    # own part 0 -> 4 ms grew by more than 10 % of its base (1 ms): the root's own code got slower, regressed
     assert _verdicts(gate_reports(base, new(14.0, 5.0, 5.0), 0.10)) == {
-        "": "unconfirmed",
+        "": "regressed",
         "p": "unchanged",
         "q": "unchanged",
     }
-    assert gate_reports(base, new(14.0, 5.0, 5.0), 0.10).passed  # unconfirmed does not fail the gate
+    # the root 10 -> 11.5 (+15 %, its noise 0.02: bound 1.04), p and q 5 -> 5.3 (within their noise): the parts'
+    # sum 10 -> 10.6 (+6 %), the root's own part 0 -> 0.9 ms (at most 1 ms): unconfirmed, which passes
+    quiet = _report(_row("", 10.0, noise=0.02), _row("p", 5.0, noise=0.1), _row("q", 5.0, noise=0.1))
+    moved = _report(_row("", 11.5, noise=0.02), _row("p", 5.3, noise=0.1), _row("q", 5.3, noise=0.1))
+    g = gate_reports(quiet, moved, 0.10)
+    assert _verdicts(g) == {"": "unconfirmed", "p": "within_noise", "q": "within_noise"}
+    assert g.passed  # unconfirmed does not fail the gate
     # p 5 -> 9 (1.8): regressed, and the root with it
     assert _verdicts(gate_reports(base, new(14.0, 9.0, 5.0), 0.10)) == {
         "": "regressed",
@@ -281,7 +290,7 @@ def test_json_carries_every_verdict_the_options_and_passed() -> None:
     assert data["schema"] == "cb_callback.gate/1" and data["passed"] is False
     assert data["options"] == {
         "metric": "total_ms", "fail_over": 0.1, "min_share": 0.01, "over_step": True, "exact": False,
-        "noise_factor": 2.0, "unknown_noise": 0.05, "common_shift": False,
+        "noise_factor": 2.0, "unknown_noise": 0.05, "common_shift": False, "allow_mismatch": False,
     }  # fmt: skip
     assert (data["base"], data["new"], data["shift"], data["regressed"]) == ("runs/main", "runs/pr", 1.0, ["a", ""])
     assert [(c["path"], c["verdict"]) for c in data["components"]] == [
