@@ -473,7 +473,7 @@ def common_shift(
     if metric_kind(metric)[0]:
         return 1.0
     roots = next(((ra, rb) for ra, rb in pairs if ra.path == "" and rb.path == ""), (None, None))
-    rule = _Rule(metric, 0.0, min_share, *roots, floor_a=floors[0], floor_b=floors[1])
+    rule = _Rule(metric, 0.0, min_share, roots[0], roots[1], floor_a=floors[0], floor_b=floors[1])
     parent_of = {rb.path: rb.parent for _, rb in pairs}
     witnesses: dict[str, float] = {}
     for ra, rb in pairs:

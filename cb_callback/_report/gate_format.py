@@ -186,8 +186,8 @@ def _md(text: str) -> str:
     return " ".join(text.replace("|", "\\|").split("\n")).replace("\r", " ")
 
 
-def _code(text: str) -> str:
-    """``text`` as a code span in a table cell: a fence longer than any run of backticks in it, ``|`` escaped."""
+def _code(text: str, *, cell: bool = True) -> str:
+    """``text`` as a code span: a fence longer than any run of backticks in it; in a table ``cell``, ``|`` escaped."""
     text = " ".join(text.replace("\r", " ").split("\n"))
     run = longest = 0
     for ch in text:
@@ -195,7 +195,7 @@ def _code(text: str) -> str:
         longest = max(longest, run)
     fence = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
-    body = text.replace("|", "\\|")
+    body = text.replace("|", "\\|") if cell else text
     return f"{fence}{pad}{body}{pad}{fence}"
 
 
@@ -209,7 +209,7 @@ def format_gate_markdown(g: GateResult, *, labels: tuple[str, str] | None = None
     if g.inconclusive:
         lines += [f"> {_md(g.inconclusive)}", ""]
     if labels:
-        lines += [f"base {_code(labels[0])}, new {_code(labels[1])}", ""]
+        lines += [f"base {_code(labels[0], cell=False)}, new {_code(labels[1], cell=False)}", ""]
     lines += [f"Compared: {_what(g)}; {_judged(g)}.", ""]
     lines += [line + "." for line in _shift_line(g)] + ([""] if g.shift != 1.0 else [])
     if g.mismatch:
