@@ -8,8 +8,10 @@ report gets one :data:`Verdict`, decided in this order:
    (:func:`cb_callback._report.renames.rename_pairs`).
 2. ``not_gated``: its metric is not trustworthy in either report: the row is not ``ok`` or
    ``estimated`` (``failed``, ``skipped``, ``not_run``), the value is missing (NaN), or, for a
-   timed metric, the row is flagged ``at_floor`` (within the harness floor's noise). The
-   ``reason`` says which, and in which report.
+   timed metric, the row is at the harness floor: flagged ``at_floor`` with a pass whose raw
+   median is within ``NOISE_FACTOR ×`` the floor's own IQR of the floor (:func:`floor_paths`;
+   the engine's flag also counts the pass's own IQR, and the gate judges such a noisy pass with
+   its noise bound instead). The ``reason`` says which, and in which report.
 3. ``below_min_share``: it holds less than ``min_share`` of the step in *both* reports (a
    component that grew from 0.5 % to 30 % of the step is gated). The share is the metric over
    the step, ``metric × calls`` where it adds up (:data:`cb_callback._report.diff.OVER_STEP_METRICS`),
@@ -18,7 +20,8 @@ report gets one :data:`Verdict`, decided in this order:
 4. ``unchanged``: the same value in both.
 5. ``within_noise``: the change is not beyond the two runs' noise: the larger value is at most
    ``1 + NOISE_FACTOR × the larger relative IQR`` (``noise``: IQR ÷ median) times the smaller, or
-   ``1 + UNKNOWN_NOISE`` where neither row measured a noise (estimated parents). This is the rule of
+   ``1 + UNKNOWN_NOISE`` where neither row has a noise. An estimated row (a parent summed from its
+   children) takes the largest noise of its children (:func:`estimated_noise`). This is the rule of
    ``cb diff`` (:attr:`cb_callback._report.diff.Change.significant`) taken relative
    (:func:`relative_bound`): ``cb diff`` bounds the difference by ``NOISE_FACTOR × max(noise × value)``,
    which grows with the slowdown it judges (a 4× slower row of noise 0.5 would never be beyond it);
@@ -29,8 +32,9 @@ report gets one :data:`Verdict`, decided in this order:
    lower); ``within_threshold``: a real change of at most ``fail_over``.
 
 Before steps 5 and 6, a timed metric's new values are divided by the **common shift**
-(:func:`common_shift`): the median ``new / base`` of the components below the root that would
-be gated. Two runs of one model on a shared machine differ by 20–30 % on every component alike
+(:func:`common_shift`): the median ``new / base`` of the leaf-most components below the root
+that would be gated and did the same work (a parent repeats its children's change: its vote
+would count a slower leaf twice). Two runs of one model on a shared machine differ by 20–30 % on every component alike
 when the machine got busier between them, while each run's own IQR is a few percent: the noise
 of one run cannot see that, and the component that slowed stands out of the median while the
 machine does not. ``shift=False`` judges every value as measured (it then also catches a
@@ -38,15 +42,22 @@ slowdown of every component alike, which the shift discounts). Counts and sizes 
 shifted. A row's ``change`` and ``noise_bound`` are the judged ones; ``base`` and ``new`` as measured.
 
 ``unconfirmed`` (a time only): a parent that regressed by the rule above while none of its
-components did and their sum did not either (at least two of its children judged; their new
-sum divided by the common shift, over the base's, worse by at most ``fail_over``). One replay of
+components did, only when every child in either report is paired and trusted (none in one
+report only or not gated; a child below ``min_share`` counts, in the sums too; at least two),
+their new sum divided by the common shift, over the base's, is worse by at most ``fail_over``,
+and the parent's own part (itself less its children, after the shift) grew by at most
+``fail_over`` of the parent's base; else it stays ``regressed``. One replay of
 a whole parent lasts several scheduling quanta where its parts last a fraction of one: on a
 busy machine its median jumps by whole quanta between runs while its IQR stays small, and its
 components are the better witnesses. It is listed, and does not fail the gate.
 
 A renamed component is compared across its two paths; its verdict is ``renamed`` (with
-``renamed_from``) unless it is ``regressed``: a rename never hides a regression. The gate
-passes when no component is ``regressed``.
+``renamed_from``) unless it is ``regressed``: a rename never hides a regression.
+
+The outcome (:attr:`GateResult.outcome`): ``inconclusive`` (``cb diff`` exit 2) when the
+reports cannot be compared — either has no rows or no root, they look like different models
+(unless ``allow_mismatch``), or no component was judged (:data:`JUDGED`) — else ``failed`` when
+a component is ``regressed``, else ``passed``.
 """
 
 from __future__ import annotations

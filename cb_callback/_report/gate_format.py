@@ -171,7 +171,7 @@ def format_gate_text(g: GateResult) -> list[str]:
     """The gate's lines for ``cb diff --fail-over`` (text): the verdict, then the table of the regressed
     and of the components a reviewer must see (only in one report, renamed, not gated)."""
     lines = [_headline(g), *_shift_line(g)]
-    if g.mismatch:
+    if g.mismatch and g.allow_mismatch:  # else the headline says it
         lines.append(f"warning: base and new look like different models: {g.mismatch}")
     shown = g.regressed + g.having(*_LISTED)
     if shown:
@@ -212,7 +212,7 @@ def format_gate_markdown(g: GateResult, *, labels: tuple[str, str] | None = None
         lines += [f"base {_code(labels[0], cell=False)}, new {_code(labels[1], cell=False)}", ""]
     lines += [f"Compared: {_what(g)}; {_judged(g)}.", ""]
     lines += [line + "." for line in _shift_line(g)] + ([""] if g.shift != 1.0 else [])
-    if g.mismatch:
+    if g.mismatch and g.allow_mismatch:  # else the line above says it
         lines += [f"> warning: base and new look like different models: {_md(g.mismatch)}", ""]
     quiet: tuple[Verdict, ...] = ("below_min_share", "unchanged")
     rows = g.regressed + [r for r in g.rows if r.verdict not in ("regressed", *quiet)]
