@@ -537,3 +537,30 @@ def test_threshold_types_and_ranges() -> None:
     more = _report(_row("", peak_mem_mb=130.0), _row("a", peak_mem_mb=80.0), _row("b", peak_mem_mb=50.0))
     text = "\n".join(format_gate_text(gate_reports(mem, more, 0.10, metric="peak_mem_mb")))
     assert "100 MB" in text and "130 MB" in text
+
+
+def test_a_renamed_and_costlier_parent_is_paired_by_its_childrens_names_and_judged() -> None:
+    # p.attn (3 ms, 1 MFLOP) -> p.self_attn (6 ms, 2 MFLOP: other work, so the strict pairing refuses it), its
+    # children q and k the same names and types under it: paired, with them. Its own part 1 -> 4 ms: regressed.
+    def rep(name: str, t: float, flops: float) -> Report:
+        return _report(
+            _row("", 4.0 + t), _row("p", 1.0 + t, module_type="Blk"), _row("x", 3.0),
+            _row(f"p.{name}", t, module_type="Attn", fwd_flops=flops, params_mb=1.0),
+            _row(f"p.{name}.q", 1.0, fwd_flops=1.0, params_mb=1.0),
+            _row(f"p.{name}.k", 1.0, fwd_flops=2.0, params_mb=1.0),
+        )  # fmt: skip
+
+    base, new = rep("attn", 3.0, 1e6), rep("self_attn", 6.0, 2e6)
+    assert rename_pairs(base, new) == {
+        "p.attn": "p.self_attn",
+        "p.attn.q": "p.self_attn.q",
+        "p.attn.k": "p.self_attn.k",
+    }
+    g = gate_reports(base, new, 0.10)
+    by = {r.path: r for r in g.rows}
+    assert (by["p.self_attn"].verdict, by["p.self_attn"].renamed_from) == ("regressed", "p.attn")
+    assert by["p.self_attn.q"].verdict == "renamed"
+    # two siblings of one shape renamed: ambiguous, never guessed
+    two = _report(_row(""), _row("a", module_type="Attn"), _row("a.q"), _row("b", module_type="Attn"), _row("b.q"))
+    moved = _report(_row(""), _row("c", module_type="Attn"), _row("c.q"), _row("d", module_type="Attn"), _row("d.q"))
+    assert rename_pairs(two, moved) == {}
