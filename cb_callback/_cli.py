@@ -130,8 +130,9 @@ def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Compare two saved reports component by component: two runs, or two captures of one run "
         "(cb diff DIR@10 DIR@500). With --fail-over PCT, a regression gate: exit 1 when a component holding at "
         "least --min-share of the step (in either report) got worse by more than PCT and beyond both runs' noise. "
-        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 could not compare: a report missing, "
-        "unreadable, without rows or root, two different models (unless --allow-mismatch), or no component judged.",
+        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable. "
+        "With --fail-over, 2 also when the gate could not compare: a report without rows or root, two different "
+        "models (unless --allow-mismatch), a --filter matching nothing, or no component judged.",
     )
     diff.add_argument("a", metavar="A", help="baseline report: a location as for cb report, DIR@N for capture step N")
     diff.add_argument("b", metavar="B", help="report to compare with A (as A)")
