@@ -131,7 +131,9 @@ def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Compare two saved reports component by component: two runs, or two captures of one run "
         "(cb diff DIR@10 DIR@500). With --fail-over PCT, a regression gate: exit 1 when a component holding at "
         "least --min-share of the step (in either report) got worse by more than PCT and beyond both runs' noise. "
-        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable.",
+        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable. "
+        "With --fail-over, 2 also when the gate could not compare: a report without rows or root, two different "
+        "models (unless --allow-mismatch), a --filter matching nothing, or no component judged.",
     )
     diff.add_argument("a", metavar="A", help="baseline report: a location as for cb report, DIR@N for capture step N")
     diff.add_argument("b", metavar="B", help="report to compare with A (as A)")
@@ -157,11 +159,17 @@ def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     diff.add_argument(
         "--min-share",
-        type=_percent,
+        type=_share_percent,
         default=DEFAULT_MIN_SHARE,
         metavar="PCT",
         help="with --fail-over: gate only the components holding at least PCT percent of the step's --metric in "
-        "A or in B (default 1)",
+        "A or in B, 0 to 100 (default 1)",
+    )
+    diff.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="with --fail-over: gate two reports that look like different models (by default that is exit 2, "
+        "could not compare)",
     )
     diff.add_argument(
         "--absolute",
@@ -186,6 +194,14 @@ def _percent(text: str) -> float:
         return parse_percent(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _share_percent(text: str) -> float:
+    """A share of the step in percent, 0 to 100, as a fraction, for argparse."""
+    value = _percent(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a share of the step from 0 to 100 %, got {text!r}")
+    return value
 
 
 def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -560,12 +576,24 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace, a: Report, b: Report, keep: set[str]) -> int:
-    """``cb diff --fail-over``: print the gate's verdict in ``--format``; 1 when it failed, else 0."""
+    """``cb diff --fail-over``: print the gate's verdict in ``--format``; 1 when it failed, 2 when it could not
+    compare (:attr:`GateResult.inconclusive`), else 0."""
     import dataclasses
 
     from cb_callback._report.gate_format import format_gate_markdown, format_gate_text, gate_json
 
-    result = gate_reports(a, b, args.fail_over, metric=args.metric, min_share=args.min_share, shift=not args.absolute)
+    if args.filter and not keep:
+        print(f"cb: error: --filter {args.filter!r} matches no component of A or B: nothing to gate", file=sys.stderr)
+        return 2
+    result = gate_reports(
+        a,
+        b,
+        args.fail_over,
+        metric=args.metric,
+        min_share=args.min_share,
+        shift=not args.absolute,
+        allow_mismatch=args.allow_mismatch,
+    )
     result = dataclasses.replace(result, rows=[r for r in result.rows if r.path in keep])  # --depth, --filter
     labels = (args.a, args.b)
     if args.format == "json":
@@ -574,7 +602,9 @@ def _gate(args: argparse.Namespace, a: Report, b: Report, keep: set[str]) -> int
         print(format_gate_markdown(result, labels=labels), end="")
     else:
         print("\n" + "\n".join(format_gate_text(result)))
-    return 0 if result.passed else 1
+    if result.inconclusive and args.format != "text":
+        print(f"cb: could not compare: {result.inconclusive}", file=sys.stderr)
+    return {"passed": 0, "failed": 1, "inconclusive": 2}[result.outcome]
 
 
 def _candidate_factory(spec: str) -> Any:

@@ -4,11 +4,18 @@ The JSON (``cb diff --format json``, :func:`gate_dict`) is a contract, documente
 docs/explore.md ("A regression gate in CI")::
 
     {"schema": "cb_callback.gate/1", "passed": false,
+     "outcome": "failed",                             # "passed" | "failed" | "inconclusive" (exit 0, 1, 2)
+     "inconclusive": null,                            # why the reports could not be compared, else null
+     "judged": 12,                                    # components judged, of len(components)
      "options": {"metric": "total_ms", "fail_over": 0.1, "min_share": 0.01, "over_step": true,
-                 "exact": false, "noise_factor": 2.0, "unknown_noise": 0.05},
+                 "exact": false, "noise_factor": 2.0, "unknown_noise": 0.05,
+                 "common_shift": true,                # whether a common shift was discounted (--absolute: false)
+                 "allow_mismatch": false},
      "base": "runs/main", "new": "runs/pr",          # the locations given (null from Python)
      "mismatch": null, "quality": {"base": {"verdict": "clean", "advice": []} | null, "new": ...},
      "counts": {"regressed": 1, "unconfirmed": 0, ...},  # every verdict, 0 included
+     "shift": 1.08,                                   # the common shift the new times were divided by (1.0: none)
+     "step_change": 0.31,                             # the root's change as measured, worse > 0 (null: within noise)
      "regressed": ["b.fc", "b", ""],                  # deepest first
      "components": [{"path": "b.fc", "module_type": "Linear", "verdict": "regressed",
                      "base": 1.17, "new": 2.37, "change": 1.03, "noise_bound": 0.3,
@@ -43,7 +50,11 @@ _LISTED: tuple[Verdict, ...] = ("unconfirmed", "only_in_base", "only_in_new", "r
 
 def _value(v: float, metric: str) -> str:
     text = format_value(v, metric)
-    return text + (" ms" if metric.endswith("_ms") and text != "-" else "")
+    if text == "-":
+        return text
+    if metric.endswith("_ms"):
+        return text + " ms"
+    return text + (" MB" if metric.endswith("_mb") else "")
 
 
 def _change(r: GateRow) -> str:
@@ -110,22 +121,45 @@ def _what(g: GateResult) -> str:
     return f"{what}, fail over {_option(g.fail_over)}, components holding at least {_option(g.min_share)} of the step"
 
 
+def _judged(g: GateResult) -> str:
+    """``judged 12 of 14 components``."""
+    return f"judged {len(g.judged)} of {len(g.rows)} component{'s' * (len(g.rows) != 1)}"
+
+
 def _headline(g: GateResult) -> str:
+    why = g.inconclusive
+    if why:
+        return f"gate: could not compare ({_what(g)}; {_judged(g)}): {why}"
     if g.passed:
-        return f"gate: passed ({_what(g)}): no component got worse by more than {_option(g.fail_over)} beyond the noise"
+        return (
+            f"gate: passed ({_what(g)}; {_judged(g)}): no component got worse by more than "
+            f"{_option(g.fail_over)} beyond the noise"
+        )
     names = ", ".join(r.path or "(root)" for r in g.regressed)
     n = len(g.regressed)
     many = "s" * (n != 1)
-    return f"gate: FAILED ({_what(g)}): {n} component{many} got worse beyond the threshold and the noise: {names}"
+    return (
+        f"gate: FAILED ({_what(g)}; {_judged(g)}): {n} component{many} got worse beyond the threshold and the "
+        f"noise: {names}"
+    )
 
 
 def _shift_line(g: GateResult) -> list[str]:
     """``common shift: +26.0 % on every component alike ...``; none when there is none."""
     if g.shift == 1.0:
         return []
+    lines = []
+    if g.shift_hides_step:
+        lines.append(
+            f"warning: the whole step got {_signed(g.step_change)} worse as measured, and the common shift "
+            f"({_signed(g.shift - 1)}) explains it: a busier machine, or every component slower alike; "
+            "--absolute judges it as measured"
+        )
     return [
-        f"common shift: {_signed(g.shift - 1)} on the components alike (the median change below the root: the "
-        "machine's, not a component's); each change is judged after it (--absolute: as measured)"
+        *lines,
+        f"common shift: {_signed(g.shift - 1)} on the components alike (the median change of the leaf-most "
+        "components below the root: the machine's, not a component's); each change is judged after it "
+        "(--absolute: as measured)",
     ]
 
 
@@ -137,7 +171,7 @@ def format_gate_text(g: GateResult) -> list[str]:
     """The gate's lines for ``cb diff --fail-over`` (text): the verdict, then the table of the regressed
     and of the components a reviewer must see (only in one report, renamed, not gated)."""
     lines = [_headline(g), *_shift_line(g)]
-    if g.mismatch:
+    if g.mismatch and g.allow_mismatch:  # else the headline says it
         lines.append(f"warning: base and new look like different models: {g.mismatch}")
     shown = g.regressed + g.having(*_LISTED)
     if shown:
@@ -148,7 +182,21 @@ def format_gate_text(g: GateResult) -> list[str]:
 
 
 def _md(text: str) -> str:
-    return text.replace("|", "\\|")
+    """A table cell's text: ``|`` escaped (GFM splits cells on it even inside a code span), newlines as spaces."""
+    return " ".join(text.replace("|", "\\|").split("\n")).replace("\r", " ")
+
+
+def _code(text: str, *, cell: bool = True) -> str:
+    """``text`` as a code span: a fence longer than any run of backticks in it; in a table ``cell``, ``|`` escaped."""
+    text = " ".join(text.replace("\r", " ").split("\n"))
+    run = longest = 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    body = text.replace("|", "\\|") if cell else text
+    return f"{fence}{pad}{body}{pad}{fence}"
 
 
 def format_gate_markdown(g: GateResult, *, labels: tuple[str, str] | None = None) -> str:
@@ -156,24 +204,26 @@ def format_gate_markdown(g: GateResult, *, labels: tuple[str, str] | None = None
 
     The components below ``min_share`` (and those unchanged) are counted under the table, not listed.
     """
-    status = "passed" if g.passed else "FAILED"
+    status = {"passed": "passed", "failed": "FAILED", "inconclusive": "could not compare"}[g.outcome]
     lines = [f"### cb diff gate: {status}", ""]
+    if g.inconclusive:
+        lines += [f"> {_md(g.inconclusive)}", ""]
     if labels:
-        lines += [f"base `{_md(labels[0])}`, new `{_md(labels[1])}`", ""]
-    lines += [f"Compared: {_what(g)}.", ""]
+        lines += [f"base {_code(labels[0], cell=False)}, new {_code(labels[1], cell=False)}", ""]
+    lines += [f"Compared: {_what(g)}; {_judged(g)}.", ""]
     lines += [line + "." for line in _shift_line(g)] + ([""] if g.shift != 1.0 else [])
-    if g.mismatch:
+    if g.mismatch and g.allow_mismatch:  # else the line above says it
         lines += [f"> warning: base and new look like different models: {_md(g.mismatch)}", ""]
     quiet: tuple[Verdict, ...] = ("below_min_share", "unchanged")
     rows = g.regressed + [r for r in g.rows if r.verdict not in ("regressed", *quiet)]
     lines.append("| " + " | ".join(_HEADER) + " |")
     lines.append("|---|---|--:|--:|--:|--:|---|")
     for r in rows:
-        cells = list(_cells(r, g.metric))
-        cells[0] = f"`{cells[0]}`"
+        cells = [_md(c) for c in _cells(r, g.metric)]
+        cells[0] = _code(r.path or "(root)")
         if r.verdict == "regressed":
             cells[6] = f"**{cells[6]}**"
-        lines.append("| " + " | ".join(_md(c) if i else c for i, c in enumerate(cells)) + " |")
+        lines.append("| " + " | ".join(cells) + " |")
     hidden = {v: len(g.having(v)) for v in quiet if g.having(v)}
     if hidden:
         lines += ["", "Not listed: " + ", ".join(f"{n} {v.replace('_', ' ')}" for v, n in hidden.items()) + "."]
@@ -189,6 +239,9 @@ def gate_dict(g: GateResult, *, labels: tuple[str, str] | None = None) -> dict[s
     return {
         "schema": GATE_SCHEMA,
         "passed": g.passed,
+        "outcome": g.outcome,
+        "inconclusive": g.inconclusive,
+        "judged": len(g.judged),
         "options": g.options,
         "base": labels[0] if labels else None,
         "new": labels[1] if labels else None,
@@ -199,6 +252,7 @@ def gate_dict(g: GateResult, *, labels: tuple[str, str] | None = None) -> dict[s
         },
         "counts": {v: len(g.having(v)) for v in VERDICTS},
         "shift": g.shift,
+        "step_change": _number(g.step_change),
         "regressed": [r.path for r in g.regressed],
         "components": [
             {

@@ -15,6 +15,13 @@ such rows when nothing else could be meant:
 - and the pairing is unique both ways: exactly one such row in B for the row in A, and
   exactly one in A for that row in B. Two renamed siblings of one type and size stay
   unpaired (in one report only): the gate never guesses.
+
+Then a second, structural pass pairs what is left of a renamed parent whose work changed (renamed
+*and* slower: other FLOPs): an unmatched row with children and an unmatched one of the same type,
+depth and parent (the same path or a found pair) whose children have the same names relative
+to it and the same types (``attn.{qkv,proj}`` and ``attention.{qkv,proj}``), unique both ways;
+its unmatched descendants are then paired by their relative names (same type). Such a pair is
+judged as any rename: it reads ``regressed`` when it regressed.
 """
 
 from __future__ import annotations
@@ -75,4 +82,50 @@ def rename_pairs(a: Report, b: Report) -> dict[str, str]:
         rivals = [r for r in only_a if r.path not in found and r.parent == ra.parent and _signature_matches(r, rb)]
         if len(rivals) == 1:  # ra alone in A looks like rb
             found[ra.path] = rb.path
+    _structural(a, b, only_a, only_b, paths_b, found)
     return found
+
+
+def _shape(report: Report, path: str) -> frozenset[tuple[str, str]]:
+    """The children of ``path``: ``(name relative to it, module type)``."""
+    prefix = path + "." if path else ""
+    return frozenset((r.path[len(prefix) :], r.module_type) for r in report.rows if r.parent == path)
+
+
+def _structural(
+    a: Report,
+    b: Report,
+    only_a: list[ComponentRow],
+    only_b: list[ComponentRow],
+    paths_b: set[str],
+    found: dict[str, str],
+) -> None:
+    """The second pass (module docstring): unmatched parents by type and their children's names; then their
+    descendants by relative name. Adds to ``found``."""
+    by_b = {r.path: r for r in only_b}
+    for ra in only_a:  # root first
+        if ra.path in found:
+            continue
+        mapped = next((p for p in found if ra.path.startswith(p + ".") and p), None)
+        taken = set(found.values())
+        if mapped is not None:  # a descendant of a structural pair: by its relative name
+            rb = by_b.get(found[mapped] + ra.path[len(mapped) :])
+            if rb is not None and rb.path not in taken and rb.module_type == ra.module_type:
+                found[ra.path] = rb.path
+            continue
+        parent = _parent_in_b(ra, paths_b, found)
+        shape = _shape(a, ra.path)
+        if parent is None or not shape:
+            continue
+        candidates = [
+            r
+            for r in only_b
+            if r.parent == parent and r.path not in taken and r.module_type == ra.module_type
+            and r.depth == ra.depth and _shape(b, r.path) == shape
+        ]  # fmt: skip
+        rivals = [
+            r for r in only_a if r.path not in found and r.parent == ra.parent and r.module_type == ra.module_type
+            and _shape(a, r.path) == shape
+        ]  # fmt: skip
+        if len(candidates) == 1 and len(rivals) == 1:
+            found[ra.path] = candidates[0].path

@@ -112,7 +112,30 @@ def test_only_in_one_report_is_listed_and_filter_selects_what_is_gated(
     assert {c["path"]: c["verdict"] for c in data["components"]} == {
         "": "regressed", "a": "regressed", "b": "only_in_base", "x": "only_in_new",
     }  # fmt: skip
-    # --filter b: only b is judged (it is in one report only): nothing regressed
-    assert main(["diff", dirs["base"], str(tmp_path / "other"), "--fail-over", "10", "--filter", "b"]) == 0
+    # --filter b: only b is kept, and it is in one report only: no component judged, could not compare (was: passed)
+    assert main(["diff", dirs["base"], str(tmp_path / "other"), "--fail-over", "10", "--filter", "b"]) == 2
     out = capsys.readouterr().out
-    assert "only in base" in out and "gate: passed" in out
+    assert "only in base" in out and "gate: could not compare" in out and "judged 0 of 1 component" in out
+    # a --filter that matches nothing: exit 2, naming it
+    assert main(["diff", dirs["base"], str(tmp_path / "other"), "--fail-over", "10", "--filter", "nothing*"]) == 2
+    assert "--filter 'nothing*' matches no component" in capsys.readouterr().err
+
+
+def test_could_not_compare_is_exit_2_with_the_reason(
+    dirs: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Report([], {"device_name": "cpu", "dtype": "fp32"}).save(tmp_path / "norows")
+    assert main(["diff", dirs["base"], str(tmp_path / "norows"), "--fail-over", "10"]) == 2  # was 0: passed
+    assert "gate: could not compare" in capsys.readouterr().out
+    # a different model (another root type), with a regressed component: exit 2 unless --allow-mismatch
+    other = _report({"": 14.0, "a": 8.0, "b": 6.0})
+    other.rows[0] = ComponentRow("", "CNN", 0, None, "ok", calls=1, total_ms=14.0, noise=0.01)
+    other.save(tmp_path / "other")
+    assert main(["diff", dirs["base"], str(tmp_path / "other"), "--fail-over", "10", "--format", "json"]) == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["outcome"] == "inconclusive" and "different models" in captured.err
+    assert main(["diff", dirs["base"], str(tmp_path / "other"), "--fail-over", "10", "--allow-mismatch"]) == 1
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as raised:  # a share of the step above 100 %: argparse's usage error
+        main(["diff", dirs["base"], dirs["same"], "--fail-over", "10", "--min-share", "150"])
+    assert raised.value.code == 2 and "from 0 to 100" in capsys.readouterr().err

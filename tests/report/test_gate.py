@@ -57,7 +57,9 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
         _row("floor", 10.0, flags=["at_floor"]),  # at the harness floor in base: not gated
         _row("gone", 5.0),  # only in base
         _row("old", 3.0, module_type="ReLU", fwd_flops=10.0, params_mb=0.0),  # renamed: same type, parent, sizes
-        _row("box", 10.0),  # -> 20, but its two parts did not move: unconfirmed (their sum 8 -> 8)
+        # -> 11.2 (+12 %), its parts 4 -> 4.3 each (+7.5 %, within threshold): their sum 8 -> 8.6 (+7.5 %),
+        # its own part 2 -> 2.6 (+0.6 ms, at most 10 % of its base 10): unconfirmed
+        _row("box", 10.0),
         _row("box.p", 4.0),
         _row("box.q", 4.0),
     )
@@ -74,9 +76,9 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
         _row("floor", 20.0),
         _row("added", 5.0),
         _row("new_name", 3.0, module_type="ReLU", fwd_flops=10.0, params_mb=0.0),
-        _row("box", 20.0),
-        _row("box.p", 4.0),
-        _row("box.q", 4.0),
+        _row("box", 11.2),
+        _row("box.p", 4.3),
+        _row("box.q", 4.3),
     )
     g = gate_reports(base, new, 0.10, shift=False)
     assert _verdicts(g) == {
@@ -94,8 +96,8 @@ def test_every_verdict_in_the_order_the_rule_decides_them() -> None:
         "new_name": "renamed",
         "added": "only_in_new",
         "box": "unconfirmed",
-        "box.p": "unchanged",
-        "box.q": "unchanged",
+        "box.p": "within_threshold",
+        "box.q": "within_threshold",
     }
     by = {r.path: r for r in g.rows}
     assert by["broke"].reason == "failed in new: RuntimeError: boom"
@@ -115,13 +117,20 @@ def test_a_parent_is_confirmed_by_a_regressed_part_or_by_its_parts_sum() -> None
     def new(root: float, p: float, q: float) -> Report:
         return _report(_row("", root, noise=0.1), _row("p", p, noise=0.1), _row("q", q, noise=0.1))
 
-    # (bound: within 1 + 2 x 0.1 = 1.2 times.) The root 10 -> 14 (1.4) alone: its parts did not move
+    # (bound: within 1 + 2 x 0.1 = 1.2 times.) The root 10 -> 14 (1.4) alone, its parts did not move: its
+    # own part 0 -> 4 ms grew by more than 10 % of its base (1 ms): the root's own code got slower, regressed
     assert _verdicts(gate_reports(base, new(14.0, 5.0, 5.0), 0.10)) == {
-        "": "unconfirmed",
+        "": "regressed",
         "p": "unchanged",
         "q": "unchanged",
     }
-    assert gate_reports(base, new(14.0, 5.0, 5.0), 0.10).passed  # unconfirmed does not fail the gate
+    # the root 10 -> 11.5 (+15 %, its noise 0.02: bound 1.04), p and q 5 -> 5.3 (within their noise): the parts'
+    # sum 10 -> 10.6 (+6 %), the root's own part 0 -> 0.9 ms (at most 1 ms): unconfirmed, which passes
+    quiet = _report(_row("", 10.0, noise=0.02), _row("p", 5.0, noise=0.1), _row("q", 5.0, noise=0.1))
+    moved = _report(_row("", 11.5, noise=0.02), _row("p", 5.3, noise=0.1), _row("q", 5.3, noise=0.1))
+    g = gate_reports(quiet, moved, 0.10)
+    assert _verdicts(g) == {"": "unconfirmed", "p": "within_noise", "q": "within_noise"}
+    assert g.passed  # unconfirmed does not fail the gate
     # p 5 -> 9 (1.8): regressed, and the root with it
     assert _verdicts(gate_reports(base, new(14.0, 9.0, 5.0), 0.10)) == {
         "": "regressed",
@@ -281,7 +290,7 @@ def test_json_carries_every_verdict_the_options_and_passed() -> None:
     assert data["schema"] == "cb_callback.gate/1" and data["passed"] is False
     assert data["options"] == {
         "metric": "total_ms", "fail_over": 0.1, "min_share": 0.01, "over_step": True, "exact": False,
-        "noise_factor": 2.0, "unknown_noise": 0.05, "common_shift": False,
+        "noise_factor": 2.0, "unknown_noise": 0.05, "common_shift": False, "allow_mismatch": False,
     }  # fmt: skip
     assert (data["base"], data["new"], data["shift"], data["regressed"]) == ("runs/main", "runs/pr", 1.0, ["a", ""])
     assert [(c["path"], c["verdict"]) for c in data["components"]] == [
@@ -337,3 +346,221 @@ def test_assert_no_regression_raises_with_the_table_and_passes_otherwise(tmp_pat
     new.save(tmp_path / "new")
     result = assert_no_regression(tmp_path / "new", str(tmp_path / "baseline"), fail_over=1.5)  # +100 % < 150 %
     assert result.passed and _verdicts(result)["a"] == "within_threshold"
+
+
+def _three() -> Report:
+    return _report(_row("", 10.0), _row("a", 5.0), _row("b", 5.0))
+
+
+def test_a_broken_new_report_or_nothing_judged_could_not_compare() -> None:
+    # each of these passed before: nothing regressed because nothing was judged
+    failed = _report(*(_row(p, status="failed", error="OOM") for p in ("", "a", "b")))
+    cases = {
+        "the new report has no rows": _report(),
+        "the new report has no root row": _report(_row("a", 5.0), _row("b", 9.0)),
+        "no component could be judged (3 not gated)": failed,
+    }
+    for why, new in cases.items():
+        g = gate_reports(_three(), new, 0.10)
+        assert (g.outcome, g.passed) == ("inconclusive", False) and g.inconclusive is not None
+        assert g.inconclusive.startswith(why), g.inconclusive
+        assert format_gate_text(g)[0].startswith("gate: could not compare ("), format_gate_text(g)[0]
+        with pytest.raises(AssertionError, match="could not compare"):
+            assert_no_regression(new, _three())
+    # every component below min_share: none judged either (the root holds 100 % and is judged at min_share 1)
+    g = gate_reports(_three(), _three(), 0.10, min_share=1.0)
+    assert g.outcome == "passed" and "judged 1 of 3 components" in format_gate_text(g)[0]
+    g = gate_reports(_three(), failed, 0.10)
+    assert "judged 0 of 3 components" in format_gate_text(g)[0]
+    assert json.loads(gate_json(g))["outcome"] == "inconclusive"
+
+
+def test_the_common_shift_takes_the_leaf_most_witnesses_not_the_ancestors() -> None:
+    # a leaf 7 -> 14 ms (same work) under two wrappers that repeat it: backbone 8 -> 15, encoder 7.9 -> 14.9.
+    # All five rows below the root did the same work; with the ancestors the median of 15/8, 14.9/7.9, 2, 1, 1
+    # was 1.875 and the gate passed a +70 % step, calling head and norm improved. The leaf-most witnesses
+    # (layer, norm, head: none has a witness below it) give the median of 2, 1, 1 = 1: no shift.
+    def chain(layer: float) -> Report:
+        return _report(
+            _row("", 3.0 + layer),
+            _row("backbone", 1.0 + layer, module_type="Wrap", fwd_flops=5e6),
+            _row("backbone.encoder", 0.9 + layer, module_type="Enc", fwd_flops=5e6),
+            _row("backbone.encoder.layer", layer, fwd_flops=4e6),
+            _row("backbone.encoder.norm", 0.8, module_type="LN", fwd_flops=1e6),
+            _row("head", 2.0, fwd_flops=1e6),
+        )
+
+    g = gate_reports(chain(7.0), chain(14.0), 0.10)
+    assert g.shift == 1.0 and g.outcome == "failed"
+    assert [r.path for r in g.regressed] == ["backbone.encoder.layer", "backbone.encoder", "backbone", ""]
+    assert _verdicts(g)["head"] == "unchanged" and _verdicts(g)["backbone.encoder.norm"] == "unchanged"
+
+
+def test_a_shift_that_explains_the_whole_step_is_warned_about() -> None:
+    # every leaf 3 -> 6 ms alike, the root 10 -> 20: the shift (2.0) explains the root's +100 %, which passes,
+    # but the text says so before anything else (the machine was busier, or everything got slower)
+    base = _report(_row("", 10.0), _row("a", 3.0), _row("b", 3.0), _row("c", 3.0))
+    new = _report(_row("", 20.0), _row("a", 6.0), _row("b", 6.0), _row("c", 6.0))
+    g = gate_reports(base, new, 0.10)
+    assert g.shift == 2.0 and g.passed and g.shift_hides_step and g.step_change == 1.0
+    assert format_gate_text(g)[1].startswith("warning: the whole step got +100 % worse as measured")
+    assert "warning: the whole step" in format_gate_markdown(g)
+    assert not gate_reports(base, new, 0.10, shift=False).passed
+
+
+def test_a_parent_is_unconfirmed_only_when_every_child_is_paired_and_its_own_part_is_steady() -> None:
+    flops = {"fwd_flops": 1e6, "params_mb": 0.25}
+    base = _report(_row("", 10.0), *(_row(p, 3.0, **flops) for p in "abc"))
+    # a new child d (8 ms, only in new): the root 10 -> 18 was unconfirmed (its judged children a, b, c steady)
+    new = _report(_row("", 18.0), *(_row(p, 3.0, **flops) for p in "abc"), _row("d", 8.0, **flops))
+    assert _verdicts(gate_reports(base, new, 0.10))[""] == "regressed"
+    # p (30 % of the step): c renamed to c2 and 3x costlier (other FLOPs: not paired): p 3 -> 5 (+67 % > 20 %)
+    b3 = _report(
+        _row("", 10.0),
+        _row("x", 7.0),
+        _row("p", 3.0, module_type="Blk"),
+        *(_row(f"p.{k}", 1.0, **flops) for k in "abc"),
+    )
+    n3 = _report(
+        _row("", 12.0), _row("x", 7.0), _row("p", 5.0, module_type="Blk"),
+        *(_row(f"p.{k}", 1.0, **flops) for k in "ab"), _row("p.c2", 3.0, fwd_flops=3e6, params_mb=0.25),
+    )  # fmt: skip
+    g = gate_reports(b3, n3, 0.20)
+    assert _verdicts(g)["p"] == "regressed" and not g.passed
+    # two big children steady (35 ms each), 60 below min_share (0.5 -> 0.75 ms, 0.65 % of the new step): their sum
+    # counts: 100 -> 115 ms (+15 % > 10 %); the root was unconfirmed from big1 and big2 alone
+    rows_b = [
+        _row("", 100.0),
+        _row("big1", 35.0),
+        _row("big2", 35.0),
+        *(_row(f"t{i}", 0.5, **flops) for i in range(60)),
+    ]
+    rows_n = [
+        _row("", 115.0),
+        _row("big1", 35.0),
+        _row("big2", 35.0),
+        *(_row(f"t{i}", 0.75, **flops) for i in range(60)),
+    ]
+    g = gate_reports(_report(*rows_b), _report(*rows_n), 0.10)
+    assert _verdicts(g)[""] == "regressed" and _verdicts(g)["t0"] == "below_min_share"
+
+
+def _at_floor(row: ComponentRow, raw: float) -> ComponentRow:
+    # the engine's flag: raw - floor <= floor IQR + the pass's own IQR
+    row.details["flags"] = ["noisy", "at_floor"]
+    row.details["floor_ms"] = {"fwd": 0.005, "bwd": 0.0, "raw_fwd_ms": raw, "fwd_iqr_ms": 0.0005, "at_floor": ["fwd"]}
+    return row
+
+
+def test_a_noisy_pass_far_above_the_floor_is_judged_one_within_the_floors_noise_is_not() -> None:
+    # a: 2 ms, its own noise 0.5, flagged at_floor by the engine (its IQR ~1 ms is larger than raw - floor), but
+    # 2.005 - 0.005 = 2 ms is far beyond 2 x the floor's IQR (0.001 ms): judged; 2 -> 5 ms is 2.5x, beyond the
+    # bound 1 + 2 x 0.5 = 2: regressed. z: raw 0.0058 - 0.005 = 0.0008 <= 0.001: at the floor, not gated.
+    # Before, a was not gated, the root unconfirmed (b, c steady) and the gate passed.
+    base = _report(
+        _row(""), _at_floor(_row("a", 2.0, noise=0.5), 2.005), _row("b", 4.0), _row("c", 4.0),
+        _at_floor(_row("z", 0.0008), 0.0058),
+    )  # fmt: skip
+    base.rows[0].total_ms = 10.0
+    new = _report(
+        _row("", 13.0), _at_floor(_row("a", 5.0, noise=0.5), 5.005), _row("b", 4.0), _row("c", 4.0),
+        _at_floor(_row("z", 0.0009), 0.0059),
+    )  # fmt: skip
+    g = gate_reports(base, new, 0.10)
+    assert _verdicts(g)["a"] == "regressed" and g.regressed[0].path == "a"
+    by = {r.path: r for r in g.rows}
+    assert (
+        by["z"].verdict == "not_gated" and by["z"].reason == "at the harness floor in base; at the harness floor in new"
+    )
+
+
+def test_different_models_could_not_compare_unless_allowed() -> None:
+    other = _report(_row("", 10.0, module_type="CNN"), _row("a", 5.0), _row("b", 9.0))  # root Net vs CNN
+    g = gate_reports(_three(), other, 0.10)
+    assert g.outcome == "inconclusive" and g.inconclusive is not None and "different models" in g.inconclusive
+    with pytest.raises(AssertionError, match="different models"):
+        assert_no_regression(other, _three())
+    g = gate_reports(_three(), other, 0.10, allow_mismatch=True)
+    assert g.outcome == "failed" and [r.path for r in g.regressed] == ["b"]  # 5 -> 9 ms
+
+
+def test_an_estimated_row_takes_its_childrens_noise() -> None:
+    # blocks (estimated, no noise) 10 -> 11.2 = blocks.0 + blocks.1, each 5 -> 5.6 (+12 %, noise 0.3: bound 60 %).
+    # With UNKNOWN_NOISE (5 %) blocks was regressed (its children's sum +12 % > 10 % confirmed it); its noise is
+    # its noisiest child's, 0.3: within noise.
+    def rep(k: float) -> Report:
+        return _report(
+            _row("", 20.0 + 2 * k, noise=0.3), _row("blocks", 10.0 + 2 * k, noise=math.nan, status="estimated"),
+            _row("blocks.0", 5.0 + k, noise=0.3), _row("blocks.1", 5.0 + k, noise=0.3),
+            _row("x", 5.0, noise=0.3), _row("y", 5.0, noise=0.3),
+        )  # fmt: skip
+
+    g = gate_reports(rep(0.0), rep(0.6), 0.10, shift=False)
+    by = {r.path: r for r in g.rows}
+    assert by["blocks"].verdict == "within_noise" and by["blocks"].noise_bound == pytest.approx(0.6)
+    assert g.passed
+
+
+def test_markdown_escapes_pipes_newlines_and_backticks_in_every_cell() -> None:
+    base = _report(_row("", 10.0), _row("a|b", 3.0), _row("x`y", 3.0), _row("c", 3.0), _row("f", 1.0))
+    new = _report(
+        _row("", 14.0), _row("a|b", 6.0), _row("x`y", 3.0), _row("c", 3.0),
+        _row("f", status="failed", error="RuntimeError: boom\nsecond line | with pipe"),
+    )  # fmt: skip
+    md = format_gate_markdown(gate_reports(base, new, 0.10), labels=("base|dir", "new`dir"))
+    assert "| `a\\|b` | Linear |" in md  # GFM splits on | even inside a code span: escaped
+    assert "failed in new: RuntimeError: boom second line \\| with pipe |" in md  # one line, the pipe escaped
+    assert "base `base|dir`, new ``new`dir``" in md  # not a table: no escape; a fence longer than the backtick
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert all(len(ln.replace("\\|", "").split("|")) == 9 for ln in rows), rows  # 7 cells each
+
+
+def test_the_assertion_says_the_shift_and_the_mismatch() -> None:
+    # the leaves b, c, d 2.5 -> 3 ms (1.2: the shift); a 2.5 -> 5.5 ms: 5.5 / 1.2 = 4.58, +83 % after it
+    base = _report(_row("", 10.0), *(_row(p, 2.5) for p in "abcd"))
+    new = _report(_row("", 14.5, module_type="CNN"), _row("a", 5.5), *(_row(p, 3.0) for p in "bcd"))
+    with pytest.raises(AssertionError) as raised:
+        assert_no_regression(new, base, allow_mismatch=True)
+    lines = str(raised.value).splitlines()
+    assert lines[0].startswith("gate: FAILED") and lines[1].startswith("common shift: +20.0 %")
+    assert lines[2].startswith("warning: base and new look like different models: root Net vs CNN")
+    assert lines[3] == "(change: after the common shift; base and new as measured)"
+
+
+def test_threshold_types_and_ranges() -> None:
+    with pytest.raises(TypeError, match="fail_over=True"):
+        gate_reports(_three(), _three(), True)
+    with pytest.raises(ValueError, match=r"min_share=1\.5"):
+        gate_reports(_three(), _three(), 0.10, min_share=1.5)
+    assert gate_reports(_three(), _three(), 1.5).passed  # 1.5 is 150 %
+    mem = _report(_row("", peak_mem_mb=100.0), _row("a", peak_mem_mb=50.0), _row("b", peak_mem_mb=50.0))
+    more = _report(_row("", peak_mem_mb=130.0), _row("a", peak_mem_mb=80.0), _row("b", peak_mem_mb=50.0))
+    text = "\n".join(format_gate_text(gate_reports(mem, more, 0.10, metric="peak_mem_mb")))
+    assert "100 MB" in text and "130 MB" in text
+
+
+def test_a_renamed_and_costlier_parent_is_paired_by_its_childrens_names_and_judged() -> None:
+    # p.attn (3 ms, 1 MFLOP) -> p.self_attn (6 ms, 2 MFLOP: other work, so the strict pairing refuses it), its
+    # children q and k the same names and types under it: paired, with them. Its own part 1 -> 4 ms: regressed.
+    def rep(name: str, t: float, flops: float) -> Report:
+        return _report(
+            _row("", 4.0 + t), _row("p", 1.0 + t, module_type="Blk"), _row("x", 3.0),
+            _row(f"p.{name}", t, module_type="Attn", fwd_flops=flops, params_mb=1.0),
+            _row(f"p.{name}.q", 1.0, fwd_flops=1.0, params_mb=1.0),
+            _row(f"p.{name}.k", 1.0, fwd_flops=2.0, params_mb=1.0),
+        )  # fmt: skip
+
+    base, new = rep("attn", 3.0, 1e6), rep("self_attn", 6.0, 2e6)
+    assert rename_pairs(base, new) == {
+        "p.attn": "p.self_attn",
+        "p.attn.q": "p.self_attn.q",
+        "p.attn.k": "p.self_attn.k",
+    }
+    g = gate_reports(base, new, 0.10)
+    by = {r.path: r for r in g.rows}
+    assert (by["p.self_attn"].verdict, by["p.self_attn"].renamed_from) == ("regressed", "p.attn")
+    assert by["p.self_attn.q"].verdict == "renamed"
+    # two siblings of one shape renamed: ambiguous, never guessed
+    two = _report(_row(""), _row("a", module_type="Attn"), _row("a.q"), _row("b", module_type="Attn"), _row("b.q"))
+    moved = _report(_row(""), _row("c", module_type="Attn"), _row("c.q"), _row("d", module_type="Attn"), _row("d.q"))
+    assert rename_pairs(two, moved) == {}
