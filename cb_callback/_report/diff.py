@@ -34,7 +34,7 @@ The text also shows both reports' quality verdicts and advice
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,7 @@ __all__ = [
     "UNKNOWN_NOISE",
     "Change",
     "Comparison",
+    "aligned_lines",
     "cell_texts",
     "change_word",
     "compare_reports",
@@ -460,7 +461,13 @@ def _table_lines(d: Comparison, changes: list[Change], sort: str) -> list[str]:
     for c in sorted(changes, key=_sort_key(sort)):
         t = cell_texts(c, d.metric)
         table.append((c.path or "(root)", c.module_type, t["a"], t["b"], t["change"], t["ratio"], t["sig"]))
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return aligned_lines(table)
+
+
+def aligned_lines(table: Sequence[Sequence[str]]) -> list[str]:
+    """Seven-column rows as aligned text: the first row a header with a rule under it; the two name
+    columns left, the four numbers right, the verdict left (``cb diff``'s table and the gate's)."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = []
     for i, row in enumerate(table):
         cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]

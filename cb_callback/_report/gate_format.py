@@ -35,7 +35,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from cb_callback._report.diff import format_value, metric_kind
+from cb_callback._report.diff import aligned_lines, format_value, metric_kind
 from cb_callback._report.gate import GATE_SCHEMA, VERDICTS, GateResult, GateRow, Verdict
 from cb_callback._report.numbers import percent
 
@@ -96,17 +96,7 @@ def _cells(r: GateRow, metric: str) -> tuple[str, ...]:
 
 def format_gate_table(rows: Sequence[GateRow], metric: str) -> list[str]:
     """A header, a rule, and one aligned line per row (names left, numbers right, the verdict left)."""
-    table = [_HEADER, *(_cells(r, metric) for r in rows)]
-    widths = [max(len(row[i]) for row in table) for i in range(len(_HEADER))]
-    lines = []
-    for i, row in enumerate(table):
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-        cells += [v.rjust(w) for v, w in zip(row[2:6], widths[2:6], strict=True)]
-        cells.append(row[6].ljust(widths[6]))
-        lines.append("  ".join(cells).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return lines
+    return aligned_lines([_HEADER, *(_cells(r, metric) for r in rows)])
 
 
 def _option(fraction: float) -> str:
