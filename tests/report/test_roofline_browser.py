@@ -42,7 +42,7 @@ def _until(page: Any, js: str) -> None:
 HOVER = "(document.querySelector('#roofline .hovertext') || {textContent: ''}).textContent"
 
 
-def _click(page: Any, path: str, pass_name: str) -> None:
+def _click(page: Any, path: str, pass_name: str) -> str:
     """Point at ``path``'s ``pass_name`` point until plotly hovers it, then click it: up to three times, each
     from the point's position read again (on a busy machine the page may still be scrolling the previous
     selection's table row into view when the first position is read, and that click lands elsewhere)."""
@@ -51,10 +51,11 @@ def _click(page: Any, path: str, pass_name: str) -> None:
         where = page.evaluate(f"window.cbRoofline.where({path!r}, {pass_name!r})")
         page.mouse.move(where["x"], where["y"])
         _until(page, f"{HOVER}.startsWith({path!r} + ' (')")
+        hover = str(page.evaluate(HOVER))  # read before the click: the selection's redraw may clear it
         page.mouse.click(where["x"], where["y"])
         for _ in range(40):
             if page.evaluate(selected):
-                return
+                return hover
             page.wait_for_timeout(50)
     raise AssertionError(f"three clicks did not select {path!r}")
 
@@ -74,8 +75,8 @@ def test_clicking_a_point_selects_its_component(browser: object, page_file: Path
         assert note.startswith("4 of 4 points and 1 of 1 passes with no FLOPs counted (the bandwidth panel) shown")
         assert "left out: 3 components (1 estimated" in note and "roof above it is its headroom" in note
         page.locator("#roofline").scroll_into_view_if_needed()
-        _click(page, "mlp", "fwd")
-        assert "mlp (Linear), forward" in page.evaluate(HOVER)  # the hover names the path and the pass
+        hover = _click(page, "mlp", "fwd")
+        assert "mlp (Linear), forward" in hover  # the hover names the path and the pass
         assert page.inner_text("#details h2") == "mlp"  # the details pane the icicle and the table fill
         assert page.locator('#table tr.selected[data-path="mlp"]').count() == 1
         page.screenshot(path=str(tmp_path / "roofline_page.png"), full_page=True)
@@ -83,9 +84,9 @@ def test_clicking_a_point_selects_its_component(browser: object, page_file: Path
         _click(page, "tiny", "bwd")
         assert page.inner_text("#details h2") == "tiny"
         page.locator("#roofline").scroll_into_view_if_needed()
-        _click(page, "act", "fwd")  # the bandwidth panel's pass: hover and select as on the roofline
+        hover = _click(page, "act", "fwd")  # the bandwidth panel's pass: hover and select as on the roofline
         # 1e6 B in 0.5 ms = 2 GB/s of DRAM's 100 (2 %); no share in the fixture: "-", not "0 %"
-        assert page.evaluate(HOVER) == (
+        assert hover == (
             "act (ReLU), forwardno FLOPs counted; 2 GB/s of DRAM's 100 GB/s (2 %)0.5 ms per call; 1 MB"
             "share of the step -; headroom 0.49 ms per call (both passes)"
         )
