@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -19,6 +20,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import PercentFormatter
 
 from cb_callback._report.numbers import sig
+from cb_callback._report.pixels import rendered, write_png
 
 if TYPE_CHECKING:
     from cb_callback._report.model import ComponentRow, Report
@@ -394,6 +396,6 @@ def save_icicles(
     for metric in metrics:
         column = resolve_metric(metric)
         path = out / f"icicle_{column}.png"
-        icicle_figure(report, column).savefig(path, dpi=_DPI)
-        written.append(path)
+        # the pixels TensorBoard's image shares: drawn once per report (cb_callback._report.pixels)
+        written.append(write_png(rendered(report, path.name, partial(icicle_figure, report, column)), path, _DPI))
     return written

@@ -16,16 +16,12 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-
 from cb_callback._report.icicle import icicle_figure
-from cb_callback._report.roofline_chart import roofline_figure
+from cb_callback._report.pixels import rendered
+from cb_callback._report.roofline_chart import ROOFLINE_FILE, roofline_figure
 from cb_callback._report.table import format_summary, format_text_table
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
     from cb_callback._report.context import ReportContext
     from cb_callback._report.model import ComponentRow, Report
 
@@ -182,13 +178,6 @@ def _table_markdown(report: Report) -> str:
     return _fenced(format_text_table(report))
 
 
-def _figure_to_hwc(fig: Figure) -> np.ndarray:
-    """Render ``fig`` with Agg to an ``(H, W, 3)`` uint8 array."""
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
-
-
 def _add_text(writer: Any, tag: str, text: str, step: int) -> None:
     """A text summary stored under exactly ``tag``.
 
@@ -224,10 +213,12 @@ def log_report(
     ``component_benchmark/icicle/<metric>`` for :data:`ICICLE_IMAGE_METRICS`
     (:func:`~cb_callback._report.icicle.icicle_figure`, 1600x900 px) and :data:`ROOFLINE_TAG`
     (:func:`~cb_callback._report.roofline_chart.roofline_figure`, 1600x900 px), through
-    ``add_figure`` when the writer has it, else ``add_image`` (HWC, uint8).
+    ``add_image`` (HWC, uint8 RGB) when the writer has it, else ``add_figure``. The pixels are those of
+    the PNG files beside ``report.json``: :func:`~cb_callback._report.pixels.rendered` draws each image
+    once per report content, so logging after writing the files draws nothing again.
 
     Args:
-        writer: has ``add_scalar``, ``add_text`` and ``add_figure`` or ``add_image``.
+        writer: has ``add_scalar``, ``add_text`` and ``add_image`` or ``add_figure``.
         report: the report to log.
         step: the global step the values are logged at.
         log_scalars: which components get scalars (see :func:`scalar_rows`);
@@ -260,13 +251,15 @@ def log_report(
         writer.add_custom_scalars(scalar_layout())
     _add_text(writer, f"{TAG_PREFIX}/table", _table_markdown(report), step)
     _add_text(writer, f"{TAG_PREFIX}/summary", _summary_markdown(report), step)
-    figures = [(f"{TAG_PREFIX}/icicle/{m}", lambda m=m: icicle_figure(report, m)) for m in ICICLE_IMAGE_METRICS]
-    for tag, draw in [*figures, (ROOFLINE_TAG, lambda: roofline_figure(report))]:
-        fig = draw()
-        if callable(getattr(writer, "add_figure", None)):
-            writer.add_figure(tag, fig, global_step=step, close=True)
+    figures = [
+        (f"{TAG_PREFIX}/icicle/{m}", f"icicle_{m}.png", lambda m=m: icicle_figure(report, m))
+        for m in ICICLE_IMAGE_METRICS
+    ]
+    for tag, name, draw in [*figures, (ROOFLINE_TAG, ROOFLINE_FILE, lambda: roofline_figure(report))]:
+        if callable(getattr(writer, "add_image", None)):  # the PNG files' pixels, drawn once per report
+            writer.add_image(tag, rendered(report, name, draw)[:, :, :3], global_step=step, dataformats="HWC")
         else:
-            writer.add_image(tag, _figure_to_hwc(fig), global_step=step, dataformats="HWC")
+            writer.add_figure(tag, draw(), global_step=step, close=True)
 
 
 class TensorBoardReporter:

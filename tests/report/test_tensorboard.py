@@ -162,8 +162,8 @@ def test_the_text_tab_shows_the_table_as_one_unwrapped_block(tmp_path: Path) -> 
     assert lines[3].split()[3:] == ["29", "0.0123", "0.0200", "0.0323", "0.690", "0.0219", "0.00219", "0.500", "memory"]
 
 
-class _ImageOnlyWriter:
-    """A SummaryWriter-like object without add_figure."""
+class _TextWriter:
+    """A SummaryWriter-like object that records scalars and texts."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, Any, int]] = []
@@ -173,6 +173,10 @@ class _ImageOnlyWriter:
 
     def add_text(self, tag: str, text: str, global_step: int) -> None:
         self.calls.append(("text", tag, text, global_step))
+
+
+class _ImageOnlyWriter(_TextWriter):
+    """A SummaryWriter-like object without add_figure."""
 
     def add_image(self, tag: str, image: np.ndarray, global_step: int, dataformats: str) -> None:
         assert dataformats == "HWC"
@@ -306,8 +310,9 @@ def test_scalars_are_written_time_first_metric_by_metric() -> None:
     )
 
 
-class _FigureWriter(_ImageOnlyWriter):
-    """A SummaryWriter-like object whose add_figure keeps the figure unrendered (the tests that read scalars)."""
+class _FigureWriter(_TextWriter):
+    """A SummaryWriter-like object without add_image, whose add_figure keeps the figure undrawn (the tests that
+    read scalars)."""
 
     def add_figure(self, tag: str, figure: Figure, global_step: int, close: bool = True) -> None:
         self.calls.append(("figure", tag, figure, global_step))

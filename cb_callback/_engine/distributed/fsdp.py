@@ -22,6 +22,7 @@ says so.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -41,12 +42,20 @@ __all__ = [
 ]
 
 
+#: The package that defines FSDP2's ``FSDPModule`` and FSDP1's ``FullyShardedDataParallel``: a model
+#: holds either only once it was imported, so the checks below look it up instead of importing it
+#: (about a second, in every process that profiles).
+_FSDP_PACKAGE = "torch.distributed.fsdp"
+
+
+def _fsdp_class(name: str) -> type | None:
+    cls = getattr(sys.modules.get(_FSDP_PACKAGE), name, None)
+    return cls if isinstance(cls, type) else None
+
+
 def _fsdp_module_type() -> type | None:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch without FSDP2
-        return None
-    return FSDPModule
+    """FSDP2's ``FSDPModule``; ``None`` where FSDP was never imported (then no unit exists)."""
+    return _fsdp_class("FSDPModule")
 
 
 def is_unit(module: nn.Module) -> bool:
@@ -75,9 +84,8 @@ def unit_of(path: str, units: set[str]) -> str | None:
 
 def fsdp1_problem(root: nn.Module) -> str | None:
     """Why a model under FSDP1 (``FullyShardedDataParallel``) cannot be profiled, else ``None``."""
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-    except ImportError:
+    FullyShardedDataParallel = _fsdp_class("FullyShardedDataParallel")
+    if FullyShardedDataParallel is None:
         return None
     found = next((p for p, m in root.named_modules() if isinstance(m, FullyShardedDataParallel)), None)
     if found is None:

@@ -1,0 +1,148 @@
+"""Each image of a report drawn once: the PNG files and TensorBoard's images are the same pixels."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import cb_callback._report.icicle as icicle_module
+import cb_callback._report.roofline_chart as roofline_module
+import cb_callback._report.tensorboard as tensorboard_module
+from cb_callback._report import pixels
+from cb_callback._report.context import ReportContext
+from cb_callback._report.files import FileReporter
+from cb_callback._report.icicle import icicle_figure
+from cb_callback._report.model import ComponentRow, Report
+from cb_callback._report.roofline_chart import roofline_figure
+from cb_callback._report.tensorboard import log_report
+
+PNGS = ("icicle_mfu.png", "icicle_total_ms.png", "icicle_peak_mem_mb.png", "roofline.png")
+
+
+def _report(root_ms: float = 10.0) -> Report:
+    rows = [
+        ComponentRow(
+            "", "Net", 0, None, "ok", calls=1, fwd_ms=4.0, bwd_ms=root_ms - 4.0, total_ms=root_ms,
+            fwd_flops=2e9, bwd_flops=4e9, tflops=0.6, mfu=0.3, peak_mem_mb=12.0, gbps=50.0, bw_util=0.125,
+        ),
+        ComponentRow(
+            "enc", "Linear", 1, "", "ok", calls=2, fwd_ms=1.0, bwd_ms=2.0, total_ms=3.0,
+            fwd_flops=1e9, bwd_flops=2e9, tflops=1.0, mfu=0.5, peak_mem_mb=4.0, gbps=20.0,
+        ),
+    ]  # fmt: skip
+    return Report(rows, {"device_name": "cpu", "dtype": "float32", "peak_flops": 2e12, "peak_bandwidth": 4e11})
+
+
+@pytest.fixture(autouse=True)
+def _nothing_kept() -> None:
+    pixels._kept.clear()
+
+
+class _Counting:
+    """Wraps a figure function and counts its calls."""
+
+    def __init__(self, draw: Any) -> None:
+        self.draw, self.calls = draw, 0
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls += 1
+        return self.draw(*args)
+
+
+def test_write_png_writes_the_bytes_savefig_writes(tmp_path: Path) -> None:
+    report = _report()
+    for name, draw in [("icicle", lambda: icicle_figure(report, "mfu")), ("roofline", lambda: roofline_figure(report))]:
+        saved = io.BytesIO()
+        draw().savefig(saved, dpi=100)
+        written = pixels.write_png(pixels.figure_pixels(draw()), tmp_path / f"{name}.png", dpi=100)
+        assert written == tmp_path / f"{name}.png"
+        assert written.read_bytes() == saved.getvalue()
+
+
+def test_an_image_is_drawn_once_per_content_and_again_when_the_report_changes() -> None:
+    report, drawn = _report(), _Counting(lambda: icicle_figure(_report(), "mfu"))
+    first = pixels.rendered(report, "icicle_mfu.png", drawn)
+    assert first.shape == (900, 1600, 4) and first.dtype == np.uint8 and not first.flags.writeable
+    assert pixels.rendered(report, "icicle_mfu.png", drawn) is first and drawn.calls == 1
+    assert pixels.rendered(_report(), "icicle_mfu.png", drawn) is first  # equal content, another object
+    assert drawn.calls == 1
+    # any field of any row, or the metadata, changed: drawn again
+    report.rows[1] = replace(report.rows[1], total_ms=3.5)
+    pixels.rendered(report, "icicle_mfu.png", drawn)
+    assert drawn.calls == 2
+    report.metadata["device_name"] = "other"
+    pixels.rendered(report, "icicle_mfu.png", drawn)
+    assert drawn.calls == 3
+    # another image of the same report is another entry
+    pixels.rendered(report, "roofline.png", drawn)
+    assert drawn.calls == 4
+
+
+def test_only_the_last_images_are_kept() -> None:
+    drawn = _Counting(lambda: icicle_figure(_report(), "mfu"))
+    report = _report()
+    for i in range(pixels.KEEP + 1):
+        pixels.rendered(report, f"image{i}", drawn)
+    assert drawn.calls == pixels.KEEP + 1 and len(pixels._kept) == pixels.KEEP
+    pixels.rendered(report, f"image{pixels.KEEP}", drawn)  # the newest: kept
+    assert drawn.calls == pixels.KEEP + 1
+    pixels.rendered(report, "image0", drawn)  # the oldest: evicted, drawn again
+    assert drawn.calls == pixels.KEEP + 2
+
+
+def test_a_report_that_cannot_be_digested_is_drawn_every_time() -> None:
+    report = _report()
+    report.metadata["writer"] = lambda: None  # a value pickle refuses
+    drawn = _Counting(lambda: icicle_figure(_report(), "mfu"))
+    pixels.rendered(report, "icicle_mfu.png", drawn)
+    pixels.rendered(report, "icicle_mfu.png", drawn)
+    assert drawn.calls == 2 and not pixels._kept
+
+
+class _ImageWriter:
+    def __init__(self) -> None:
+        self.images: dict[str, np.ndarray] = {}
+
+    def add_scalar(self, tag: str, value: float, global_step: int) -> None:
+        pass
+
+    def add_text(self, tag: str, text: str, global_step: int) -> None:
+        pass
+
+    def add_image(self, tag: str, image: np.ndarray, global_step: int, dataformats: str) -> None:
+        assert dataformats == "HWC"
+        self.images[tag] = image
+
+
+def test_tensorboard_after_the_files_draws_nothing_and_logs_the_files_pixels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    icicles = _Counting(icicle_module.icicle_figure)
+    roofline = _Counting(roofline_module.roofline_figure)
+    monkeypatch.setattr(icicle_module, "icicle_figure", icicles)
+    monkeypatch.setattr(roofline_module, "roofline_figure", roofline)
+    monkeypatch.setattr(tensorboard_module, "icicle_figure", icicles)
+    monkeypatch.setattr(tensorboard_module, "roofline_figure", roofline)
+    report = _report()
+    FileReporter().write(report, ReportContext(output_dir=tmp_path))
+    assert (icicles.calls, roofline.calls) == (3, 1)
+    writer = _ImageWriter()
+    log_report(writer, report, step=0)
+    assert (icicles.calls, roofline.calls) == (3, 1)  # TensorBoard drew nothing
+    tags = {
+        "component_benchmark/icicle/mfu": "icicle_mfu.png",
+        "component_benchmark/icicle/total_ms": "icicle_total_ms.png",
+        "component_benchmark/icicle/peak_mem_mb": "icicle_peak_mem_mb.png",
+        "cb/roofline": "roofline.png",
+    }
+    assert set(writer.images) == set(tags)
+    for tag, name in tags.items():
+        on_disk = np.asarray(Image.open(tmp_path / name).convert("RGB"))
+        assert on_disk.shape == (900, 1600, 3)
+        assert np.array_equal(writer.images[tag], on_disk)
