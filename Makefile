@@ -62,12 +62,14 @@ demo: $(STAMP)
 
 # The suite on every core (pytest-xdist, a file's tests on one worker: its shared fixtures run
 # once); each test process computes on one thread (tests/conftest.py), so workers do not wait on
-# each other's OpenMP barriers. The 15 slowest tests are printed: the cost stays visible.
+# each other's OpenMP barriers. Files are handed out costliest first (tests/durations.txt, written by
+# scripts/test_durations.py; --no-loadscope-reorder keeps that order), so no worker waits long for the
+# other at the end. The 15 slowest tests are printed: the cost stays visible.
 test: $(STAMP)
 	$(BIN)/python -m ruff check cb_callback integrations tests examples benchmarks
 	$(BIN)/python -m ruff format --check cb_callback integrations tests examples benchmarks scripts
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check cb_callback integrations tests examples benchmarks

@@ -92,3 +92,26 @@ def cuda_name(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
         monkeypatch.setattr(hw, "_cuda_device_name", lambda device: name)
 
     return set_name
+
+
+def _file_seconds() -> dict[str, float]:
+    """tests/durations.txt: what each test file took (scripts/test_durations.py writes it)."""
+    table = Path(__file__).with_name("durations.txt")
+    out: dict[str, float] = {}
+    for line in table.read_text().splitlines() if table.is_file() else []:
+        seconds, _, name = line.partition(" ")
+        if not line.startswith("#") and name:
+            out[name] = float(seconds)
+    return out
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The costliest test files first (tests/durations.txt), each file's tests in their own order.
+
+    ``make test`` hands whole files to the xdist workers in this order (``--dist loadfile
+    --no-loadscope-reorder``): the long files start at once and the last to run are short, so at the
+    end no worker waits long for the other. A file not in the table comes after, in collection order.
+    """
+    seconds = _file_seconds()
+    order = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-seconds.get(item.nodeid.partition("::")[0], 0.0), order[item.nodeid]))
