@@ -398,9 +398,10 @@ def test_a_component_above_a_measured_peak_is_flagged_never_made_the_peak(monkey
     # A calibration that read 1 FLOP/s (as under heavy load): every component runs above it.
     monkeypatch.setattr(cal, "_FLOPS_CACHE", {(torch.float32, torch.get_num_threads()): 1.0})
     try:
-        # 2 * 256 * 512 * 512 = 134 MFLOP forward: milliseconds on one thread, far from the harness floor
-        # even on a busy machine (a 64x64 layer's microseconds read "at the floor" there, its MFU NaN)
-        report = profile_components(nn.Linear(512, 512), (torch.randn(256, 512),), **FAST)
+        # 2 * 256 * 512 * 512 = 134 MFLOP forward: milliseconds on one thread. No harness floor: under
+        # heavy load one floor run can be descheduled for longer than the layer takes, and a row "at the
+        # floor" has no MFU; the floor is not what this test is about.
+        report = profile_components(nn.Linear(512, 512), (torch.randn(256, 512),), **{**FAST, "harness_floor": False})
         row = report.row("")
         # The peak stays what was measured (before, it was raised to this very row's rate and
         # its MFU read exactly 100 % by construction): MFU = achieved FLOP/s / 1 FLOP/s.
