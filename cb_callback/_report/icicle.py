@@ -180,22 +180,37 @@ def _value_text(value: float, scale: float, column: str) -> str:
 
 
 class _Measure:
-    """Text widths in pixels at the figure's DPI, as the Agg renderer draws them."""
+    """Text widths in pixels of :data:`_FONT_SIZE` labels at :data:`_DPI`, as the Agg renderer draws them.
+
+    Kept per process (the last :data:`_WIDTHS_KEPT` texts): a report's three icicles label the
+    same bars with the same names, and the next capture's mostly too.
+    """
 
     def __init__(self, canvas: FigureCanvasAgg) -> None:
         self._renderer = canvas.get_renderer()
         self._font = FontProperties(size=_FONT_SIZE)
-        self._cache: dict[str, float] = {}
 
     def __call__(self, text: str) -> float:
-        if text not in self._cache:
-            width, _, _ = self._renderer.get_text_width_height_descent(text, self._font, ismath=False)
-            self._cache[text] = float(width)
-        return self._cache[text]
+        width = _WIDTHS.get(text)
+        if width is None:
+            width = float(self._renderer.get_text_width_height_descent(text, self._font, ismath=False)[0])
+            _WIDTHS[text] = width
+            if len(_WIDTHS) > _WIDTHS_KEPT:
+                del _WIDTHS[next(iter(_WIDTHS))]  # the oldest
+        return width
+
+
+#: Label widths measured in this process (:class:`_Measure`), oldest first; every figure draws at
+#: :data:`_DPI` with one font, so a text's width is the same in each.
+_WIDTHS: dict[str, float] = {}
+_WIDTHS_KEPT = 20_000
 
 
 def fit_label(name: str, room_px: float, width_of: Callable[[str], float]) -> str | None:
     """``name`` if it fits in ``room_px``, else its longest tail after ``"…"`` that does.
+
+    A longer tail is never narrower (each character adds its advance), so the longest
+    tail that fits is found by bisection: a few measurements, not one per character.
 
     Returns:
         The text, or ``None`` when not even ``"…"`` and :data:`_MIN_CHARS`
@@ -204,13 +219,17 @@ def fit_label(name: str, room_px: float, width_of: Callable[[str], float]) -> st
     """
     if width_of(name) <= room_px:
         return name
-    for keep in range(len(name) - 1, _MIN_CHARS - 1, -1):
+    low, high = _MIN_CHARS - 1, len(name)  # the longest tail that fits has low < keep < high, if any
+    while high - low > 1:
+        keep = (low + high) // 2
+        if width_of(_ELLIPSIS + name[-keep:]) <= room_px:
+            low = keep
+        else:
+            high = keep
+    for keep in range(low, _MIN_CHARS - 1, -1):
         tail = name[-keep:]
-        if tail.startswith("."):
-            continue  # "…mlp.fc1", not "….mlp.fc1"
-        text = _ELLIPSIS + tail
-        if width_of(text) <= room_px:
-            return text
+        if not tail.startswith("."):  # "…mlp.fc1", not "….mlp.fc1"
+            return _ELLIPSIS + tail
     return None
 
 

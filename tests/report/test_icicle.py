@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 from matplotlib.patches import Rectangle
 
 from cb_callback._report.icicle import (
+    _Measure,
     colour_range,
     fit_label,
     icicle_figure,
@@ -182,6 +185,30 @@ def test_fit_label_cuts_from_the_left() -> None:
     # a short name shows whole or not at all
     assert fit_label("fc", 20, ten_px) == "fc"
     assert fit_label("fc", 19, ten_px) is None
+
+
+def _fit_label_by_scanning(name: str, room_px: float, width_of: Callable[[str], float]) -> str | None:
+    """fit_label's rule spelled out: the whole name, else every tail from the longest down (3 characters at least)."""
+    if width_of(name) <= room_px:
+        return name
+    for keep in range(len(name) - 1, 2, -1):
+        tail = name[-keep:]
+        if not tail.startswith(".") and width_of("\u2026" + tail) <= room_px:
+            return "\u2026" + tail
+    return None
+
+
+def test_fit_label_finds_what_trying_every_tail_finds_with_the_real_font() -> None:
+    fig = Figure(figsize=(16.0, 9.0), dpi=100)
+    width_of = _Measure(FigureCanvasAgg(fig))
+    names = ["blocks.11.attn.c_proj", "encoder.layers.3.self_attn.out_proj", "a.mlp.fc1", "fc", "W" * 30,
+             "iiiiiiiiii.llll.WWWW.mmm", "tables.0", "x.y.z", "over.0.1.2.3.4.5.6.7.8.9"]  # fmt: skip
+    compared = 0
+    for name in names:
+        for room in range(0, int(width_of(name)) + 12, 3):
+            assert fit_label(name, room, width_of) == _fit_label_by_scanning(name, room, width_of), (name, room)
+            compared += 1
+    assert compared > 300
 
 
 def _wide_report(leaves: int = 21) -> Report:
