@@ -4,8 +4,9 @@ A capture publishes each image twice, as a PNG beside ``report.json``
 (:class:`~cb_callback._report.files.FileReporter`) and as a TensorBoard image
 (:class:`~cb_callback._report.tensorboard.TensorBoardReporter`), and drawing one
 1600x900 matplotlib figure costs a few tenths of a second, while training waits.
-:func:`rendered` draws a figure once per report *content* and keeps the last
-:data:`KEEP` images, so the second reporter finds the pixels the first drew.
+:func:`rendered` keeps what it draws until it is asked for once more: the second
+reporter takes the pixels the first drew, and nothing stays held after (at most
+:data:`KEEP` images, 5.8 MB each, wait for their second use).
 
 The key is a digest of everything in the report (its metadata and every row's
 fields): a report changed in any way between two writes is drawn again, so a
@@ -33,8 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["KEEP", "figure_pixels", "rendered", "write_png"]
 
-#: Images kept: a capture's three icicles and its roofline, for two reports (about 6 MB each).
-KEEP = 8
+#: Images kept for their second use: a capture's three icicles and its roofline.
+KEEP = 4
 
 _kept: OrderedDict[tuple[bytes, str], np.ndarray] = OrderedDict()
 _lock = threading.Lock()
@@ -59,15 +60,18 @@ def figure_pixels(fig: Figure) -> np.ndarray:
 
 
 def rendered(report: Report, name: str, draw: Callable[[], Figure]) -> np.ndarray:
-    """The pixels of image ``name`` of ``report`` (:func:`figure_pixels` of ``draw()``), drawn at most
-    once while the report's content stays the same and the image is among the last :data:`KEEP`."""
+    """The pixels of image ``name`` of ``report`` (:func:`figure_pixels` of ``draw()``).
+
+    Drawn, and kept; the next call for the same image of a report with the same content takes the
+    kept pixels (and they are let go), so the files and TensorBoard draw each image once between
+    them. Only the last :data:`KEEP` images drawn are kept.
+    """
     digest = _digest(report)
     key = None if digest is None else (digest, name)
     if key is not None:
         with _lock:
-            kept = _kept.get(key)
+            kept = _kept.pop(key, None)
             if kept is not None:
-                _kept.move_to_end(key)
                 return kept
     pixels = figure_pixels(draw())
     if key is not None:

@@ -65,26 +65,28 @@ def test_write_png_writes_the_bytes_savefig_writes(tmp_path: Path) -> None:
         assert written.read_bytes() == saved.getvalue()
 
 
-def test_an_image_is_drawn_once_per_content_and_again_when_the_report_changes() -> None:
+def test_an_image_is_drawn_once_for_two_uses_and_again_when_the_report_changes() -> None:
     report, drawn = _report(), _Counting(lambda: icicle_figure(_report(), "mfu"))
     first = pixels.rendered(report, "icicle_mfu.png", drawn)
     assert first.shape == (900, 1600, 4) and first.dtype == np.uint8 and not first.flags.writeable
-    assert pixels.rendered(report, "icicle_mfu.png", drawn) is first and drawn.calls == 1
-    assert pixels.rendered(_report(), "icicle_mfu.png", drawn) is first  # equal content, another object
-    assert drawn.calls == 1
-    # any field of any row, or the metadata, changed: drawn again
+    # the second use takes the kept pixels; equal content in another object is the same report
+    assert pixels.rendered(_report(), "icicle_mfu.png", drawn) is first and drawn.calls == 1
+    assert not pixels._kept  # taken: nothing stays held
+    assert np.array_equal(pixels.rendered(report, "icicle_mfu.png", drawn), first)  # a third use draws again
+    assert drawn.calls == 2
+    # any field of any row, or the metadata, changed: drawn again (the kept image is not that report's)
     report.rows[1] = replace(report.rows[1], total_ms=3.5)
     pixels.rendered(report, "icicle_mfu.png", drawn)
-    assert drawn.calls == 2
+    assert drawn.calls == 3
     report.metadata["device_name"] = "other"
     pixels.rendered(report, "icicle_mfu.png", drawn)
-    assert drawn.calls == 3
+    assert drawn.calls == 4
     # another image of the same report is another entry
     pixels.rendered(report, "roofline.png", drawn)
-    assert drawn.calls == 4
+    assert drawn.calls == 5
 
 
-def test_only_the_last_images_are_kept() -> None:
+def test_only_the_last_images_wait_for_their_second_use() -> None:
     drawn = _Counting(lambda: icicle_figure(_report(), "mfu"))
     report = _report()
     for i in range(pixels.KEEP + 1):
@@ -92,7 +94,7 @@ def test_only_the_last_images_are_kept() -> None:
     assert drawn.calls == pixels.KEEP + 1 and len(pixels._kept) == pixels.KEEP
     pixels.rendered(report, f"image{pixels.KEEP}", drawn)  # the newest: kept
     assert drawn.calls == pixels.KEEP + 1
-    pixels.rendered(report, "image0", drawn)  # the oldest: evicted, drawn again
+    pixels.rendered(report, "image0", drawn)  # the oldest: let go, drawn again
     assert drawn.calls == pixels.KEEP + 2
 
 
@@ -135,6 +137,7 @@ def test_tensorboard_after_the_files_draws_nothing_and_logs_the_files_pixels(
     writer = _ImageWriter()
     log_report(writer, report, step=0)
     assert (icicles.calls, roofline.calls) == (3, 1)  # TensorBoard drew nothing
+    assert not pixels._kept  # and took every kept image: none stays held
     tags = {
         "component_benchmark/icicle/mfu": "icicle_mfu.png",
         "component_benchmark/icicle/total_ms": "icicle_total_ms.png",
