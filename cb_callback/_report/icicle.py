@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -416,5 +415,5 @@ def save_icicles(
         column = resolve_metric(metric)
         path = out / f"icicle_{column}.png"
         # the pixels TensorBoard's image shares: drawn once per report (cb_callback._report.pixels)
-        written.append(write_png(rendered(report, path.name, partial(icicle_figure, report, column)), path, _DPI))
+        written.append(write_png(rendered(report, icicle_figure, column), path, _DPI))
     return written

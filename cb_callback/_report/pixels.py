@@ -8,9 +8,10 @@ A capture publishes each image twice, as a PNG beside ``report.json``
 reporter takes the pixels the first drew, and nothing stays held after (at most
 :data:`KEEP` images, 5.8 MB each, wait for their second use).
 
-The key is a digest of everything in the report (its metadata and every row's
-fields): a report changed in any way between two writes is drawn again, so a
-kept image is never one of another report. Pixels are identical to
+The key is the drawing function, its arguments and a digest of everything in
+the report (its metadata and every row's fields): a report changed in any way
+between two writes is drawn again, so a kept image is never one of another
+report, nor another function's. Pixels are identical to
 ``Figure.savefig(path, dpi=...)``'s at the figure's own dpi, and
 :func:`write_png` writes the same PNG bytes.
 """
@@ -21,7 +22,7 @@ import hashlib
 import pickle
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,7 @@ __all__ = ["KEEP", "figure_pixels", "rendered", "write_png"]
 #: Images kept for their second use: a capture's three icicles and its roofline.
 KEEP = 4
 
-_kept: OrderedDict[tuple[bytes, str], np.ndarray] = OrderedDict()
+_kept: OrderedDict[tuple[bytes, Callable[..., Figure], tuple[Hashable, ...]], np.ndarray] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -59,21 +60,21 @@ def figure_pixels(fig: Figure) -> np.ndarray:
     return pixels
 
 
-def rendered(report: Report, name: str, draw: Callable[[], Figure]) -> np.ndarray:
-    """The pixels of image ``name`` of ``report`` (:func:`figure_pixels` of ``draw()``).
+def rendered(report: Report, draw: Callable[..., Figure], *args: Hashable) -> np.ndarray:
+    """The pixels of ``draw(report, *args)`` (:func:`figure_pixels`).
 
-    Drawn, and kept; the next call for the same image of a report with the same content takes the
-    kept pixels (and they are let go), so the files and TensorBoard draw each image once between
-    them. Only the last :data:`KEEP` images drawn are kept.
+    Drawn, and kept; the next call with the same ``draw`` and ``args`` for a report with the same
+    content takes the kept pixels (and they are let go), so the files and TensorBoard draw each
+    image once between them. Only the last :data:`KEEP` images drawn are kept.
     """
     digest = _digest(report)
-    key = None if digest is None else (digest, name)
+    key = None if digest is None else (digest, draw, args)
     if key is not None:
         with _lock:
             kept = _kept.pop(key, None)
             if kept is not None:
                 return kept
-    pixels = figure_pixels(draw())
+    pixels = figure_pixels(draw(report, *args))
     if key is not None:
         with _lock:
             _kept[key] = pixels

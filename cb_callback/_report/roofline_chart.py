@@ -250,6 +250,6 @@ def save_roofline(report: Report, directory: str | Path, name: str = ROOFLINE_FI
     target = Path(directory) / name
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.suffix.lower() == ".png":  # the pixels TensorBoard's image shares (drawn once per report)
-        return write_png(rendered(report, ROOFLINE_FILE, lambda: roofline_figure(report)), target, _DPI)
+        return write_png(rendered(report, roofline_figure), target, _DPI)
     roofline_figure(report).savefig(target, dpi=_DPI)
     return target

@@ -18,10 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from cb_callback._report.icicle import icicle_figure
 from cb_callback._report.pixels import rendered
-from cb_callback._report.roofline_chart import ROOFLINE_FILE, roofline_figure
+from cb_callback._report.roofline_chart import roofline_figure
 from cb_callback._report.table import format_summary, format_text_table
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from matplotlib.figure import Figure
+
     from cb_callback._report.context import ReportContext
     from cb_callback._report.model import ComponentRow, Report
 
@@ -251,15 +255,14 @@ def log_report(
         writer.add_custom_scalars(scalar_layout())
     _add_text(writer, f"{TAG_PREFIX}/table", _table_markdown(report), step)
     _add_text(writer, f"{TAG_PREFIX}/summary", _summary_markdown(report), step)
-    figures = [
-        (f"{TAG_PREFIX}/icicle/{m}", f"icicle_{m}.png", lambda m=m: icicle_figure(report, m))
-        for m in ICICLE_IMAGE_METRICS
+    images: list[tuple[str, Callable[..., Figure], tuple[str, ...]]] = [
+        (f"{TAG_PREFIX}/icicle/{m}", icicle_figure, (m,)) for m in ICICLE_IMAGE_METRICS
     ]
-    for tag, name, draw in [*figures, (ROOFLINE_TAG, ROOFLINE_FILE, lambda: roofline_figure(report))]:
+    for tag, draw, args in [*images, (ROOFLINE_TAG, roofline_figure, ())]:
         if callable(getattr(writer, "add_image", None)):  # the PNG files' pixels, drawn once per report
-            writer.add_image(tag, rendered(report, name, draw)[:, :, :3], global_step=step, dataformats="HWC")
+            writer.add_image(tag, rendered(report, draw, *args)[:, :, :3], global_step=step, dataformats="HWC")
         else:
-            writer.add_figure(tag, draw(), global_step=step, close=True)
+            writer.add_figure(tag, draw(report, *args), global_step=step, close=True)
 
 
 class TensorBoardReporter:

@@ -66,44 +66,47 @@ def test_write_png_writes_the_bytes_savefig_writes(tmp_path: Path) -> None:
 
 
 def test_an_image_is_drawn_once_for_two_uses_and_again_when_the_report_changes() -> None:
-    report, drawn = _report(), _Counting(lambda: icicle_figure(_report(), "mfu"))
-    first = pixels.rendered(report, "icicle_mfu.png", drawn)
+    report, drawn = _report(), _Counting(icicle_figure)
+    first = pixels.rendered(report, drawn, "mfu")
     assert first.shape == (900, 1600, 4) and first.dtype == np.uint8 and not first.flags.writeable
     # the second use takes the kept pixels; equal content in another object is the same report
-    assert pixels.rendered(_report(), "icicle_mfu.png", drawn) is first and drawn.calls == 1
+    assert pixels.rendered(_report(), drawn, "mfu") is first and drawn.calls == 1
     assert not pixels._kept  # taken: nothing stays held
-    assert np.array_equal(pixels.rendered(report, "icicle_mfu.png", drawn), first)  # a third use draws again
+    assert np.array_equal(pixels.rendered(report, drawn, "mfu"), first)  # a third use draws again
     assert drawn.calls == 2
     # any field of any row, or the metadata, changed: drawn again (the kept image is not that report's)
     report.rows[1] = replace(report.rows[1], total_ms=3.5)
-    pixels.rendered(report, "icicle_mfu.png", drawn)
+    pixels.rendered(report, drawn, "mfu")
     assert drawn.calls == 3
     report.metadata["device_name"] = "other"
-    pixels.rendered(report, "icicle_mfu.png", drawn)
+    pixels.rendered(report, drawn, "mfu")
     assert drawn.calls == 4
-    # another image of the same report is another entry
-    pixels.rendered(report, "roofline.png", drawn)
+    # another image of the same report (other arguments, or another function) is another entry
+    pixels.rendered(report, drawn, "total_ms")
     assert drawn.calls == 5
+    other = _Counting(icicle_figure)
+    pixels.rendered(report, other, "total_ms")
+    assert (drawn.calls, other.calls) == (5, 1)
 
 
 def test_only_the_last_images_wait_for_their_second_use() -> None:
-    drawn = _Counting(lambda: icicle_figure(_report(), "mfu"))
+    drawn = _Counting(lambda report, i: icicle_figure(report, "mfu"))
     report = _report()
     for i in range(pixels.KEEP + 1):
-        pixels.rendered(report, f"image{i}", drawn)
+        pixels.rendered(report, drawn, i)
     assert drawn.calls == pixels.KEEP + 1 and len(pixels._kept) == pixels.KEEP
-    pixels.rendered(report, f"image{pixels.KEEP}", drawn)  # the newest: kept
+    pixels.rendered(report, drawn, pixels.KEEP)  # the newest: kept
     assert drawn.calls == pixels.KEEP + 1
-    pixels.rendered(report, "image0", drawn)  # the oldest: let go, drawn again
+    pixels.rendered(report, drawn, 0)  # the oldest: let go, drawn again
     assert drawn.calls == pixels.KEEP + 2
 
 
 def test_a_report_that_cannot_be_digested_is_drawn_every_time() -> None:
     report = _report()
     report.metadata["writer"] = lambda: None  # a value pickle refuses
-    drawn = _Counting(lambda: icicle_figure(_report(), "mfu"))
-    pixels.rendered(report, "icicle_mfu.png", drawn)
-    pixels.rendered(report, "icicle_mfu.png", drawn)
+    drawn = _Counting(icicle_figure)
+    pixels.rendered(report, drawn, "mfu")
+    pixels.rendered(report, drawn, "mfu")
     assert drawn.calls == 2 and not pixels._kept
 
 
