@@ -9,11 +9,17 @@ import pytest
 
 from cb_callback import ComponentBenchmark
 from cb_callback._whatif.snapshot import load_snapshot
-from tests._callback_models import BATCH, FEATURES, VAR_LENGTHS, VarLenModule, run_fit
+from tests._callback_models import BATCH, FEATURES, VAR_LENGTHS, VarLenModule, blank_figures, run_fit
 from tests.callback.test_callback import _assert_same_training
 from tests.conftest import FAST
 
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10, "descend_share": 0.0}  # all replayed
+
+
+@pytest.fixture(autouse=True)
+def _blank_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here reads an image: the reports' charts are drawn blank (a second each saved)."""
+    blank_figures(monkeypatch)
 
 
 @pytest.mark.parametrize("mode", ["pause", "fork"])
