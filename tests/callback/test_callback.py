@@ -25,9 +25,9 @@ from tests._callback_models import (
     ChildrenOnlyModule,
     MLPModule,
     TransformerModule,
-    blank_figures,
     run_fit,
 )
+from tests._figures import blank_figures
 from tests.conftest import FAST
 
 # User peaks: no CPU calibration, and MFU is finite so its scalars are written.

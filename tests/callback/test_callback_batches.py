@@ -9,7 +9,8 @@ import pytest
 
 from cb_callback import ComponentBenchmark
 from cb_callback._whatif.snapshot import load_snapshot
-from tests._callback_models import BATCH, FEATURES, VAR_LENGTHS, VarLenModule, blank_figures, run_fit
+from tests._callback_models import BATCH, FEATURES, VAR_LENGTHS, VarLenModule, run_fit
+from tests._figures import blank_figures
 from tests.callback.test_callback import _assert_same_training
 from tests.conftest import FAST
 

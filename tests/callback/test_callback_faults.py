@@ -14,7 +14,8 @@ import cb_callback._lightning.callback as callback_module
 import cb_callback._lightning.run as run_module
 import cb_callback._report.tensorboard as tensorboard_module
 from cb_callback import ComponentBenchmark
-from tests._callback_models import GatedModule, MLPModule, blank_figures, run_fit
+from tests._callback_models import GatedModule, MLPModule, run_fit
+from tests._figures import blank_figures
 from tests.conftest import FAST
 
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10}

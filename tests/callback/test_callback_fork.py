@@ -22,7 +22,8 @@ import cb_callback._lightning.child as child_module
 from cb_callback import ComponentBenchmark
 from cb_callback._lightning.spawn import spawn_problem
 from cb_callback._whatif.snapshot import SnapshotError
-from tests._callback_models import CrashingChildModule, MLPModule, blank_figures, run_fit
+from tests._callback_models import CrashingChildModule, MLPModule, run_fit
+from tests._figures import blank_figures
 from tests.conftest import FAST
 
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10}

@@ -27,7 +27,8 @@ from torch import nn
 from cb_callback import ComponentBenchmark
 from cb_callback._engine.run.schedule_count import ScheduleCount
 from cb_callback._lightning.trainer_bar import ProgressBar, TrainerBar
-from tests._callback_models import MLPModule, blank_figures, run_fit
+from tests._callback_models import MLPModule, run_fit
+from tests._figures import blank_figures
 from tests.conftest import FAST
 
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10, "descend": "all"}

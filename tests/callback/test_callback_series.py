@@ -12,7 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from cb_callback import ComponentBenchmark
 from cb_callback._lightning.when import CaptureSchedule
-from tests._callback_models import WAIT_FOR_FORK, MLPModule, WaitsForForkModule, blank_figures, run_fit
+from tests._callback_models import WAIT_FOR_FORK, MLPModule, WaitsForForkModule, run_fit
+from tests._figures import blank_figures
 from tests.callback.test_callback import MLP_PATHS, _assert_same_training
 from tests.conftest import FAST
 

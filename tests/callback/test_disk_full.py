@@ -31,7 +31,8 @@ import cb_callback._whatif.snapshot as snapshot_module
 from cb_callback import ComponentBenchmark, Report
 from cb_callback._lightning.child import RESERVE_FILE
 from cb_callback._lightning.publish import error_line
-from tests._callback_models import blank_figures, run_fit
+from tests._callback_models import run_fit
+from tests._figures import blank_figures
 from tests.callback.test_callback_fork import _InlineProcess, _use
 from tests.conftest import FAST
 
