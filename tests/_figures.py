@@ -11,7 +11,7 @@ from typing import Any
 CHILD_ENV = "CB_TEST_BLANK_FIGURES"
 
 
-def blank_figures(monkeypatch: Any) -> None:
+def blank_figures(monkeypatch: Any, tensorboard: bool = True) -> None:
     """Draw the report's icicles and roofline as blank 16x9-pixel figures, in the files and in TensorBoard,
     here and in the test's fork-mode children.
 
@@ -19,9 +19,12 @@ def blank_figures(monkeypatch: Any) -> None:
     it about a second of matplotlib. The files and tags keep their names. The default outputs' tests
     (tests/callback/test_callback.py, bit-identical and without TensorBoard) and tests/report (the charts)
     draw them for real.
+
+    Args:
+        tensorboard: ``False``: TensorBoard's images are drawn for real (a test that reads them).
     """
     monkeypatch.setenv(CHILD_ENV, "1")
-    _blank(monkeypatch.setattr)
+    _blank(monkeypatch.setattr, tensorboard)
 
 
 def blank_in_a_child() -> None:
@@ -31,7 +34,7 @@ def blank_in_a_child() -> None:
         _blank(setattr)
 
 
-def _blank(set_attribute: Any) -> None:
+def _blank(set_attribute: Any, tensorboard: bool = True) -> None:
     import matplotlib.figure
 
     import cb_callback._report.icicle as icicle_module
@@ -41,10 +44,8 @@ def _blank(set_attribute: Any) -> None:
     def blank(*args: Any, **kwargs: Any) -> matplotlib.figure.Figure:
         return matplotlib.figure.Figure(figsize=(0.16, 0.09), dpi=100)
 
-    for module, name in (
-        (icicle_module, "icicle_figure"),
-        (roofline_module, "roofline_figure"),
-        (tensorboard_module, "icicle_figure"),
-        (tensorboard_module, "roofline_figure"),
-    ):
+    targets = [(icicle_module, "icicle_figure"), (roofline_module, "roofline_figure")]
+    if tensorboard:
+        targets += [(tensorboard_module, "icicle_figure"), (tensorboard_module, "roofline_figure")]
+    for module, name in targets:
         set_attribute(module, name, blank)
