@@ -15,6 +15,8 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests._figures import blank_in_a_child
+
 FEATURES = 8
 CLASSES = 3
 SAMPLES = 64
@@ -264,3 +266,6 @@ class WaitsForForkModule(MLPModule):
             if fork is not None:
                 fork.child._proc.join(60)
         return super().training_step(batch, batch_idx)
+
+
+blank_in_a_child()  # a fork-mode child of a test that reads no image (tests._figures.blank_figures)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cb_callback import Report, profile_components
+from tests._figures import blank_figures
 from tests.conftest import FAST, load_example
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e12, peak_bandwidth=1e11)
@@ -98,7 +99,10 @@ def test_corpus_and_batches_are_deterministic(ex: ModuleType) -> None:
     assert torch.equal(corpus.batch(4, seed=1)[0], x)
 
 
-def test_gpt_lightning_module_trains_with_the_callback(ex: ModuleType, tmp_path: Path) -> None:
+def test_gpt_lightning_module_trains_with_the_callback(
+    ex: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blank_figures(monkeypatch)  # reads no image
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
@@ -118,7 +122,10 @@ def test_gpt_lightning_module_trains_with_the_callback(ex: ModuleType, tmp_path:
     assert attn.fwd_flops == _linear(C, 3 * C) + SDPA_FWD + _linear(C, C)
 
 
-def test_whatif_example_runs_its_three_checks(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_whatif_example_runs_its_three_checks(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blank_figures(monkeypatch)  # reads no image
     whatif = load_example("whatif")
     argv = ["--backend", "eager", "--compile-top", "2", "--lengths", "8,16", "--batch-size", "2", "--min-run-time", "0"]
     assert whatif.main([*argv, "--out", str(tmp_path)]) == 0  # the hand LayerNorm is equivalent, the tanh-GELU MLP not

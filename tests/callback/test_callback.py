@@ -27,6 +27,7 @@ from tests._callback_models import (
     TransformerModule,
     run_fit,
 )
+from tests._figures import blank_figures
 from tests.conftest import FAST
 
 # User peaks: no CPU calibration, and MFU is finite so its scalars are written.
@@ -159,7 +160,11 @@ def _assert_files(directory: Path, report: Report) -> None:
 
 
 @pytest.mark.parametrize("model_cls", [MLPModule, TransformerModule], ids=["mlp", "transformer"])
-def test_pause_and_fork_leave_training_bit_identical(tmp_path: Path, model_cls: type) -> None:
+def test_pause_and_fork_leave_training_bit_identical(
+    tmp_path: Path, model_cls: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if model_cls is TransformerModule:  # the MLP draws every chart for real; this one TensorBoard's (read below)
+        blank_figures(monkeypatch, tensorboard=False)
     # max_steps=10 crosses an epoch (8 batches): the second epoch's shuffle draws from the global RNG
     baseline = run_fit(tmp_path / "base", model_cls=model_cls, max_steps=10)
     for mode in ("pause", "fork"):
@@ -189,6 +194,7 @@ def test_pause_and_fork_leave_training_bit_identical(tmp_path: Path, model_cls: 
 
 
 def test_gradient_accumulation_profiles_the_first_micro_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
     seen: dict[str, Any] = {}
     real = run_module.profile_captured
 
@@ -218,7 +224,8 @@ def test_gradient_accumulation_profiles_the_first_micro_batch(tmp_path: Path, mo
     assert cb.report is not None and cb.report.row("").calls == 1
 
 
-def test_root_not_called_by_training_step_is_estimated(tmp_path: Path) -> None:
+def test_root_not_called_by_training_step_is_estimated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
     cb = ComponentBenchmark(capture_step=1, **OPTS)
     run_fit(tmp_path, [cb], model_cls=ChildrenOnlyModule, max_steps=2, logger=False)
     assert cb.report is not None
@@ -230,7 +237,9 @@ def test_root_not_called_by_training_step_is_estimated(tmp_path: Path) -> None:
     assert root.total_ms == pytest.approx(cb.report.row("encoder").total_ms + cb.report.row("head").total_ms)
 
 
-def test_never_captures_during_sanity_check_or_validation(tmp_path: Path) -> None:
+def test_never_captures_during_sanity_check_or_validation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
+
     # Validation batches have 4 samples (batch_size 8 over 16 would not tell): use 4.
     class SmallVal(MLPModule):
         def val_dataloader(self) -> Any:
@@ -247,7 +256,10 @@ def test_never_captures_during_sanity_check_or_validation(tmp_path: Path) -> Non
     assert cb.report.row("").calls == 1
 
 
-def test_capture_batch_size_stores_k_samples_and_replicates_to_the_real_batch(tmp_path: Path) -> None:
+def test_capture_batch_size_stores_k_samples_and_replicates_to_the_real_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blank_figures(monkeypatch)  # reads no image
     cb = ComponentBenchmark(capture_step=1, capture_batch_size=2, **OPTS)
     run_fit(tmp_path, [cb], max_steps=2, logger=False)
     assert cb.report is not None
@@ -261,6 +273,7 @@ def test_capture_batch_size_stores_k_samples_and_replicates_to_the_real_batch(tm
 
 
 def test_precision_context_and_dtype_come_from_the_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
     seen: list[Any] = []
     real = run_module.profile_captured
 
@@ -288,7 +301,7 @@ def test_precision_context_and_dtype_come_from_the_trainer(tmp_path: Path, monke
 
 
 def test_without_tensorboard_files_are_written_and_the_run_says_where(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from lightning.pytorch.loggers import CSVLogger
 
@@ -303,6 +316,7 @@ def test_without_tensorboard_files_are_written_and_the_run_says_where(
     assert str(expected) in message
     assert "no TensorBoardLogger" in message
 
+    blank_figures(monkeypatch)  # the charts were drawn above; below, where the files go
     cb2 = ComponentBenchmark(capture_step=1, **OPTS)
     run_fit(tmp_path / "none", [cb2], max_steps=2, logger=False)
     assert cb2.output_dir == tmp_path / "none" / "component_benchmark"
@@ -318,6 +332,7 @@ def test_without_tensorboard_files_are_written_and_the_run_says_where(
 
 
 def test_progress_bar_follows_the_trainers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
     calls: list[tuple[int, int, str]] = []
     real = ProgressBar.__call__
 
@@ -392,6 +407,7 @@ def test_capture_step_beyond_max_steps_warns_at_setup_only(tmp_path: Path) -> No
 
 
 def test_resume_after_the_capture_step_does_not_profile_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
@@ -426,7 +442,8 @@ def test_resume_after_the_capture_step_does_not_profile_again(tmp_path: Path, mo
     assert again.report is None and again.state_dict()["captured"] is True
 
 
-def test_stop_after_ends_training_once_profiled(tmp_path: Path) -> None:
+def test_stop_after_ends_training_once_profiled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
     cb = ComponentBenchmark(capture_step=1, stop_after=True, **OPTS)
     trainer, _, recorder = run_fit(tmp_path, [cb], max_steps=10, logger=False)
     assert cb.report is not None
@@ -434,7 +451,8 @@ def test_stop_after_ends_training_once_profiled(tmp_path: Path) -> None:
     assert recorder.steps == [1, 2]  # global_step after each batch's optimizer step
 
 
-def test_lightning_cli_builds_and_runs_the_callback(tmp_path: Path) -> None:
+def test_lightning_cli_builds_and_runs_the_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
     from lightning.pytorch.cli import LightningCLI
 
     fast = [f"--trainer.callbacks.{k}={v}" for k, v in OPTS.items()]

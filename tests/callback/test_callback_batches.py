@@ -10,15 +10,29 @@ import pytest
 from cb_callback import ComponentBenchmark
 from cb_callback._whatif.snapshot import load_snapshot
 from tests._callback_models import BATCH, FEATURES, VAR_LENGTHS, VarLenModule, run_fit
+from tests._figures import blank_figures
 from tests.callback.test_callback import _assert_same_training
 from tests.conftest import FAST
 
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10, "descend_share": 0.0}  # all replayed
 
 
+@pytest.fixture(autouse=True)
+def _blank_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here reads an image: the reports' charts are drawn blank (a second each saved)."""
+    blank_figures(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
+    """The unprofiled run the profiled ones are compared with: VarLenModule, 6 steps (read only)."""
+    return run_fit(tmp_path_factory.mktemp("base"), model_cls=VarLenModule, max_steps=6)
+
+
 @pytest.mark.parametrize("mode", ["pause", "fork"])
-def test_capture_batches_measures_each_step_and_training_is_unchanged(tmp_path: Path, mode: str) -> None:
-    baseline = run_fit(tmp_path / "base", model_cls=VarLenModule, max_steps=6)
+def test_capture_batches_measures_each_step_and_training_is_unchanged(
+    tmp_path: Path, mode: str, baseline: tuple[Any, Any, Any]
+) -> None:
     cb = ComponentBenchmark(capture_step=1, capture_batches=3, mode=mode, **OPTS)
     run = run_fit(tmp_path / mode, [cb], model_cls=VarLenModule, max_steps=6)
     _assert_same_training(baseline, run)
@@ -48,12 +62,11 @@ def test_a_run_that_ends_inside_the_capture_window_profiles_what_it_captured(tmp
     assert cb.report is not None and cb.report.metadata["batches"] == 2
 
 
-def test_compile_what_if_runs_from_the_callback(tmp_path: Path) -> None:
-    baseline = run_fit(tmp_path / "base", model_cls=VarLenModule, max_steps=3)
+def test_compile_what_if_runs_from_the_callback(tmp_path: Path, baseline: tuple[Any, Any, Any]) -> None:
     cb = ComponentBenchmark(
         capture_step=1, compile=True, compile_options={"backend": "aot_eager"}, compile_top=2, **OPTS
     )
-    _assert_same_training(baseline, run_fit(tmp_path / "cb", [cb], model_cls=VarLenModule, max_steps=3))
+    _assert_same_training(baseline, run_fit(tmp_path / "cb", [cb], model_cls=VarLenModule, max_steps=6))
     assert cb.report is not None
     # the rows compiled themselves (a representative's copies carry its what-if with the rest of its row)
     compiled = [r for r in cb.report if "compile" in r.details and r.details.get("as") != "representative"]

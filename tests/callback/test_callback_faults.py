@@ -15,9 +15,16 @@ import cb_callback._lightning.run as run_module
 import cb_callback._report.tensorboard as tensorboard_module
 from cb_callback import ComponentBenchmark
 from tests._callback_models import GatedModule, MLPModule, run_fit
+from tests._figures import blank_figures
 from tests.conftest import FAST
 
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10}
+
+
+@pytest.fixture(autouse=True)
+def _blank_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here reads an image: the reports' charts are drawn blank (a second each saved)."""
+    blank_figures(monkeypatch)
 
 
 def _ours(record: list[warnings.WarningMessage]) -> list[str]:

@@ -23,9 +23,16 @@ from cb_callback import ComponentBenchmark
 from cb_callback._lightning.spawn import spawn_problem
 from cb_callback._whatif.snapshot import SnapshotError
 from tests._callback_models import CrashingChildModule, MLPModule, run_fit
+from tests._figures import blank_figures
 from tests.conftest import FAST
 
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10}
+
+
+@pytest.fixture(autouse=True)
+def _blank_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here reads an image: the reports' charts are drawn blank (a second each saved)."""
+    blank_figures(monkeypatch)
 
 
 def _ours(record: Any) -> list[str]:

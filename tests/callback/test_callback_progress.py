@@ -28,6 +28,7 @@ from cb_callback import ComponentBenchmark
 from cb_callback._engine.run.schedule_count import ScheduleCount
 from cb_callback._lightning.trainer_bar import ProgressBar, TrainerBar
 from tests._callback_models import MLPModule, run_fit
+from tests._figures import blank_figures
 from tests.conftest import FAST
 
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10, "descend": "all"}
@@ -39,6 +40,12 @@ COMPONENTS = [(p or "root", 7, i + 1) for i, p in enumerate(MLP_PATHS[:6])]
 ROUNDS = [(f"timing round {min(r + 1, 5)}/5", 5, r) for r in range(0, 6)]
 REPORT_LINE = "cb_callback: component report of step 1"
 _CSI = re.compile(r"(\x1b\[[0-9;?]*[A-Za-z])+$")  # terminal control sequences ending a text
+
+
+@pytest.fixture(autouse=True)
+def _blank_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here reads an image: the reports' charts are drawn blank (a second each saved)."""
+    blank_figures(monkeypatch)
 
 
 class _Stream(io.StringIO):

@@ -13,11 +13,18 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from cb_callback import ComponentBenchmark
 from cb_callback._lightning.when import CaptureSchedule
 from tests._callback_models import WAIT_FOR_FORK, MLPModule, WaitsForForkModule, run_fit
+from tests._figures import blank_figures
 from tests.callback.test_callback import MLP_PATHS, _assert_same_training
 from tests.conftest import FAST
 
 # descend_share=0: every row replayed at every capture (the curves' structure follows no timing-driven triage)
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10, "descend_share": 0.0}
+
+
+@pytest.fixture(autouse=True)
+def _blank_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here reads an image: the reports' charts are drawn blank (a second each saved)."""
+    blank_figures(monkeypatch)
 
 
 def _meta(path: Path) -> dict[str, Any]:

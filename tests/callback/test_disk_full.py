@@ -32,6 +32,7 @@ from cb_callback import ComponentBenchmark, Report
 from cb_callback._lightning.child import RESERVE_FILE
 from cb_callback._lightning.publish import error_line
 from tests._callback_models import run_fit
+from tests._figures import blank_figures
 from tests.callback.test_callback_fork import _InlineProcess, _use
 from tests.conftest import FAST
 
@@ -39,6 +40,12 @@ OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10}
 # errno 28 on Linux, its strerror and its name, as the messages spell them
 ENOSPC = "OSError: [Errno 28] No space left on device (ENOSPC)"
 NO_TB = "; there is no TensorBoardLogger among trainer.loggers, so nothing was logged to TensorBoard."
+
+
+@pytest.fixture(autouse=True)
+def _blank_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here reads an image: the reports' charts are drawn blank (a second each saved)."""
+    blank_figures(monkeypatch)
 
 
 def _ours(record: Any) -> list[str]:

@@ -16,9 +16,16 @@ from cb_callback import BenchmarkConfig, Capture, Report
 from cb_callback._cli import main
 from cb_callback._engine.run.schedule_count import ConsoleProgress
 from cb_callback._whatif.snapshot import save_snapshot
+from tests._figures import blank_figures
 from tests.conftest import FAST
 
 PEAKS: dict[str, Any] = dict(peak_flops=1e11, peak_bandwidth=1e10)
+
+
+@pytest.fixture(autouse=True)
+def _blank_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here reads an image: the reports' charts are drawn blank (a second each saved)."""
+    blank_figures(monkeypatch)
 
 
 def _snapshot(directory: Path, step: int = 3, **config: Any) -> Path:

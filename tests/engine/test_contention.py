@@ -40,6 +40,7 @@ from cb_callback._engine.derive.quality import OTHERS_THRESHOLD, CpuTicks, LoadP
 from cb_callback._hardware.load import own_tree, tree_ticks
 from cb_callback._report.model import ComponentRow
 from tests._callback_models import MLPModule, _dataset, run_fit
+from tests._figures import blank_figures
 from tests.conftest import FAST
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc (Linux)")
@@ -48,6 +49,12 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="r
 # every row's switch rate is measured over tens of ms, as in a real run (FAST takes 1 run per row).
 OPTS: dict[str, Any] = {**FAST, "peak_flops": 1e11, "peak_bandwidth": 1e10, "min_run_time_s": 0.02, "max_repeats": 50}
 CPU_S = 0.3  # CPU seconds a busy child burns
+
+
+@pytest.fixture(autouse=True)
+def _blank_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here reads an image: the reports' charts are drawn blank (a second each saved)."""
+    blank_figures(monkeypatch)
 
 
 def _quiet_others(monkeypatch: pytest.MonkeyPatch) -> None:

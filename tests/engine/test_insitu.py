@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -351,10 +352,15 @@ class StackModule(pl.LightningModule):
         return DataLoader(data, batch_size=16, shuffle=True)
 
 
-def test_the_callback_profiles_repeated_blocks_by_default_and_training_is_bit_identical(tmp_path: Any) -> None:
+def test_the_callback_profiles_repeated_blocks_by_default_and_training_is_bit_identical(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from cb_callback import ComponentBenchmark
     from tests._callback_models import run_fit
+    from tests._figures import blank_figures
     from tests.callback.test_callback import _assert_same_training
+
+    blank_figures(monkeypatch)  # reads no image
 
     baseline = run_fit(tmp_path / "base", model_cls=StackModule, max_steps=6)
     cb = ComponentBenchmark(capture_step=2, descend_share=0.0, **FAST)
