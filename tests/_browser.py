@@ -14,6 +14,7 @@ artifact) is shown from one fixed file (``show``), and its tests pay that compil
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -132,3 +133,16 @@ def show(browser: Browser, page: Any, html: Path) -> Path:
     shutil.copyfile(html, staged)
     page.goto(staged.as_uri())
     return staged
+
+
+def until(page: Any, js: str, timeout_s: float = 10.0) -> None:
+    """Wait until the expression ``js`` is true in ``page``, polled from here every 20 ms.
+
+    Not ``wait_for_function``: the viewer's CSP refuses the ``eval`` its polling needs, so it checks an
+    expression once and raises (EvalError) where it is not yet true, instead of waiting.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(js):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true after {timeout_s:g} s: {js}")
+        page.wait_for_timeout(20)

@@ -12,7 +12,7 @@ import pytest
 
 from cb_callback import ComponentRow, Report
 from cb_callback._report.html import write_html
-from tests._browser import new_page, show
+from tests._browser import new_page, show, until
 from tests._roofline_report import EXPECTED, roofline_report
 
 #: ":fwd", ":bwd", "mlp:fwd", "tiny:bwd", then the bandwidth panel's "act:fwd" (no FLOPs counted)
@@ -27,16 +27,6 @@ def page_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_html(roofline_report(), out)
 
 
-def _until(page: Any, js: str) -> None:
-    """Wait (up to 5 s) until ``js`` is true: polled from here, as the page's CSP refuses the ``eval``
-    that ``wait_for_function``'s polling of an expression needs."""
-    for _ in range(100):
-        if page.evaluate(js):
-            return
-        page.wait_for_timeout(50)
-    raise AssertionError(f"not true after 5 s: {js}")
-
-
 HOVER = "(document.querySelector('#roofline .hovertext') || {textContent: ''}).textContent"
 
 
@@ -48,7 +38,7 @@ def _click(page: Any, path: str, pass_name: str) -> str:
     for _ in range(3):
         where = page.evaluate(f"window.cbRoofline.where({path!r}, {pass_name!r})")
         page.mouse.move(where["x"], where["y"])
-        _until(page, f"{HOVER}.startsWith({path!r} + ' (')")
+        until(page, f"{HOVER}.startsWith({path!r} + ' (')")
         hover = str(page.evaluate(HOVER))  # read before the click: the selection's redraw may clear it
         page.mouse.click(where["x"], where["y"])
         for _ in range(40):
@@ -60,7 +50,7 @@ def _click(page: Any, path: str, pass_name: str) -> str:
 
 def _open(browser: Any, page: Any, path: Path) -> None:
     show(browser, page, path)  # from the browser's stage: the page links no artifact
-    _until(page, "window.cbRoofline !== undefined && document.querySelectorAll('#roofline .point').length > 0")
+    until(page, "window.cbRoofline !== undefined && document.querySelectorAll('#roofline .point').length > 0")
 
 
 def test_clicking_a_point_selects_its_component(browser: object, page_file: Path, tmp_path: Path) -> None:
@@ -126,7 +116,7 @@ def test_the_hover_shows_a_quote_as_itself_and_runs_no_markup(browser: object, t
             for path, name in (('m"q', "fwd"), ("<svg onload=alert(1)>", "bwd")):
                 where = page.evaluate("([a, b]) => window.cbRoofline.where(a, b)", [path, name])
                 page.mouse.move(where["x"], where["y"])
-                _until(page, f"{HOVER}.startsWith({path!r} + ' (')")  # the path as written, no &quot; nor &lt;
+                until(page, f"{HOVER}.startsWith({path!r} + ' (')")  # the path as written, no &quot; nor &lt;
                 page.mouse.move(5, 5)
         finally:
             page.remove_listener("dialog", on_dialog)  # the tab is shared: the next test's dialogs are its own

@@ -134,7 +134,7 @@ def tensorboard_url(logdir: Path) -> Iterator[str]:
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     pytest.fail("tensorboard did not start within 60 s")
-                time.sleep(0.5)
+                time.sleep(0.1)  # polled: it starts in a few seconds
         yield url
     finally:
         proc.terminate()

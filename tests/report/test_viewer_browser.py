@@ -15,7 +15,7 @@ from cb_callback import profile_components
 from cb_callback._report.html import HTML_FILE, render_html, write_html
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._report.numbers import sig  # the page shows numbers as the text does
-from tests._browser import new_page, show
+from tests._browser import new_page, show, until
 
 FAST: dict[str, Any] = dict(min_run_time_s=0.0, min_repeats=2, max_repeats=3, rounds=1, warmup=1)
 
@@ -59,7 +59,7 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _open(page: object, report_dir: Path) -> None:
     page.goto((report_dir / HTML_FILE).as_uri())  # type: ignore[attr-defined]
-    page.wait_for_function("window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0")  # type: ignore[attr-defined]
+    until(page, "window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0")
 
 
 def test_the_page_loads_offline_without_errors(browser: object, report_dir: Path) -> None:
@@ -78,13 +78,13 @@ def test_clicking_a_node_zooms_and_the_breadcrumb_returns(browser: object, repor
         _open(page, report_dir)
         level = "document.getElementById('icicle')._fullData[0].level"
         page.locator("#icicle g.slice", has_text="blocks.1").first.click()
-        page.wait_for_function(f"{level} === 'blocks.1'")
+        until(page, f"{level} === 'blocks.1'")
         assert page.evaluate("window.cbViewer.state.selected") == "blocks.1"  # and the table follows
         assert page.locator("#table tr.selected").get_attribute("data-path") == "blocks.1"
         crumbs = page.locator("#icicle g.pathbar text").all_text_contents()
         assert "(root)" in crumbs
         page.locator("#icicle g.pathbar", has_text="(root)").last.locator("path.surface").click()
-        page.wait_for_function(f"{level} === '(root)' || {level} === ''")
+        until(page, f"{level} === '(root)' || {level} === ''")
 
 
 def test_switching_the_metric_recolours(browser: object, report_dir: Path) -> None:
@@ -222,7 +222,7 @@ def test_the_diff_page_colours_by_change(browser: object, tmp_path: Path) -> Non
 def _open_file(browser: object, page: object, path: Path) -> Path:
     """Show the page file ``path`` from the browser's stage (it links no artifact: its place does not matter)."""
     staged = show(browser, page, path)  # type: ignore[arg-type]
-    page.wait_for_function("window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0")  # type: ignore[attr-defined]
+    until(page, "window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0")
     return staged
 
 
