@@ -113,7 +113,8 @@ def new_page(browser: Browser, width: int = 1400, height: int = 1000) -> Iterato
 
 @contextmanager
 def own_page(browser: Browser, width: int = 1400, height: int = 1000) -> Iterator[tuple[Any, PageLog]]:
-    """A tab in a context of its own, closed afterwards (for a site with its own storage: TensorBoard)."""
+    """A tab in a context of its own, closed afterwards: for an http site with storage of its own (TensorBoard),
+    whose pages in the shared tab would also swap out the renderer that holds the file pages' compiled plotly."""
     context = browser.chromium.new_context(viewport={"width": width, "height": height}, accept_downloads=True)
     try:
         page = context.new_page()
