@@ -8,10 +8,8 @@ from pathlib import Path
 
 from cb_callback import Report
 from cb_callback._report.html import HTML_FILE, render_html, write_html
-from tests._browser import browser, new_page
+from tests._browser import new_page, show, until
 from tests.whatif.test_checkpoint_plan import _row, _tree
-
-__all__ = ["browser"]  # the fixture
 
 MIB = 1024 * 1024
 
@@ -48,8 +46,8 @@ def test_a_report_it_cannot_plan_still_renders_saying_why() -> None:
 def test_the_section_draws_the_curve_and_marks_the_cheapest_point_for_a_target(browser: object, tmp_path: Path) -> None:
     write_html(_tree(), tmp_path)
     with new_page(browser) as (page, log):
-        page.goto((tmp_path / HTML_FILE).as_uri())  # type: ignore[attr-defined]
-        page.wait_for_function("document.querySelectorAll('#ckpt-chart .scatterlayer .trace').length === 2")  # type: ignore[attr-defined]
+        show(browser, page, tmp_path / HTML_FILE)  # type: ignore[arg-type]
+        until(page, "document.querySelectorAll('#ckpt-chart .scatterlayer .trace').length === 2")
         assert page.is_visible("#checkpoint")  # type: ignore[attr-defined]
         # the default target is half the most: 23 / 2 = 11.5 MiB -> {a.x, b} (14 MiB, 3 ms)
         assert page.input_value("#ckpt-target") == "11.5"  # type: ignore[attr-defined]
@@ -66,8 +64,8 @@ def test_without_a_candidate_the_section_says_why_in_one_line(browser: object, t
     report = Report([r for r in _tree().rows if r.parent is None])  # the root alone: refused, nothing to draw
     write_html(report, tmp_path)
     with new_page(browser) as (page, log):
-        page.goto((tmp_path / HTML_FILE).as_uri())  # type: ignore[attr-defined]
-        page.wait_for_function("window.cbViewer !== undefined")  # type: ignore[attr-defined]
+        show(browser, page, tmp_path / HTML_FILE)  # type: ignore[arg-type]
+        until(page, "window.cbViewer !== undefined")
         assert page.is_visible("#checkpoint") and not page.is_visible("#ckpt-chart")  # type: ignore[attr-defined]
         assert not page.is_visible("#ckpt-target")  # type: ignore[attr-defined]
         text = page.text_content("#ckpt-summary")  # type: ignore[attr-defined]
@@ -83,8 +81,8 @@ def test_the_curve_steps_up_before_a_saving_and_a_long_choice_is_truncated(brows
     rows += [_row(f"m{i:02d}", "", 1.0, 1.0, params_mb=1.0) for i in range(30)]
     write_html(Report(rows), tmp_path)
     with new_page(browser) as (page, log):
-        page.goto((tmp_path / HTML_FILE).as_uri())  # type: ignore[attr-defined]
-        page.wait_for_function("document.querySelectorAll('#ckpt-chart .scatterlayer .trace').length === 2")  # type: ignore[attr-defined]
+        show(browser, page, tmp_path / HTML_FILE)  # type: ignore[arg-type]
+        until(page, "document.querySelectorAll('#ckpt-chart .scatterlayer .trace').length === 2")
         shape = page.evaluate("document.getElementById('ckpt-chart').data[0].line.shape")  # type: ignore[attr-defined]
         assert shape == "vh"
         page.fill("#ckpt-target", "20")  # type: ignore[attr-defined]

@@ -20,10 +20,7 @@ from cb_callback import ComponentRow, Report
 from cb_callback._cli import main
 from cb_callback._report.diff import compare_reports, format_diff
 from cb_callback._report.html import write_diff_html
-from tests import _browser
-from tests._browser import new_page
-
-browser = _browser.browser  # the headless Chromium fixture (skips where there is none)
+from tests._browser import new_page, show, until
 
 
 def _net(total: dict[str, float], mfu: dict[str, float] | None = None, quality: dict | None = None) -> Report:
@@ -191,8 +188,8 @@ def test_the_diff_page_in_a_browser_keeps_both_runs_quality_and_says_sig_in_word
     b = _net({"": 1.1, "fc": 2.0, "same": 0.2}, quality={"verdict": "clean", "advice": []})
     page_file = write_diff_html(a, b, compare_reports(a, b), tmp_path / "diff.html", labels=("before", "after"))
     with new_page(browser) as (page, log):
-        page.goto(page_file.as_uri())
-        page.wait_for_function("window.cbViewer !== undefined && document.querySelectorAll('#table tbody tr').length")
+        show(browser, page, page_file)
+        until(page, "window.cbViewer !== undefined && document.querySelectorAll('#table tbody tr').length > 0")
         box = page.locator("#quality")
         assert box.is_visible()  # the script leaves the diff page's box as written (a clean B once hid it)
         assert box.inner_text().split("\n") == [

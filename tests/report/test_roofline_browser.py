@@ -12,10 +12,8 @@ import pytest
 
 from cb_callback import ComponentRow, Report
 from cb_callback._report.html import write_html
-from tests._browser import browser, new_page
+from tests._browser import new_page, show, until
 from tests._roofline_report import EXPECTED, roofline_report
-
-__all__ = ["browser"]  # the fixture
 
 #: ":fwd", ":bwd", "mlp:fwd", "tiny:bwd", then the bandwidth panel's "act:fwd" (no FLOPs counted)
 ALL = [f"{path}:{name}" for path, name in EXPECTED] + ["act:fwd"]
@@ -29,16 +27,6 @@ def page_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_html(roofline_report(), out)
 
 
-def _until(page: Any, js: str) -> None:
-    """Wait (up to 5 s) until ``js`` is true: polled from here, as the page's CSP refuses the ``eval``
-    that ``wait_for_function``'s polling of an expression needs."""
-    for _ in range(100):
-        if page.evaluate(js):
-            return
-        page.wait_for_timeout(50)
-    raise AssertionError(f"not true after 5 s: {js}")
-
-
 HOVER = "(document.querySelector('#roofline .hovertext') || {textContent: ''}).textContent"
 
 
@@ -50,7 +38,7 @@ def _click(page: Any, path: str, pass_name: str) -> str:
     for _ in range(3):
         where = page.evaluate(f"window.cbRoofline.where({path!r}, {pass_name!r})")
         page.mouse.move(where["x"], where["y"])
-        _until(page, f"{HOVER}.startsWith({path!r} + ' (')")
+        until(page, f"{HOVER}.startsWith({path!r} + ' (')")
         hover = str(page.evaluate(HOVER))  # read before the click: the selection's redraw may clear it
         page.mouse.click(where["x"], where["y"])
         for _ in range(40):
@@ -60,14 +48,14 @@ def _click(page: Any, path: str, pass_name: str) -> str:
     raise AssertionError(f"three clicks did not select {path!r}")
 
 
-def _open(page: Any, path: Path) -> None:
-    page.goto(path.as_uri())
-    _until(page, "window.cbRoofline !== undefined && document.querySelectorAll('#roofline .point').length > 0")
+def _open(browser: Any, page: Any, path: Path) -> None:
+    show(browser, page, path)  # from the browser's stage: the page links no artifact
+    until(page, "window.cbRoofline !== undefined && document.querySelectorAll('#roofline .point').length > 0")
 
 
 def test_clicking_a_point_selects_its_component(browser: object, page_file: Path, tmp_path: Path) -> None:
     with new_page(browser, height=1400) as (page, log):
-        _open(page, page_file)
+        _open(browser, page, page_file)
         assert log.errors == []
         assert page.evaluate("window.cbRoofline.shown()") == ALL
         assert page.evaluate(DRAWN) == len(ALL)
@@ -95,7 +83,7 @@ def test_clicking_a_point_selects_its_component(browser: object, page_file: Path
 
 def test_the_table_filters_remove_points(browser: object, page_file: Path) -> None:
     with new_page(browser) as (page, _log):
-        _open(page, page_file)
+        _open(browser, page, page_file)
         page.select_option("#f-type", "Linear")  # mlp alone of the drawn components is a Linear
         assert page.evaluate("window.cbRoofline.shown()") == ["mlp:fwd"]
         assert page.evaluate(DRAWN) == 1
@@ -116,14 +104,22 @@ def test_the_hover_shows_a_quote_as_itself_and_runs_no_markup(browser: object, t
     page_file = write_html(report, tmp_path)
     with new_page(browser, height=1400) as (page, log):
         dialogs: list[str] = []
-        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-        _open(page, page_file)
-        page.locator("#roofline").scroll_into_view_if_needed()
-        for path, name in (('m"q', "fwd"), ("<svg onload=alert(1)>", "bwd")):
-            where = page.evaluate("([a, b]) => window.cbRoofline.where(a, b)", [path, name])
-            page.mouse.move(where["x"], where["y"])
-            _until(page, f"{HOVER}.startsWith({path!r} + ' (')")  # the path as written, no &quot; nor &lt;
-            page.mouse.move(5, 5)
+
+        def on_dialog(d: Any) -> None:
+            dialogs.append(d.message)
+            d.dismiss()
+
+        page.on("dialog", on_dialog)
+        try:
+            _open(browser, page, page_file)
+            page.locator("#roofline").scroll_into_view_if_needed()
+            for path, name in (('m"q', "fwd"), ("<svg onload=alert(1)>", "bwd")):
+                where = page.evaluate("([a, b]) => window.cbRoofline.where(a, b)", [path, name])
+                page.mouse.move(where["x"], where["y"])
+                until(page, f"{HOVER}.startsWith({path!r} + ' (')")  # the path as written, no &quot; nor &lt;
+                page.mouse.move(5, 5)
+        finally:
+            page.remove_listener("dialog", on_dialog)  # the tab is shared: the next test's dialogs are its own
         assert dialogs == [] and log.errors == []
         assert page.evaluate("document.querySelectorAll('#roofline svg svg, #roofline [onload]').length") == 0
 
@@ -140,7 +136,7 @@ def test_types_past_the_ninth_are_one_grey_group(browser: object, tmp_path: Path
         row.details["fwd_bytes"] = 1e7
     page_file = write_html(Report(rows, {"device": "cpu", "peaks": {"flops": 1e12, "bandwidth": 1e11}}), tmp_path)
     with new_page(browser) as (page, _log):
-        _open(page, page_file)
+        _open(browser, page, page_file)
         legend = page.evaluate(
             "document.getElementById('roofline').data.filter(t => t.customdata && t.showlegend)"
             ".map(t => [t.name, t.marker.color, t.x.length])"
@@ -155,7 +151,7 @@ def test_without_peaks_the_note_claims_no_roof(browser: object, tmp_path: Path) 
     report = roofline_report()
     del report.metadata["peaks"]
     with new_page(browser) as (page, _log):
-        _open(page, write_html(report, tmp_path))
+        _open(browser, page, write_html(report, tmp_path))
         note = page.inner_text("#roofline-note")
     assert "roof above it" not in note and note.endswith("No peaks in this report: no roof is drawn, no headroom; "
                                                          "click a point to select its component.")  # fmt: skip

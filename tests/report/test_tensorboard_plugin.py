@@ -19,9 +19,7 @@ from werkzeug.test import Client
 from cb_callback import profile_components
 from cb_callback._report.discover import find_reports
 from cb_callback._report.tb_plugin import ComponentsPlugin
-from tests._browser import browser, new_page
-
-__all__ = ["browser"]  # the fixture
+from tests._browser import own_page
 
 FAST = dict(min_run_time_s=0.0, min_repeats=2, max_repeats=2, rounds=1)
 
@@ -136,7 +134,7 @@ def tensorboard_url(logdir: Path) -> Iterator[str]:
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     pytest.fail("tensorboard did not start within 60 s")
-                time.sleep(0.5)
+                time.sleep(0.1)  # polled: it starts in a few seconds
         yield url
     finally:
         proc.terminate()
@@ -157,13 +155,15 @@ def test_real_tensorboard_lists_the_plugin_as_active(tensorboard_url: str) -> No
 
 
 def test_the_components_tab_renders_the_tree(browser: object, tensorboard_url: str) -> None:
-    with new_page(browser) as (page, log):
+    with own_page(browser) as (page, log):  # a site of its own: its own context (storage)
         page.goto(tensorboard_url + "/#components")
         deadline = time.monotonic() + 60
         frame = None
-        while frame is None and time.monotonic() < deadline:
+        while True:
             frame = next((f for f in page.frames if "/data/plugin/components/report?run=" in f.url), None)
-            page.wait_for_timeout(250)
+            if frame is not None or time.monotonic() > deadline:
+                break
+            page.wait_for_timeout(50)
         assert frame is not None, [f.url for f in page.frames]
         # (locators, not wait_for_function: the page's CSP allows no eval, as it should)
         frame.locator("#icicle g.slice").nth(3).wait_for()
@@ -246,7 +246,7 @@ def plugin_url(stepped: Path) -> Iterator[str]:
 
 
 def test_the_tab_shows_the_newest_capture_and_lists_the_others_by_step(browser: object, plugin_url: str) -> None:
-    with new_page(browser) as (page, log):
+    with own_page(browser) as (page, log):  # a site of its own: its own context (storage)
         page.goto(plugin_url + "/")
         page.locator("#cb-run option").nth(3).wait_for(state="attached")
         assert page.locator("#cb-run").input_value() == "version_0/component_benchmark/step_500"

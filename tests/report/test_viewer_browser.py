@@ -15,9 +15,7 @@ from cb_callback import profile_components
 from cb_callback._report.html import HTML_FILE, render_html, write_html
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._report.numbers import sig  # the page shows numbers as the text does
-from tests._browser import browser, new_page
-
-__all__ = ["browser"]  # the fixture
+from tests._browser import new_page, show, until
 
 FAST: dict[str, Any] = dict(min_run_time_s=0.0, min_repeats=2, max_repeats=3, rounds=1, warmup=1)
 
@@ -61,7 +59,7 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _open(page: object, report_dir: Path) -> None:
     page.goto((report_dir / HTML_FILE).as_uri())  # type: ignore[attr-defined]
-    page.wait_for_function("window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0")  # type: ignore[attr-defined]
+    until(page, "window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0")
 
 
 def test_the_page_loads_offline_without_errors(browser: object, report_dir: Path) -> None:
@@ -80,13 +78,13 @@ def test_clicking_a_node_zooms_and_the_breadcrumb_returns(browser: object, repor
         _open(page, report_dir)
         level = "document.getElementById('icicle')._fullData[0].level"
         page.locator("#icicle g.slice", has_text="blocks.1").first.click()
-        page.wait_for_function(f"{level} === 'blocks.1'")
+        until(page, f"{level} === 'blocks.1'")
         assert page.evaluate("window.cbViewer.state.selected") == "blocks.1"  # and the table follows
         assert page.locator("#table tr.selected").get_attribute("data-path") == "blocks.1"
         crumbs = page.locator("#icicle g.pathbar text").all_text_contents()
         assert "(root)" in crumbs
         page.locator("#icicle g.pathbar", has_text="(root)").last.locator("path.surface").click()
-        page.wait_for_function(f"{level} === '(root)' || {level} === ''")
+        until(page, f"{level} === '(root)' || {level} === ''")
 
 
 def test_switching_the_metric_recolours(browser: object, report_dir: Path) -> None:
@@ -175,7 +173,7 @@ def test_rows_not_replayed_are_marked_in_situ(browser: object, tmp_path: Path) -
     assert insitu, [(r.path, r.status, r.details.get("as")) for r in report.rows]
     page_file = write_html(report, tmp_path)
     with new_page(browser) as (page, log):
-        _open_file(page, page_file)
+        _open_file(browser, page, page_file)
         marked = page.locator("#table tbody tr:has(.as-insitu)").evaluate_all("rs => rs.map(r => r.dataset.path)")
         assert sorted(marked) == insitu and log.errors == []
         copies = page.locator("#table tbody tr:has(.as-rep)").evaluate_all("rs => rs.map(r => r.dataset.path)")
@@ -211,10 +209,7 @@ def test_the_diff_page_colours_by_change(browser: object, tmp_path: Path) -> Non
     b.row("head").noise = 0.01
     page_file = write_diff_html(a, b, compare_reports(a, b), tmp_path / "diff.html")
     with new_page(browser) as (page, log):
-        page.goto(page_file.as_uri())
-        page.wait_for_function(
-            "window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0"
-        )
+        _open_file(browser, page, page_file)
         assert page.evaluate("window.cbViewer.state.metric") == "change"
         colors = page.evaluate("window.cbViewer.colors()")
         paths = [r.path for r in b.rows]
@@ -224,9 +219,11 @@ def test_the_diff_page_colours_by_change(browser: object, tmp_path: Path) -> Non
         assert log.errors == []
 
 
-def _open_file(page: object, path: Path) -> None:
-    page.goto(path.as_uri())  # type: ignore[attr-defined]
-    page.wait_for_function("window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0")  # type: ignore[attr-defined]
+def _open_file(browser: object, page: object, path: Path) -> Path:
+    """Show the page file ``path`` from the browser's stage (it links no artifact: its place does not matter)."""
+    staged = show(browser, page, path)  # type: ignore[arg-type]
+    until(page, "window.cbViewer !== undefined && document.querySelectorAll('#icicle g.slice').length > 0")
+    return staged
 
 
 def _headers(page: object) -> list[str]:
@@ -270,7 +267,7 @@ def test_many_batches_show_median_p90_and_each_batch(browser: object, tmp_path: 
     page_file = write_html(report, tmp_path)
     root = report.row("")
     with new_page(browser) as (page, log):
-        _open_file(page, page_file)
+        _open_file(browser, page, page_file)
         headers = _headers(page)
         assert "total ms" not in headers
         assert headers.index("p90 ms") == headers.index("median ms") + 1
@@ -310,7 +307,7 @@ def test_the_compile_what_if_shows_compiled_times_and_speedups(browser: object, 
     assert compiled
     page_file = write_html(report, tmp_path)
     with new_page(browser) as (page, log):
-        _open_file(page, page_file)
+        _open_file(browser, page, page_file)
         headers = _headers(page)
         assert headers.index("compiled ms") == headers.index("noise %") + 1
         assert headers.index("compile \u00d7") == headers.index("compiled ms") + 1
@@ -352,7 +349,7 @@ def test_compile_errors_and_break_reasons_are_escaped(browser: object, tmp_path:
     report.row("1").details["batches"] = [{"batch": 0, "status": "ok", "calls": 1, "shape": evil}]
     page_file = write_html(report, tmp_path)
     with new_page(browser) as (page, log):
-        _open_file(page, page_file)
+        staged = _open_file(browser, page, page_file)
         hover = _hover(page, "1")
         assert "compile failed: RuntimeError: &lt;img" in hover and "<img" not in hover
         assert len(hover.split("compile failed: ", 1)[1].split("<br>")[0]) < 120  # the first 80 characters, escaped
@@ -363,7 +360,7 @@ def test_compile_errors_and_break_reasons_are_escaped(browser: object, tmp_path:
         assert page.locator("#details .batch-table td.shape").inner_text() == evil
         assert page.locator("#evil").count() == 0
         assert log.errors == []
-        assert log.requests == [page_file.as_uri()]
+        assert log.requests == [staged.as_uri()]  # the page alone (a copy of page_file)
 
 
 # --- issue 14 §5: the CSV's units, the details' numbers, a report saved elsewhere ---------------
@@ -384,7 +381,7 @@ def _units_report() -> Report:
 def test_the_csv_holds_percents_under_percent_headers(browser: object, tmp_path: Path) -> None:
     out = _units_report().save(tmp_path)  # Report.save writes the page (issue 14)
     with new_page(browser) as (page, log):
-        _open(page, out)
+        _open_file(browser, page, out / HTML_FILE)
         with page.expect_download() as dl:
             page.click("#csv")
         table = {r["path"]: r for r in csv.DictReader(io.StringIO(Path(dl.value.path()).read_text()))}
@@ -416,7 +413,7 @@ def test_the_table_and_tooltip_show_numbers_to_their_significance(browser: objec
     ]  # fmt: skip
     out = Report(rows, {"device_name": "cpu"}).save(tmp_path)
     with new_page(browser) as (page, log):
-        _open(page, out)
+        _open_file(browser, page, out / HTML_FILE)
         assert "FLOP" in _headers(page) and "GFLOP" not in _headers(page)
         assert _cell(page, "fc", "FLOP") == "393 k" and _cell(page, "fc", "MFU %") == "2.20"  # was 0.000 beside 2.2
         assert _cell(page, "", "FLOP") == "6.00 G"
@@ -434,7 +431,7 @@ def test_the_table_and_tooltip_show_numbers_to_their_significance(browser: objec
 def test_the_details_show_numbers_with_units_and_four_significant_figures(browser: object, tmp_path: Path) -> None:
     out = _units_report().save(tmp_path)
     with new_page(browser) as (page, log):
-        _open(page, out)
+        _open_file(browser, page, out / HTML_FILE)
         page.click('#table tr[data-path="a"]')
 
         def shown(key: str) -> str:
@@ -478,7 +475,7 @@ def test_a_row_without_a_time_shows_dash_in_every_time_cell(browser: object, tmp
     ]
     out = Report(rows, {"device_name": "cpu"}).save(tmp_path)
     with new_page(browser) as (page, log):
-        _open(page, out)
+        _open_file(browser, page, out / HTML_FILE)
         cells = {h: _cell(page, "skip", h) for h in ("fwd ms", "bwd ms", "total ms", "ms \u00d7 calls", "share %")}
         assert cells == dict.fromkeys(cells, "-")  # ms × calls was "0"
         assert _cell(page, "", "ms \u00d7 calls") == "4.00"  # 4.0 ms x 1 call
@@ -504,7 +501,7 @@ def test_the_diff_page_shows_the_cells_cb_diff_prints(browser: object, tmp_path:
     a, b = net(5.554), net(16.011)
     page_file = write_diff_html(a, b, compare_reports(a, b), tmp_path / "diff.html")
     with new_page(browser) as (page, log):
-        _open_file(page, page_file)
+        _open_file(browser, page, page_file)
         heads = ("A total_ms \u00d7 calls", "B total_ms \u00d7 calls", "change", "B/A", "sig")
         assert [_cell(page, "fc", h) for h in heads] == ["5.55", "16.0", "+10.5", "2.88\u00d7", "noise"]
         assert [_cell(page, "", h) for h in heads] == ["20.0", "20.0", "0", "1.00\u00d7", "unchanged"]

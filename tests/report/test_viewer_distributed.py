@@ -13,10 +13,8 @@ from cb_callback._engine.derive.parts import derive_parts
 from cb_callback._report.html import write_html
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._report.table import format_summary
-from tests._browser import browser, new_page
+from tests._browser import new_page
 from tests.report.test_viewer_browser import _cell, _headers, _open_file
-
-__all__ = ["browser"]  # the fixture
 
 
 def _spread(per_rank: list[float]) -> dict[str, Any]:
@@ -91,7 +89,7 @@ def test_the_page_shows_comm_columns_the_rank_spread_colour_and_the_sections(
 ) -> None:
     page_file = write_html(report, tmp_path)
     with new_page(browser) as (page, log):
-        _open_file(page, page_file)
+        _open_file(browser, page, page_file)
         headers = _headers(page)
         at = headers.index("total ms")
         assert headers[at + 1 : at + 4] == ["planned ms", "\u00d7 planned", "rank spread %"]
