@@ -530,9 +530,12 @@ def _replays(tmp_path: Path, project: Path, elsewhere: Path, snap: Path, cli: _C
     moved.mkdir()
     for name in ("train.py", "helpers.py"):
         shutil.move(str(project / name), str(moved / name))
-    # the replays without and with --script: independent, run at once
-    lost, found = cli.run_together([
-        (["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "b")], elsewhere),
+    # the replays without and with --script, one after the other (forks import nothing: the first ends within a
+    # second; at once, it would be one more process on the CPUs while the second times the components)
+    (lost,) = cli.run_together(
+        [(["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "b")], elsewhere)]
+    )
+    (found,) = cli.run_together([
         (["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "c"),
           "--script", str(moved / "train.py")], elsewhere),
     ])  # fmt: skip
