@@ -11,6 +11,9 @@ the process group made): ``plain``, the same fit without the callbacks (the unpr
 ``profiled``; each rank writes ``OUT/<mode>/rank_<r>.json``, with its final parameters (``params``: name ->
 the tensor's values as nested lists).
 
+Lightning's own launcher (``strategy="ddp"``: a subprocess) starts rank 1 by running this script again: the one
+2-rank Lightning script that keeps it under test (``tests/_ranks.py`` forks the others' ranks, ``torchrun``-style).
+
 Usage: ``PYTHONPATH=<repo> python tests/_ddp_collective_script.py OUT [MODE[,MODE]]`` (``plain,profiled``
 unless given)
 """

@@ -1,21 +1,30 @@
 """A two-process CPU DDP fit with two ComponentBenchmark instances (run by test_callback_ddp.py).
 
-Lightning's DDP launcher re-runs this script for rank 1, hence the ``__main__``
-guard. Each rank writes ``rank_<r>.json`` with what it saw into ``OUT``.
+The two ranks are forked from this process as ``torchrun`` starts them (``tests/_ranks.py``: this process's imports
+are theirs, none imports them again), each a Trainer with ``strategy="ddp"``. Each rank writes ``rank_<r>.json``
+with what it saw into ``OUT``.
 
 Usage: ``PYTHONPATH=<repo> python tests/_ddp_script.py OUT``
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+#: What the ranks import (the callback, the report's writers), imported before the fork.
+PRELOAD = (
+    "lightning.pytorch", "torch.utils.tensorboard", "torch.distributed.algorithms.ddp_comm_hooks", "pandas", "plotly",
+    "cb_callback._lightning.callback", "tests._callback_models",
+)  # fmt: skip
 
-def main(out: Path) -> None:
+
+def fit(out: Path) -> None:
+    """One rank's fit (``LOCAL_RANK`` set)."""
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback
     from lightning.pytorch.loggers import TensorBoardLogger
@@ -67,5 +76,16 @@ def main(out: Path) -> None:
     (out / f"rank_{rank}.json").write_text(json.dumps(result))
 
 
+def main(out: Path) -> int:
+    """Both ranks' fits, after :data:`PRELOAD` (imported once, not in each rank; not ``tests.conftest``, which gives
+    each process a cache folder of its own)."""
+    from tests._ranks import fork_ranks
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+    return fork_ranks(lambda: fit(out))
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    sys.exit(main(Path(sys.argv[1])))

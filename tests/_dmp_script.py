@@ -291,9 +291,14 @@ def main(argv: list[str]) -> int:
     if store.exists():
         os.remove(store)
     # Forked ranks inherit these imports (seconds each): this process has started no process group and run no op.
+    # torch.distributed.optim (TorchScript-compiles its functional optimizers: 2-4 s) is what DMP's dense DDP
+    # wrapper imports in the first build.
+    import torch.distributed.optim  # noqa: F401
     import torchrec.distributed.embeddingbag
     import torchrec.distributed.model_parallel
-    import torchrec.distributed.planner  # noqa: F401
+    import torchrec.distributed.planner
+    import torchrec.models.dlrm
+    import torchrec.optim  # noqa: F401
 
     import cb_callback.integrations.torchrec  # noqa: F401
 

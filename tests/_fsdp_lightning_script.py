@@ -10,12 +10,15 @@ Several modes (``plain,pause,fork``) train one after the other in the same two p
 process group Lightning started for the first is the later ones'), each into ``OUT/<mode>/``; before each,
 rank 0 prints ``MARK + mode`` on stdout and stderr, so the caller can tell each fit's output.
 
+The two ranks are forked from this process as ``torchrun`` starts them (``tests/_ranks.py``), after it imported
+what they import (:data:`PRELOAD`): none imports it again.
+
 Usage: ``PYTHONPATH=<repo> python tests/_fsdp_lightning_script.py OUT plain|pause|fork[,...]``
-(Lightning starts rank 1 by running this script again: everything is under the ``__main__`` guard.)
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import sys
@@ -106,9 +109,25 @@ def main(out: Path, mode: str) -> None:
     torch.save(result, out / f"rank_{trainer.global_rank}.pt")
 
 
-if __name__ == "__main__":
-    for name in sys.argv[2].split(","):
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # rank 0 (the launcher sets LOCAL_RANK for rank 1)
+def modes(out: Path, names: list[str]) -> None:
+    """One rank's fits, one per mode, one after the other."""
+    for name in names:
+        if os.environ["LOCAL_RANK"] == "0":
             print(MARK + name, flush=True)
             print(MARK + name, file=sys.stderr, flush=True)
-        main(Path(sys.argv[1]) / name, name)
+        main(out / name, name)
+
+
+#: What the ranks import (the strategy, FSDP2, the callback, the report's writers), imported before the fork.
+PRELOAD = (
+    "lightning.pytorch.strategies", "torch.distributed.fsdp", "torch._dynamo", "pandas", "plotly",
+    "cb_callback._lightning.callback",
+)  # fmt: skip
+
+
+if __name__ == "__main__":
+    from tests._ranks import fork_ranks
+
+    for module in PRELOAD:
+        importlib.import_module(module)
+    sys.exit(fork_ranks(lambda: modes(Path(sys.argv[1]), sys.argv[2].split(","))))

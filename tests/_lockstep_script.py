@@ -571,8 +571,14 @@ def main(scenarios: dict[str, float], out: Path) -> None:
 
     ``unsharded`` runs in a process of its own (no process group); a scenario of :data:`OWN_PAIR` alone on a
     process pair of its own; the others one after another on one process pair. Every process is forked from
-    this one (it imported torch and the package, and started no process group): none imports them again."""
-    import cb_callback  # noqa: F401  (imported once, before the fork)
+    this one (it imported torch, the package and what the scenarios import lazily, and started no process group
+    or thread): none imports them again."""
+    # imported once, before the fork: FSDP2 (fully_shard; 3 s a process on a busy machine) and torch._dynamo
+    # (the first FSDP2 forward imports it) would otherwise be imported in every rank of every pair
+    import torch._dynamo
+    import torch.distributed.fsdp  # noqa: F401
+
+    import cb_callback  # noqa: F401
 
     out.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("fork")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -435,28 +436,55 @@ if __name__ == "__main__":
 """
 
 
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return _run_together([(args, cwd)])[0]
+    """``python ARGS`` in ``cwd``."""
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
 
 
-def _run_together(commands: list[tuple[list[str], Path]]) -> list[subprocess.CompletedProcess[str]]:
-    """Each ``python ARGS`` in its directory, all at once (each mostly imports torch), waited for in order."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    procs = [
-        (args, subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True))
-        for args, cwd in commands
-    ]  # fmt: skip
-    done = []
-    for args, proc in procs:
-        try:
-            out, err = proc.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for _, p in procs:
-                p.kill()
-            raise
-        done.append(subprocess.CompletedProcess(args, proc.returncode, out, err))
-    return done
+class _Cli:
+    """``python -m cb_callback._cli ARGS`` runs, each a process forked from ``tests/_cli_forks.py`` (started at once,
+    no ``PYTHONPATH`` either), which imported the CLI and what a replay imports once, not once a run."""
+
+    def __init__(self, cwd: Path, logs: Path) -> None:
+        self.logs, self.n = logs, 0
+        logs.mkdir()
+        script = Path(__file__).with_name("_cli_forks.py")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script)], cwd=cwd, env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )  # fmt: skip
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], 300)
+        assert ready, "tests/_cli_forks.py: nothing in 300 s"
+        return self.proc.stdout.readline()
+
+    def run_together(self, commands: list[tuple[list[str], Path]]) -> list[subprocess.CompletedProcess[str]]:
+        """Each ``python -m cb_callback._cli ARGS`` in its directory, all at once, waited for in order."""
+        if self.n == 0:
+            assert self._line() == "ready\n"
+        assert self.proc.stdin is not None
+        logs = []
+        for args, cwd in commands:
+            assert args[:2] == ["-m", "cb_callback._cli"], args
+            self.n += 1
+            logs.append((self.logs / f"{self.n}.out", self.logs / f"{self.n}.err"))
+            self.proc.stdin.write(json.dumps([str(cwd), *map(str, logs[-1]), *args[2:]]) + "\n")
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        codes = json.loads(self._line())
+        return [
+            subprocess.CompletedProcess(args, code, out.read_text(), err.read_text())
+            for (args, _), code, (out, err) in zip(commands, codes, logs, strict=True)
+        ]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
 def _assert_replayed(out: Path) -> None:
@@ -474,6 +502,14 @@ def test_cb_replay_finds_a_model_class_defined_in_the_training_script(tmp_path: 
     (project / "train.py").write_text(_TRAIN_SCRIPT)
     (project / "helpers.py").write_text("HIDDEN = 8\n")
     snap = tmp_path / "snap"
+    cli = _Cli(elsewhere, tmp_path / "logs")  # (it imports while the training script runs)
+    try:
+        _replays(tmp_path, project, elsewhere, snap, cli)
+    finally:
+        cli.close()
+
+
+def _replays(tmp_path: Path, project: Path, elsewhere: Path, snap: Path, cli: _Cli) -> None:
     saved = _run(["train.py", str(snap)], cwd=project)
     assert saved.returncode == 0, saved.stderr
     description = json.loads((snap / "snapshot.json").read_text())
@@ -482,8 +518,8 @@ def test_cb_replay_finds_a_model_class_defined_in_the_training_script(tmp_path: 
     assert description["script_sys_path"] == str(project)
 
     # from another directory, with the script's directory not on the path
-    replayed = _run(
-        ["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "a")], elsewhere
+    (replayed,) = cli.run_together(
+        [(["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "a")], elsewhere)]
     )
     assert replayed.returncode == 0, replayed.stderr
     _assert_replayed(tmp_path / "a")
@@ -494,9 +530,12 @@ def test_cb_replay_finds_a_model_class_defined_in_the_training_script(tmp_path: 
     moved.mkdir()
     for name in ("train.py", "helpers.py"):
         shutil.move(str(project / name), str(moved / name))
-    # the replays without and with --script: independent, run at once
-    lost, found = _run_together([
-        (["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "b")], elsewhere),
+    # the replays without and with --script, one after the other (forks import nothing: the first ends within a
+    # second; at once, it would be one more process on the CPUs while the second times the components)
+    (lost,) = cli.run_together(
+        [(["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "b")], elsewhere)]
+    )
+    (found,) = cli.run_together([
         (["-m", "cb_callback._cli", "replay", str(snap), "--device", "cpu", "--out", str(tmp_path / "c"),
           "--script", str(moved / "train.py")], elsewhere),
     ])  # fmt: skip
