@@ -11,6 +11,7 @@ status must agree. ``descend_share=0`` so that no subtree is left ``skipped`` fo
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Any
 
@@ -353,7 +354,10 @@ def test_a_component_that_fails_alone_is_descended_into_whatever_its_childrens_s
     assert tiny.status == "estimated", tiny
     assert "replay raised RuntimeError: needs its parent" in (tiny.error or "")
     assert "its replay failed: descended into all the same (share " in (tiny.note or "")
-    assert "its 2 children replayed" in (tiny.note or "") and "estimated from 2 of 2 children" in (tiny.note or "")
+    # Both children are what the descent skipped on a quiet machine; on a busy one the in-situ times the triage
+    # reads can put one above the share already (then the failure opens only the other): any timing, both end ok.
+    assert re.search(r"its [12] children replayed", tiny.note or ""), tiny.note
+    assert "estimated from 2 of 2 children" in (tiny.note or "")
     # Estimated from its children as under descend="all": 2 * 8 * 4 * 4 = 256 FLOPs each, forward.
     assert tiny.fwd_flops == 2 * 256
     assert [rows[p].status for p in ("tiny.a", "tiny.b")] == ["ok", "ok"]
