@@ -123,9 +123,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--capture-step", type=int, default=3, help="train this many steps first")
     parser.add_argument("--out", default="cb_out/sharded_dlrm", help="report directory")
     args = parser.parse_args(argv)
+    # On a CPU the ranks are forked: they start with what this process imported (torch, torchrec: seconds
+    # each) instead of importing it all again. CUDA wants fresh processes: spawned.
+    start = "fork" if args.device == "cpu" and "fork" in mp.get_all_start_methods() else "spawn"
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(str(Path(tmp) / "store"), args), nprocs=WORLD, join=True)
+        mp.start_processes(_worker, args=(str(Path(tmp) / "store"), args), nprocs=WORLD, join=True, start_method=start)
 
 
-if __name__ == "__main__":  # the ranks are spawned processes: they import this module, not run it
+if __name__ == "__main__":  # spawned ranks (CUDA) import this module, they do not run it
     main()
