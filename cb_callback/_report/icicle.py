@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -193,9 +194,10 @@ class _Measure:
         width = _WIDTHS.get(text)
         if width is None:
             width = float(self._renderer.get_text_width_height_descent(text, self._font, ismath=False)[0])
-            _WIDTHS[text] = width
-            if len(_WIDTHS) > _WIDTHS_KEPT:
-                del _WIDTHS[next(iter(_WIDTHS))]  # the oldest
+            with _WIDTHS_LOCK:  # reports may be drawn on several threads at once
+                _WIDTHS[text] = width
+                while len(_WIDTHS) > _WIDTHS_KEPT:
+                    del _WIDTHS[next(iter(_WIDTHS))]  # the oldest
         return width
 
 
@@ -203,6 +205,7 @@ class _Measure:
 #: :data:`_DPI` with one font, so a text's width is the same in each.
 _WIDTHS: dict[str, float] = {}
 _WIDTHS_KEPT = 20_000
+_WIDTHS_LOCK = threading.Lock()
 
 
 def fit_label(name: str, room_px: float, width_of: Callable[[str], float]) -> str | None:
