@@ -74,7 +74,10 @@ def profile_components(
         from cb_callback._report.files import FileReporter
 
         options = {**options, "reporters": (FileReporter(),)}
-    report = _engine.profile_components(model, args, kwargs, batches=batches, config=config, **options)
+    from cb_callback._report.pixels import sharing
+
+    with sharing():  # reporters that draw the same images (files, TensorBoard) draw each once
+        report = _engine.profile_components(model, args, kwargs, batches=batches, config=config, **options)
     if output_dir is not None and report.source_dir is None:
         report.source_dir = Path(output_dir).absolute()  # where the engine wrote the artifacts
     return report

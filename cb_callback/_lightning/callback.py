@@ -29,6 +29,7 @@ from cb_callback._lightning.step import StepCaptures
 from cb_callback._lightning.trainer_bar import TrainerBar
 from cb_callback._lightning.when import CaptureSchedule
 from cb_callback._report.context import ReportContext
+from cb_callback._report.pixels import sharing
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -232,12 +233,13 @@ class ComponentBenchmark(Callback):
         )  # fmt: skip
         try:
             if self.mode == "pause":
-                # The engine runs the user's reporters with this context (the logger's writer on rank zero).
+                # The engine runs the user's reporters with ctx (the logger's writer on rank zero).
                 ctx = ReportContext(output_dir=out, step=step, writer=_publish.open_writer(self._tb(trainer)))
                 forward = trainer.precision_plugin.forward_context
-                report = run.profile_here(pl_module, window, cfg, metadata, ctx, forward, _bar(trainer))
-                if mine:
-                    self._publish(trainer, report, _publish.write_files(report, ctx), step)
+                with sharing():  # files and TensorBoard draw each image once between them
+                    report = run.profile_here(pl_module, window, cfg, metadata, ctx, forward, _bar(trainer))
+                    if mine:
+                        self._publish(trainer, report, _publish.write_files(report, ctx), step)
                 return
             device = str(self.config.device or pl_module.device)
             self._fork = run.fork(pl_module, window, cfg, metadata, out, device, step, trainer.precision)

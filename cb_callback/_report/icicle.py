@@ -20,7 +20,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import PercentFormatter
 
 from cb_callback._report.numbers import sig
-from cb_callback._report.pixels import rendered, write_png
+from cb_callback._report.pixels import save_png
 
 if TYPE_CHECKING:
     from cb_callback._report.model import ComponentRow, Report
@@ -188,22 +188,23 @@ class _Measure:
 
     def __init__(self, canvas: FigureCanvasAgg) -> None:
         self._renderer = canvas.get_renderer()
-        self._font = FontProperties(size=_FONT_SIZE)
+        self._font = FontProperties(size=_FONT_SIZE)  # the family rcParams name now
+        self._dpi = canvas.figure.dpi
 
     def __call__(self, text: str) -> float:
-        width = _WIDTHS.get(text)
+        key = (hash(self._font), self._dpi, text)  # another font (rcParams changed) is measured anew
+        width = _WIDTHS.get(key)
         if width is None:
             width = float(self._renderer.get_text_width_height_descent(text, self._font, ismath=False)[0])
             with _WIDTHS_LOCK:  # reports may be drawn on several threads at once
-                _WIDTHS[text] = width
+                _WIDTHS[key] = width
                 while len(_WIDTHS) > _WIDTHS_KEPT:
                     del _WIDTHS[next(iter(_WIDTHS))]  # the oldest
         return width
 
 
-#: Label widths measured in this process (:class:`_Measure`), oldest first; every figure draws at
-#: :data:`_DPI` with one font, so a text's width is the same in each.
-_WIDTHS: dict[str, float] = {}
+#: Label widths measured in this process (:class:`_Measure`) by font, dpi and text, oldest first.
+_WIDTHS: dict[tuple[int, float, str], float] = {}
 _WIDTHS_KEPT = 20_000
 _WIDTHS_LOCK = threading.Lock()
 
@@ -418,5 +419,5 @@ def save_icicles(
         column = resolve_metric(metric)
         path = out / f"icicle_{column}.png"
         # the pixels TensorBoard's image shares: drawn once per report (cb_callback._report.pixels)
-        written.append(write_png(rendered(report, icicle_figure, column), path, _DPI))
+        written.append(save_png(path, _DPI, report, icicle_figure, column))
     return written

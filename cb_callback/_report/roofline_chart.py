@@ -12,7 +12,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import LogLocator
 
 from cb_callback._report.numbers import sig
-from cb_callback._report.pixels import rendered, write_png
+from cb_callback._report.pixels import save_png
 from cb_callback._report.roofline import (
     PASSES,
     BandwidthPoint,
@@ -250,6 +250,6 @@ def save_roofline(report: Report, directory: str | Path, name: str = ROOFLINE_FI
     target = Path(directory) / name
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.suffix.lower() == ".png":  # the pixels TensorBoard's image shares (drawn once per report)
-        return write_png(rendered(report, roofline_figure), target, _DPI)
+        return save_png(target, _DPI, report, roofline_figure)
     roofline_figure(report).savefig(target, dpi=_DPI)
     return target

@@ -17,7 +17,7 @@ import cb_callback._report.tensorboard as tensorboard_module
 from cb_callback._report import pixels
 from cb_callback._report.context import ReportContext
 from cb_callback._report.files import FileReporter
-from cb_callback._report.icicle import icicle_figure
+from cb_callback._report.icicle import icicle_figure, save_icicles
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._report.roofline_chart import roofline_figure
 from cb_callback._report.tensorboard import log_report
@@ -65,6 +65,7 @@ def test_write_png_writes_the_bytes_savefig_writes(tmp_path: Path) -> None:
         assert written.read_bytes() == saved.getvalue()
 
 
+@pixels.sharing()
 def test_an_image_is_drawn_once_for_two_uses_and_again_when_the_report_changes() -> None:
     report, drawn = _report(), _Counting(icicle_figure)
     first = pixels.rendered(report, drawn, "mfu")
@@ -89,6 +90,7 @@ def test_an_image_is_drawn_once_for_two_uses_and_again_when_the_report_changes()
     assert (drawn.calls, other.calls) == (5, 1)
 
 
+@pixels.sharing()
 def test_only_the_last_images_wait_for_their_second_use() -> None:
     drawn = _Counting(lambda report, i: icicle_figure(report, "mfu"))
     report = _report()
@@ -101,6 +103,7 @@ def test_only_the_last_images_wait_for_their_second_use() -> None:
     assert drawn.calls == pixels.KEEP + 2
 
 
+@pixels.sharing()
 def test_a_report_that_cannot_be_digested_is_drawn_every_time() -> None:
     report = _report()
     report.metadata["writer"] = lambda: None  # a value pickle refuses
@@ -135,12 +138,13 @@ def test_tensorboard_after_the_files_draws_nothing_and_logs_the_files_pixels(
     monkeypatch.setattr(tensorboard_module, "icicle_figure", icicles)
     monkeypatch.setattr(tensorboard_module, "roofline_figure", roofline)
     report = _report()
-    FileReporter().write(report, ReportContext(output_dir=tmp_path))
-    assert (icicles.calls, roofline.calls) == (3, 1)
     writer = _ImageWriter()
-    log_report(writer, report, step=0)
-    assert (icicles.calls, roofline.calls) == (3, 1)  # TensorBoard drew nothing
-    assert not pixels._kept  # and took every kept image: none stays held
+    with pixels.sharing():  # as the callback and profile_components publish
+        FileReporter().write(report, ReportContext(output_dir=tmp_path))
+        assert (icicles.calls, roofline.calls) == (3, 1)
+        log_report(writer, report, step=0)
+        assert (icicles.calls, roofline.calls) == (3, 1)  # TensorBoard drew nothing
+        assert not pixels._kept  # and took every kept image: none stays held
     tags = {
         "component_benchmark/icicle/mfu": "icicle_mfu.png",
         "component_benchmark/icicle/total_ms": "icicle_total_ms.png",
@@ -152,3 +156,49 @@ def test_tensorboard_after_the_files_draws_nothing_and_logs_the_files_pixels(
         on_disk = np.asarray(Image.open(tmp_path / name).convert("RGB"))
         assert on_disk.shape == (900, 1600, 3)
         assert np.array_equal(writer.images[tag], on_disk)
+
+
+def test_outside_a_sharing_scope_nothing_is_kept_and_closing_one_lets_everything_go() -> None:
+    report, drawn = _report(), _Counting(icicle_figure)
+    pixels.rendered(report, drawn, "mfu")
+    pixels.rendered(report, drawn, "mfu")
+    assert drawn.calls == 2 and not pixels._kept  # files alone (cb replay, a FileReporter of one's own)
+    with pixels.sharing():
+        with pixels.sharing():  # nested: the outer one decides
+            pixels.rendered(report, drawn, "mfu")
+        assert len(pixels._kept) == 1
+    assert not pixels._kept  # published without TensorBoard: nothing stays held
+
+
+def test_the_pngs_are_upright_and_follow_the_users_savefig_settings(tmp_path: Path) -> None:
+    import matplotlib as mpl
+
+    report = _report()
+    with mpl.rc_context({"image.origin": "lower"}):  # imsave's default; savefig always writes the top row first
+        (written,) = save_icicles(report, tmp_path / "lower", ["mfu"])
+        saved = io.BytesIO()
+        icicle_figure(report, "mfu").savefig(saved, dpi=100)
+        assert written.read_bytes() == saved.getvalue()
+    with mpl.rc_context({"savefig.transparent": True}):  # a setting savefig applies and the canvas does not
+        with pixels.sharing():
+            (written,) = save_icicles(report, tmp_path / "transparent", ["mfu"])
+            assert not pixels._kept  # written by savefig itself: nothing drawn for TensorBoard to share
+        saved = io.BytesIO()
+        icicle_figure(report, "mfu").savefig(saved, dpi=100)
+        assert written.read_bytes() == saved.getvalue()
+        assert np.asarray(Image.open(written))[0, 0, 3] == 0  # the corner is transparent, as savefig makes it
+
+
+def test_label_widths_are_kept_per_font() -> None:
+    import matplotlib as mpl
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from cb_callback._report.icicle import _Measure
+
+    text = "blocks.11.attn.c_proj"
+    sans = _Measure(FigureCanvasAgg(Figure(dpi=100)))(text)
+    with mpl.rc_context({"font.family": "DejaVu Sans Mono"}):
+        mono = _Measure(FigureCanvasAgg(Figure(dpi=100)))(text)
+    assert mono != sans  # measured anew for the other font, not the width kept for the first
+    assert _Measure(FigureCanvasAgg(Figure(dpi=100)))(text) == sans
