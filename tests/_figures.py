@@ -27,6 +27,13 @@ def blank_figures(monkeypatch: Any, tensorboard: bool = True) -> None:
     _blank(monkeypatch.setattr, tensorboard)
 
 
+def blank_here() -> None:
+    """In a 2-rank script whose test reads no image (the tags only): blank charts in this process, in the ranks
+    it forks or Lightning starts (the script again), and in their fork-mode children (:func:`blank_in_a_child`)."""
+    os.environ[CHILD_ENV] = "1"
+    _blank(setattr)
+
+
 def blank_in_a_child() -> None:
     """In a ``spawn`` child of a test that called :func:`blank_figures`: its charts blank too (for good: the
     process is the test's own)."""

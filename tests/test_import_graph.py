@@ -12,7 +12,9 @@ package's ``__init__`` (the folders' ``__init__`` files import nothing).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -139,7 +141,11 @@ def _closure(graph: Graph, start: str) -> set[str]:
     return seen
 
 
-GRAPH = import_graph(_package_modules())
+@functools.cache
+def package_graph() -> Graph:
+    """The package's import graph, parsed once, on first use (not at collection in every xdist worker: ~1 s)."""
+    return import_graph(_package_modules())
+
 
 #: Each module's layer, by the longest matching prefix; a module may import its own layer or lower.
 #: DESIGN.md's layers: the model of results at the bottom (beside the hardware tables), the engine
@@ -175,18 +181,18 @@ def _layer(module: str) -> int:
 
 
 def test_there_is_no_import_cycle_of_any_kind() -> None:
-    found = cycles(GRAPH)
+    found = cycles(package_graph())
     assert not found, "import cycles (every import counts):\n" + "\n".join(" -> ".join(c) for c in found)
 
 
 def test_the_graph_sees_the_package_and_every_kind_of_import() -> None:
     # A checker that parsed nothing would pass the test above: pin what it must see.
     assert {"cb_callback", "cb_callback._lightning.callback", "cb_callback.reporters",
-            "cb_callback.integrations.torchrec", "cb_callback._engine.run.profile"} <= set(GRAPH)  # fmt: skip
-    assert "cb_callback._report.schema" in GRAPH["cb_callback._report.model"]
-    assert "cb_callback._report.model" in GRAPH["cb_callback._report.table"]  # under TYPE_CHECKING there
-    assert "cb_callback" in GRAPH["cb_callback.integrations.torchrec._fused"]  # `import cb_callback`
-    assert GRAPH["cb_callback._report.schema"] == set()
+            "cb_callback.integrations.torchrec", "cb_callback._engine.run.profile"} <= set(package_graph())  # fmt: skip
+    assert "cb_callback._report.schema" in package_graph()["cb_callback._report.model"]
+    assert "cb_callback._report.model" in package_graph()["cb_callback._report.table"]  # under TYPE_CHECKING there
+    assert "cb_callback" in package_graph()["cb_callback.integrations.torchrec._fused"]  # `import cb_callback`
+    assert package_graph()["cb_callback._report.schema"] == set()
 
 
 def test_the_checker_counts_lazy_and_type_checking_imports(tmp_path: Path) -> None:
@@ -203,14 +209,15 @@ def test_the_checker_counts_lazy_and_type_checking_imports(tmp_path: Path) -> No
 
 
 def test_every_import_goes_to_its_own_layer_or_below() -> None:
+    graph = package_graph()
     upward = sorted(
-        f"{a} ({_layer(a)}) -> {b} ({_layer(b)})" for a, bs in GRAPH.items() for b in bs if _layer(b) > _layer(a)
+        f"{a} ({_layer(a)}) -> {b} ({_layer(b)})" for a, bs in graph.items() for b in bs if _layer(b) > _layer(a)
     )
     assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
 
 
 def test_the_results_model_and_the_hardware_tables_import_only_their_own_folder() -> None:
-    for module, deps in GRAPH.items():
+    for module, deps in package_graph().items():
         if module.startswith(("cb_callback._report.", "cb_callback._hardware.")):
             folder = module.rsplit(".", 1)[0]
             assert all(d.startswith(folder + ".") for d in deps), (module, deps)
@@ -219,16 +226,16 @@ def test_the_results_model_and_the_hardware_tables_import_only_their_own_folder(
 def test_the_results_model_imports_no_renderer() -> None:
     # the statuses, and finding a report on disk (Report.load accepts what `cb report` does); no renderer
     # and headroom_ms's formula, which a report written before the column is given on load (issue 26)
-    assert GRAPH["cb_callback._report.model"] == {
+    assert package_graph()["cb_callback._report.model"] == {
         "cb_callback._report.schema", "cb_callback._report.discover", "cb_callback._report.headroom",
     }  # fmt: skip
-    assert GRAPH["cb_callback._report.headroom"] == {"cb_callback._report.finite"}
-    assert GRAPH["cb_callback._report.discover"] == set()  # the standard library only
+    assert package_graph()["cb_callback._report.headroom"] == {"cb_callback._report.finite"}
+    assert package_graph()["cb_callback._report.discover"] == set()  # the standard library only
 
 
 def test_integrations_use_the_public_surface_only() -> None:
     public = {"cb_callback", "cb_callback.plugins", "cb_callback.reporters"}
-    for module, deps in GRAPH.items():
+    for module, deps in package_graph().items():
         if module.startswith("cb_callback.integrations"):
             assert {d for d in deps if not d.startswith("cb_callback.integrations")} <= public, (module, deps)
 
@@ -236,12 +243,12 @@ def test_integrations_use_the_public_surface_only() -> None:
 def test_the_package_folders_import_nothing_themselves() -> None:
     for module, path in _package_modules().items():
         if path.name == "__init__.py" and module.count(".") == 1 and module.startswith("cb_callback._"):
-            assert GRAPH[module] == set(), module
+            assert package_graph()[module] == set(), module
 
 
 def test_reporters_import_only_the_reporting_folder() -> None:
     # Rendering is the last layer: nothing the public reporters import reaches the engine.
-    reached = _closure(GRAPH, "cb_callback.reporters") - {"cb_callback.reporters"}
+    reached = _closure(package_graph(), "cb_callback.reporters") - {"cb_callback.reporters"}
     assert reached and all(m.startswith("cb_callback._report.") for m in reached), sorted(reached)
 
 
@@ -257,21 +264,28 @@ def test_only_the_callback_module_imports_lightning() -> None:
     assert importers == {"cb_callback._lightning.callback"}
 
 
-@pytest.mark.parametrize(
-    ("statement", "absent"),
-    [
-        # the engine alone: torch, and nothing heavy beside it (issue 15: a light import)
-        ("import cb_callback", ("lightning", "pytorch_lightning", "pandas", "matplotlib", "tensorboard", "plotly")),
-        ("from cb_callback import *", ("lightning", "pytorch_lightning", "pandas", "matplotlib", "tensorboard")),
-        ("import cb_callback.reporters", ("lightning", "pytorch_lightning")),
-        ("import cb_callback.plugins", ("lightning", "pytorch_lightning", "pandas", "matplotlib", "tensorboard")),
-    ],
-)
-def test_importing_does_not_import_what_it_does_not_need(statement: str, absent: tuple[str, ...]) -> None:
-    found = f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({absent!r})))"
-    out = subprocess.run([sys.executable, "-c", f"import sys\n{statement}\n{found}"], capture_output=True, text=True)
+#: Each import, and what it must not import: the engine alone is torch and nothing heavy beside it (issue 15).
+LIGHT_IMPORTS: list[tuple[str, tuple[str, ...]]] = [
+    ("import cb_callback", ("lightning", "pytorch_lightning", "pandas", "matplotlib", "tensorboard", "plotly")),
+    ("from cb_callback import *", ("lightning", "pytorch_lightning", "pandas", "matplotlib", "tensorboard")),
+    ("import cb_callback.plugins", ("lightning", "pytorch_lightning", "pandas", "matplotlib", "tensorboard")),
+    ("import cb_callback.reporters", ("lightning", "pytorch_lightning")),
+]
+
+
+def test_importing_does_not_import_what_it_does_not_need() -> None:
+    # The imports one after another in one fresh process (one torch import, not four), each checked against
+    # everything imported so far. That is at least as strict as a fresh process each: every statement imports
+    # `cb_callback` first (what the first one did), and each list of absent packages is within the one
+    # before it, so a package the earlier statements brought in fails the later check too.
+    lines = ["import sys", "found = []"]
+    for statement, absent in LIGHT_IMPORTS:
+        lines += [statement, f"found.append(sorted({{m.split('.')[0] for m in sys.modules}} & set({absent!r})))"]
+    lines.append("print(found)")
+    out = subprocess.run([sys.executable, "-c", "\n".join(lines)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == repr([[] for _ in LIGHT_IMPORTS]), (LIGHT_IMPORTS, out.stdout)
+    assert all(set(b) <= set(a) for (_, a), (_, b) in itertools.pairwise(LIGHT_IMPORTS))  # (the argument above)
 
 
 def test_the_engine_is_rooms_each_a_documented_folder_that_imports_nothing() -> None:
@@ -282,7 +296,7 @@ def test_the_engine_is_rooms_each_a_documented_folder_that_imports_nothing() -> 
     assert rooms == ["capture", "clocks", "counting", "derive", "distributed", "replay", "run", "selection"]
     for room in rooms:
         module = f"cb_callback._engine.{room}"
-        assert GRAPH[module] == set(), module
+        assert package_graph()[module] == set(), module
         doc = ast.get_docstring(ast.parse((engine / room / "__init__.py").read_text())) or ""
         assert "Takes" in doc and "gives" in doc, f"{module}'s docstring says what it takes and what it gives"
 
@@ -291,7 +305,7 @@ def test_the_engine_imports_neither_its_metric_plugins_nor_the_what_ifs() -> Non
     # The arrows that ran up (issue 25): the built-ins are installed into the engine by _api.
     up = sorted(
         f"{a} -> {b}"
-        for a, bs in GRAPH.items()
+        for a, bs in package_graph().items()
         if a.startswith("cb_callback._engine")
         for b in bs
         if b.startswith(("cb_callback._metrics", "cb_callback._whatif"))
