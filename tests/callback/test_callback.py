@@ -27,6 +27,7 @@ from tests._callback_models import (
     TransformerModule,
     run_fit,
 )
+from tests._children import forked_children
 from tests._figures import blank_figures
 from tests.conftest import FAST
 
@@ -165,6 +166,7 @@ def test_pause_and_fork_leave_training_bit_identical(
 ) -> None:
     if model_cls is TransformerModule:  # the MLP draws every chart for real; this one TensorBoard's (read below)
         blank_figures(monkeypatch, tensorboard=False)
+        forked_children(monkeypatch)  # the MLP's fork-mode child is a real spawn one
     # max_steps=10 crosses an epoch (8 batches): the second epoch's shuffle draws from the global RNG
     baseline = run_fit(tmp_path / "base", model_cls=model_cls, max_steps=10)
     for mode in ("pause", "fork"):

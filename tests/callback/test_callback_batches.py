@@ -10,6 +10,7 @@ import pytest
 from cb_callback import ComponentBenchmark
 from cb_callback._whatif.snapshot import load_snapshot
 from tests._callback_models import BATCH, FEATURES, VAR_LENGTHS, VarLenModule, run_fit
+from tests._children import forked_children
 from tests._figures import blank_figures
 from tests.callback.test_callback import _assert_same_training
 from tests.conftest import FAST
@@ -31,8 +32,9 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
 
 @pytest.mark.parametrize("mode", ["pause", "fork"])
 def test_capture_batches_measures_each_step_and_training_is_unchanged(
-    tmp_path: Path, mode: str, baseline: tuple[Any, Any, Any]
+    tmp_path: Path, mode: str, baseline: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    forked_children(monkeypatch)  # the batches the snapshot holds under test, not the child's start
     cb = ComponentBenchmark(capture_step=1, capture_batches=3, mode=mode, **OPTS)
     run = run_fit(tmp_path / mode, [cb], model_cls=VarLenModule, max_steps=6)
     _assert_same_training(baseline, run)

@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from cb_callback import ComponentBenchmark
 from cb_callback._lightning.when import CaptureSchedule
 from tests._callback_models import WAIT_FOR_FORK, MLPModule, WaitsForForkModule, run_fit
+from tests._children import forked_children
 from tests._figures import blank_figures
 from tests.callback.test_callback import MLP_PATHS, _assert_same_training
 from tests.conftest import FAST
@@ -66,7 +67,8 @@ def test_a_single_capture_keeps_its_place_and_logs_the_root_only(tmp_path: Path)
     assert [t for t in scalars if t.startswith("component_benchmark/") and not t.endswith("/root")] == []
 
 
-def test_capture_steps_in_fork_mode(tmp_path: Path) -> None:
+def test_capture_steps_in_fork_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    forked_children(monkeypatch)  # two children, the schedule under test, not their start
     baseline = run_fit(tmp_path / "base", model_cls=WaitsForForkModule, max_steps=5)
     cb = ComponentBenchmark(capture_steps=[1, 3], mode="fork", fork_timeout_s=120, **OPTS)
     WAIT_FOR_FORK[:] = [cb]
