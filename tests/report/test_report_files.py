@@ -25,6 +25,7 @@ from cb_callback import BenchmarkConfig, Capture, ComponentRow, profile_captured
 from cb_callback._engine.run import profile as _engine
 from cb_callback._report.model import Report
 from cb_callback.reporters import ReportContext
+from tests._figures import blank_figures
 from tests.conftest import FAST
 
 # User peaks: no CPU calibration.
@@ -66,7 +67,8 @@ def test_an_output_dir_gets_the_full_report(tmp_path: Path) -> None:
     assert report.source_dir == out.absolute()
 
 
-def test_the_output_dir_of_a_config_counts_too(tmp_path: Path) -> None:
+def test_the_output_dir_of_a_config_counts_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image (test_an_output_dir_gets_the_full_report draws them)
     cfg = BenchmarkConfig(output_dir=str(tmp_path), **OPTS)
     profile_components(_model(), (torch.randn(2, 4),), config=cfg)
     assert sorted(p.name for p in tmp_path.iterdir()) == FULL_SET
@@ -174,7 +176,10 @@ def test_a_loaded_report_saved_elsewhere_takes_its_artifacts_along(tmp_path: Pat
     assert "aten::addmm" in (d2 / "report.html").read_text()
 
 
-def test_an_engine_report_saved_elsewhere_takes_its_artifacts_along(tmp_path: Path) -> None:
+def test_an_engine_report_saved_elsewhere_takes_its_artifacts_along(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blank_figures(monkeypatch)  # reads no image (test_an_output_dir_gets_the_full_report draws them)
     report = profile_components(_model(), (torch.randn(2, 4),), output_dir=str(tmp_path / "run"),
                                 artifacts=("ops",), **OPTS)  # fmt: skip
     links = {r.path: r.details["artifacts"]["ops"] for r in report.rows}

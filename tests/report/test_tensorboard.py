@@ -25,6 +25,7 @@ from cb_callback._report.tensorboard import (
     scalar_rows,
     scalar_tag,
 )
+from tests._figures import blank_figures
 
 NAN = math.nan
 ICICLES = {f"component_benchmark/icicle/{m}" for m in ("mfu", "total_ms", "peak_mem_mb")}
@@ -118,10 +119,11 @@ def test_texts_read_back(events: EventAccumulator) -> None:
     assert '"device_name": "cpu"' in summary
 
 
-def test_the_text_tab_shows_the_table_as_one_unwrapped_block(tmp_path: Path) -> None:
+def test_the_text_tab_shows_the_table_as_one_unwrapped_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 23 §7: TensorBoard's Text tab renders the logged table with its own markdown (the text
     plugin's ``text_array_to_html``, the sanitizer included) as a ``<pre><code>`` block, each row one
     line with its numbers whole; a markdown ``<table>`` wrapped inside its cells there ("136.0" over "29")."""
+    blank_figures(monkeypatch)  # reads no image
     rows = [
         ComponentRow(
             "", "Net", 0, None, "ok", calls=1, fwd_ms=40.0, bwd_ms=96.0, total_ms=136.0, share=1.0,
@@ -196,7 +198,8 @@ def test_reporter_uses_ctx_writer() -> None:
     assert {c[3] for c in writer.calls} == {3}
 
 
-def test_reporter_opens_and_closes_its_own_writer(tmp_path: Path) -> None:
+def test_reporter_opens_and_closes_its_own_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
     out = TensorBoardReporter().write(_report(), ReportContext(output_dir=tmp_path, step=5))
     assert out == []
     acc = _read(tmp_path)
@@ -285,7 +288,8 @@ def test_scalar_rows_are_the_root_and_the_top_by_time_over_the_step() -> None:
             scalar_rows(report, bad)  # type: ignore[arg-type]
 
 
-def test_fifteen_components_with_log_scalars_3_read_back(tmp_path: Path) -> None:
+def test_fifteen_components_with_log_scalars_3_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
     writer = SummaryWriter(str(tmp_path))
     log_report(writer, _fifteen({"log_scalars": 3}), step=2)
     writer.close()
@@ -296,7 +300,8 @@ def test_fifteen_components_with_log_scalars_3_read_back(tmp_path: Path) -> None
     assert set(acc.Tags()["tensors"]) == {*TEXTS, LAYOUT_TAG}
 
 
-def test_scalars_are_written_time_first_metric_by_metric() -> None:
+def test_scalars_are_written_time_first_metric_by_metric(monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
     writer = _ImageOnlyWriter()
     TensorBoardReporter(log_scalars=3).write(_fifteen(), ReportContext(step=1, writer=writer))
     order = [c[1] for c in writer.calls if c[0] == "scalar"]
@@ -318,7 +323,9 @@ class _FigureWriter(_TextWriter):
         self.calls.append(("figure", tag, figure, global_step))
 
 
-def test_log_scalars_from_the_config_the_constructor_wins() -> None:
+def test_log_scalars_from_the_config_the_constructor_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
+
     def scalars(reporter: TensorBoardReporter, report: Report) -> set[str]:
         writer = _FigureWriter()
         reporter.write(report, ReportContext(writer=writer))
@@ -367,7 +374,8 @@ def test_custom_scalars_layout_puts_time_first(events: EventAccumulator) -> None
     assert list(scalar_layout()) == titles
 
 
-def test_no_layout_when_asked_or_without_scalars(tmp_path: Path) -> None:
+def test_no_layout_when_asked_or_without_scalars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blank_figures(monkeypatch)  # reads no image
     for name, reporter, config in (
         ("off", TensorBoardReporter(layout=False), {}),
         ("zero", TensorBoardReporter(), {"log_scalars": 0}),
