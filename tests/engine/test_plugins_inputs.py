@@ -164,18 +164,6 @@ def test_profile_components_warns_when_the_capture_forward_raises() -> None:
     assert report.metadata["capture_error"] == "RuntimeError: after lin"
 
 
-def test_import_cb_callback_imports_neither_torchrec_nor_lightning() -> None:
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, cb_callback; "
-        "print(sorted(m for m in ('torchrec', 'lightning', 'fbgemm_gpu', 'pytorch_lightning') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-
-
 def test_embedding_bag_with_offsets_is_replicated_by_bag() -> None:
     class Rec(nn.Module):
         def __init__(self) -> None:
