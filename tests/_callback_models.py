@@ -250,7 +250,8 @@ def run_fit(
     return trainer, model, recorder
 
 
-#: A callback whose fork child ``WaitsForForkModule`` waits for (tests set it; a child sees it empty).
+#: A callback whose fork child ``WaitsForForkModule`` waits for (tests set it; a ``spawn`` child sees it empty, a
+#: forked one (tests/_children.py) holds it too, but a module loaded from a snapshot has no trainer, so never waits).
 WAIT_FOR_FORK: list[Any] = []
 
 

@@ -12,9 +12,14 @@ def forked_children(monkeypatch: Any) -> None:
     A real ``spawn`` child imports torch, Lightning and the model's module again: 4-5 CPU-seconds a child. A
     forked one starts with what the test's process imported. It still loads the snapshot from disk, profiles it
     and writes the report, and the parent still waits for it, reads its files and exit code. What it does not
-    test is the start itself: the re-import, the ``__main__`` guard, an unimportable class. The real ``spawn``
-    child stays under test in tests/callback/test_callback.py's MLP case, tests/callback/test_callback_fork.py's
-    crashing child and the FSDP2 script's fork mode (tests/_fsdp_lightning_script.py).
+    test is the start itself: the re-import, pickling the process's arguments, the ``__main__`` guard, an
+    unimportable class. A real ``spawn`` child that writes a report stays under test in
+    tests/callback/test_callback.py's MLP case; one that crashes in tests/callback/test_callback_fork.py.
+
+    Only for children that replay small tensors on one thread (the suite's ``torch.set_num_threads(1)``): a
+    forked child whose parent had already run torch's OpenMP pool on several threads can hang in its first op
+    large enough to use that pool (seen with 2000x2000 matmuls in both; that hang fails the test at
+    ``fork_timeout_s`` or pytest-timeout, never passes it).
     """
     from cb_callback._lightning import child as child_module
 

@@ -28,8 +28,10 @@ def blank_figures(monkeypatch: Any, tensorboard: bool = True) -> None:
 
 
 def blank_here() -> None:
-    """In a 2-rank script whose test reads no image (the tags only): blank charts in this process, in the ranks
-    it forks or Lightning starts (the script again), and in their fork-mode children (:func:`blank_in_a_child`)."""
+    """In a 2-rank script whose test reads no image (the tags only): blank charts in this process and in the
+    ranks it forks (Lightning's launcher starts the script again, which calls this again). The variable is set
+    too, for a ``spawn`` child that imports ``tests._callback_models`` (:func:`blank_in_a_child`); the scripts'
+    runs start none today (DDP's profile in pause mode, FSDP2's fork mode falling back to pause)."""
     os.environ[CHILD_ENV] = "1"
     _blank(setattr)
 

@@ -31,10 +31,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests._figures import blank_here, blank_in_a_child
+from tests._figures import blank_here
 from tests._lockstep_script import Net
-
-blank_in_a_child()  # fork mode's child (it imports this script): blank charts too, as blank_here's ranks
 
 MARK = "== _fsdp_lightning_script mode: "
 
@@ -131,7 +129,7 @@ PRELOAD = (
 if __name__ == "__main__":
     from tests._ranks import fork_ranks
 
-    blank_here()  # test_callback_fsdp reads no image
+    blank_here()  # test_callback_fsdp reads no image (its fork mode falls back to pause: no child)
 
     for module in PRELOAD:
         importlib.import_module(module)
