@@ -160,6 +160,7 @@ LAYERS: dict[str, int] = {
     "cb_callback._report.finite": 0,  # which values are numbers (stdlib only): the engine's and the renderers' rule
     "cb_callback._report.headroom": 0,  # headroom_ms's formula: the engine derives with it, Report.from_dict on load
     "cb_callback._hardware": 0,
+    "cb_callback._types": 0,  # the named Any aliases (typing only)
     "cb_callback._report": 1,
     "cb_callback._engine": 1,
     "cb_callback._metrics": 2,
