@@ -22,7 +22,7 @@ import pytest
 
 from tests._lockstep_script import OWN_PAIR
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "tests" / "_lockstep_script.py"
 
 # The FSDP2 model: three blocks Linear(16, 32) -> ReLU -> Linear(32, 16) and a head Linear(16, 4).

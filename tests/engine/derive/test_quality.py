@@ -340,7 +340,7 @@ def test_injected_contention_flags_every_timed_row(monkeypatch: pytest.MonkeyPat
     counter = iter(range(0, 10**9, 1000))  # 1000 involuntary switches per reading
     monkeypatch.setattr(timing, "_involuntary_switches", lambda: next(counter))
     # No /proc and no other thread of ours alive: the switch rate is the fallback's evidence of other
-    # processes (with /proc, tests/engine/test_contention.py: the rate alone never makes the run contended).
+    # processes (with /proc, tests/engine/clocks/test_contention.py: the rate alone never makes the run contended).
     monkeypatch.setattr(quality, "_cpu_ticks", lambda: None)
     monkeypatch.setattr(quality, "_other_threads", lambda: 0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())

@@ -18,7 +18,7 @@ from cb_callback._engine.clocks.insitu import hook_clock, time_in_situ
 from cb_callback._engine.clocks.nodeclock import NodeClock
 from cb_callback._engine.replay.isolate import Replay
 from tests.conftest import FAST
-from tests.engine.test_insitu import Sleepy
+from tests.engine.clocks.test_insitu import Sleepy
 
 # min_run_time_s=0.05: the in-situ passes' budget (3 × 2 × 0.05 s) lets all 3 run on these small models.
 TIMED: dict[str, Any] = FAST | dict(min_repeats=3, max_repeats=3, rounds=1, min_run_time_s=0.05)

@@ -1,0 +1,1 @@
+"""Tests of cb_callback/_engine/derive."""
