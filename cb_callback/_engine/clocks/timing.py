@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from cb_callback._report.finite import is_nan
+from cb_callback._types import UserValue
 
 __all__ = [
     "Sample",
@@ -62,8 +63,8 @@ class Timing:
 
     device_ms: list[float] = field(default_factory=list)
     host_ms: list[float] = field(default_factory=list)
-    last_arg: Any = field(default=None, repr=False)
-    last_out: Any = field(default=None, repr=False)
+    last_arg: UserValue = field(default=None, repr=False)
+    last_out: UserValue = field(default=None, repr=False)
 
     @property
     def median(self) -> float:
