@@ -7,7 +7,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -89,9 +88,9 @@ class Timing:
 
 
 def time_fn(
-    fn: Callable[[Any], Any],
+    fn: Callable[[UserValue], UserValue],
     *,
-    setup: Callable[[], Any] | None = None,
+    setup: Callable[[], UserValue] | None = None,
     device: torch.device,
     warmup: int = 2,
     min_run_time_s: float = 0.1,
