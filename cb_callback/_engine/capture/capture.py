@@ -7,7 +7,6 @@ import types
 import weakref
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any
 
 import torch
 from torch import nn
@@ -26,6 +25,7 @@ from cb_callback._engine.capture.tree import component_paths, owner
 from cb_callback._engine.clocks.clock import HookClock
 from cb_callback._engine.replay.batches import input_signature
 from cb_callback._engine.replay.isolate import flatten_output
+from cb_callback._types import UserValue
 
 __all__ = ["MAX_VARIANTS", "Capture"]
 
@@ -118,7 +118,7 @@ class Capture:
         paths: Iterable[str] | None = None,
         *,
         keep_samples: int | None = None,
-        skip: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], bool] | None = None,
+        skip: Callable[[nn.Module, tuple[UserValue, ...], dict[str, UserValue]], bool] | None = None,
     ) -> None:
         self._root = weakref.ref(root)
         self._paths = None if paths is None else set(paths)
@@ -138,14 +138,14 @@ class Capture:
         # Per open node of ``_stack``: the record its call counts in (None: not recorded).
         self._open: list[ComponentInputs | None] = []
         # Per recorded path: the kind key of its first call and of each variant.
-        self._kinds: dict[str, list[Any]] = {}
+        self._kinds: dict[str, list[tuple[object, ...]]] = {}
         # Bytes of tensors the variants' copies hold (bounded by MAX_VARIANT_BYTES).
         self._variant_bytes = 0
         # Per recorded path: each call's output nodes, until the hooks come off.
         self._outs: dict[str, list[CallOutputs]] = {}
 
     def _hook(self, places: list[tuple[str, str | None]]) -> Callable[..., None]:
-        def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        def pre_hook(module: nn.Module, args: tuple[UserValue, ...], kwargs: dict[str, UserValue]) -> None:
             if _in_backward():  # a checkpoint's recomputation: the backward holds its work
                 return
             path = places[0][0]
@@ -170,7 +170,7 @@ class Capture:
 
         return pre_hook
 
-    def _post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _post_hook(self, module: nn.Module, args: tuple[UserValue, ...], output: UserValue) -> None:
         if not self._stack or _in_backward():
             return
         path = self._stack.pop()
@@ -188,7 +188,7 @@ class Capture:
             self._outs.setdefault(path, []).append(CallOutputs(kind, torch.is_grad_enabled(), [], unknown=True))
         self._clock.hook_end()
 
-    def mark_backward(self, roots: Any) -> None:
+    def mark_backward(self, roots: UserValue) -> None:
         """Mark what the step's backward runs through: call it with the loss (or the tensors whose
         graph is differentiated) before their backward runs; several calls add up (a union).
 
@@ -226,7 +226,7 @@ class Capture:
         self._clock.clear()
 
     def _record(
-        self, path: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, path: str, module: nn.Module, args: tuple[UserValue, ...], kwargs: dict[str, UserValue]
     ) -> ComponentInputs | None:
         """Record or count one call; return the record it counts in (``None``: not a real call)."""
         if self._skip is not None and self._skip(module, args, kwargs):
@@ -262,11 +262,11 @@ class Capture:
         return self.calls[path]
 
     def _copy(
-        self, path: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], fail: bool = True
-    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        self, path: str, module: nn.Module, args: tuple[UserValue, ...], kwargs: dict[str, UserValue], fail: bool = True
+    ) -> tuple[tuple[UserValue, ...], dict[str, UserValue]] | None:
         """A copy of the call (sliced to ``keep_samples``); ``None`` when it cannot be copied
         (with ``fail``, the record then fails with why)."""
-        tree: Any = (args, kwargs)
+        tree: UserValue = (args, kwargs)
         if self._keep is not None and self.batch_size is not None:
             tree = slice_batch(tree, self.batch_size, self._keep)
         try:
@@ -282,8 +282,8 @@ class Capture:
         path: str,
         seen: ComponentInputs,
         module: nn.Module,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        args: tuple[UserValue, ...],
+        kwargs: dict[str, UserValue],
         grad: bool,
         wrapped: str | None,
         regrad: list[bool] | None = None,
@@ -429,7 +429,7 @@ def _in_backward() -> bool:
         return False
 
 
-def _reentrant_checkpoint() -> tuple[Any, ...] | None:
+def _reentrant_checkpoint() -> tuple[UserValue, ...] | None:
     """The arguments of the reentrant ``torch.utils.checkpoint`` the call runs inside (its forward
     under no_grad), or ``None`` when it runs in none."""
     frame: types.FrameType | None = sys._getframe(2)
@@ -443,7 +443,9 @@ def _reentrant_checkpoint() -> tuple[Any, ...] | None:
     return None
 
 
-def _recompute_grads(args: tuple[Any, ...], kwargs: dict[str, Any], region: tuple[Any, ...]) -> list[bool]:
+def _recompute_grads(
+    args: tuple[UserValue, ...], kwargs: dict[str, UserValue], region: tuple[UserValue, ...]
+) -> list[bool]:
     """Per leaf of a call inside a reentrant checkpoint, whether it requires grad in the recompute
     (what the step's backward ran): the region's own inputs keep their flag; any other floating-point
     tensor computed under the region's no_grad is taken to be derived from them or from the region's
@@ -459,7 +461,7 @@ def _recompute_grads(args: tuple[Any, ...], kwargs: dict[str, Any], region: tupl
     ]  # fmt: skip
 
 
-def _set_recompute_grads(copied: tuple[tuple[Any, ...], dict[str, Any]], flags: list[bool]) -> None:
+def _set_recompute_grads(copied: tuple[tuple[UserValue, ...], dict[str, UserValue]], flags: list[bool]) -> None:
     """Mark the copy's leaves that require grad in the recompute (:func:`_recompute_grads`)."""
     leaves = pytree.tree_leaves(copied)
     if len(leaves) != len(flags):  # an object copied whole: its leaves are not the originals'
@@ -469,7 +471,7 @@ def _set_recompute_grads(copied: tuple[tuple[Any, ...], dict[str, Any]], flags: 
             x.requires_grad_(True)
 
 
-def _wrapper() -> tuple[str | None, tuple[Any, ...] | None]:
+def _wrapper() -> tuple[str | None, tuple[UserValue, ...] | None]:
     """The autograd wrapper a call runs under (``ComponentInputs.wrapped``), or ``None``; with it,
     the arguments of the reentrant checkpoint it runs inside (``None`` for any other)."""
     try:
@@ -488,7 +490,9 @@ def _wrapper() -> tuple[str | None, tuple[Any, ...] | None]:
 _SCALARS = (int, float, bool, str, type(None))
 
 
-def _kind_key(args: tuple[Any, ...], kwargs: dict[str, Any], grad: bool, wrapped: str | None) -> tuple[Any, ...]:
+def _kind_key(
+    args: tuple[UserValue, ...], kwargs: dict[str, UserValue], grad: bool, wrapped: str | None
+) -> tuple[object, ...]:
     """What tells one kind of call from another: its input signature, which input tensors require
     grad (their gradients are part of the backward), its non-tensor arguments (numbers, strings),
     its grad mode and its autograd wrapper."""
@@ -498,7 +502,7 @@ def _kind_key(args: tuple[Any, ...], kwargs: dict[str, Any], grad: bool, wrapped
     return (input_signature(ComponentInputs(args=args, kwargs=kwargs)), needs[:64], scalars[:32], grad, wrapped)
 
 
-def _tensor_bytes(tree: Any) -> int:
+def _tensor_bytes(tree: object) -> int:
     """Bytes of the tensors among ``tree``'s pytree leaves (an object copied whole counts 0)."""
     return sum(x.numel() * x.element_size() for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor))
 

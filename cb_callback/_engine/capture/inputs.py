@@ -22,10 +22,12 @@ import functools
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch.utils import _pytree as pytree
+
+from cb_callback._types import UserValue
 
 __all__ = [
     "ComponentInputs",
@@ -134,8 +136,8 @@ class ComponentInputs:
             backward of the call that checkpointed them holds that work.
     """
 
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
+    args: tuple[UserValue, ...]
+    kwargs: dict[str, UserValue]
     calls: int = 1
     training: bool = True
     order: int = 0
@@ -166,9 +168,9 @@ class ComponentInputs:
 
 @dataclass(frozen=True)
 class _BatchRule:
-    size: Callable[[Any], int | None]
-    slice: Callable[[Any, int], Any]
-    replicate: Callable[[Any, int], Any]
+    size: Callable[[UserValue], int | None]
+    slice: Callable[[UserValue, int], UserValue]
+    replicate: Callable[[UserValue, int], UserValue]
 
 
 _BATCH_RULES: dict[type, _BatchRule] = {}
@@ -177,9 +179,9 @@ _BATCH_RULES: dict[type, _BatchRule] = {}
 def register_batch_rule(
     cls: type,
     *,
-    size: Callable[[Any], int | None],
-    slice: Callable[[Any, int], Any],
-    replicate: Callable[[Any, int], Any],
+    size: Callable[[UserValue], int | None],
+    slice: Callable[[UserValue, int], UserValue],
+    replicate: Callable[[UserValue, int], UserValue],
 ) -> None:
     """Teach batch slicing/replication a type that holds a batch across tensors.
 
@@ -198,7 +200,7 @@ def register_batch_rule(
     _BATCH_RULES[cls] = _BatchRule(size, slice, replicate)
 
 
-def _has_rule(x: Any) -> bool:
+def _has_rule(x: object) -> bool:
     return type(x) in _BATCH_RULES
 
 
@@ -260,7 +262,7 @@ class InputCopyError(RuntimeError):
             tensors failed (out of memory).
     """
 
-    def __init__(self, where: str, value: Any, cause: BaseException, *, uncopyable: bool) -> None:
+    def __init__(self, where: str, value: object, cause: BaseException, *, uncopyable: bool) -> None:
         self.where = where
         self.type_name = type(value).__qualname__
         self.uncopyable = uncopyable
@@ -275,9 +277,9 @@ class InputCopyError(RuntimeError):
         super().__init__(f"could not copy {where} ({self.type_name}) of the captured call: {text}{hint}")
 
 
-def _children(x: Any) -> list[Any]:
+def _children(x: object) -> list[object]:
     """What a deep copy of ``x`` copies along with it, as far as plain Python can see."""
-    out: list[Any] = []
+    out: list[object] = []
     try:
         if isinstance(x, dict):
             for k, v in x.items():
@@ -301,7 +303,9 @@ def _children(x: Any) -> list[Any]:
     return out
 
 
-def _seed(root: Any, memo: dict[int, Any], keep: list[Any], tensor_fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+def _seed(
+    root: object, memo: dict[int, object], keep: list[object], tensor_fn: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
     """Pre-fill ``memo`` so that ``copy.deepcopy(root, memo)`` clones tensors with
     ``tensor_fn`` (once each) and returns by-reference objects as they are.
 
@@ -324,7 +328,7 @@ def _seed(root: Any, memo: dict[int, Any], keep: list[Any], tensor_fn: Callable[
             stack.extend(reversed(_children(x)))
 
 
-def _outside_inference() -> contextlib.AbstractContextManager[Any]:
+def _outside_inference() -> contextlib.AbstractContextManager[object]:
     """Leave ``torch.inference_mode`` (copies must be normal tensors), without grad."""
     if torch.is_inference_mode_enabled():
         stack = contextlib.ExitStack()
@@ -335,10 +339,10 @@ def _outside_inference() -> contextlib.AbstractContextManager[Any]:
 
 
 def copy_call(
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: tuple[UserValue, ...],
+    kwargs: dict[str, UserValue],
     tensor_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+) -> tuple[tuple[UserValue, ...], dict[str, UserValue]]:
     """A deep copy of one call's arguments, with its tensors cloned.
 
     Every tensor is replaced by ``tensor_fn(tensor)`` (default: a detached clone
@@ -369,11 +373,11 @@ def copy_call(
         argument that holds a large object (a dataset, a trainer) costs its copy.
     """
     fn = tensor_fn or _copy_tensor
-    memo: dict[int, Any] = {}
-    keep: list[Any] = []
+    memo: dict[int, object] = {}
+    keep: list[object] = []
     memo[id(memo)] = keep  # copy.deepcopy keeps its own references alive here too
     named = [(f"args[{i}]", a) for i, a in enumerate(args)] + [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
-    out: list[Any] = []
+    out: list[UserValue] = []
     with _outside_inference():
         for where, value in named:
             try:
@@ -388,7 +392,7 @@ def copy_call(
     return tuple(out[:n]), dict(zip(kwargs, out[n:], strict=True))
 
 
-def clone_tree(tree: Any) -> Any:
+def clone_tree(tree: UserValue) -> UserValue:
     """A deep copy of ``tree``: tensors detached and cloned, ``requires_grad`` kept.
 
     The copy rules of :func:`copy_call` (one argument).
@@ -400,14 +404,14 @@ def clone_tree(tree: Any) -> Any:
     return out
 
 
-def holds_objects(tree: Any) -> bool:
+def holds_objects(tree: object) -> bool:
     """Whether ``tree`` holds objects other than pytree containers, tensors, immutables
     and by-reference objects (a forward may change those without a tensor's version
     counter seeing it)."""
     return any(not isinstance(x, (torch.Tensor, *_IMMUTABLE, *_BY_REFERENCE)) for x in pytree.tree_leaves(tree))
 
 
-def to_device(tree: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
+def to_device(tree: UserValue, device: torch.device, dtype: torch.dtype | None = None) -> UserValue:
     """Move tensor leaves to ``device`` (floats cast to ``dtype`` if given).
 
     ``requires_grad`` flags are kept; the results are new leaves.
@@ -418,7 +422,7 @@ def to_device(tree: Any, device: torch.device, dtype: torch.dtype | None = None)
         captured, so a replay on another device fails on them (the row says so).
     """
 
-    def leaf(x: Any) -> Any:
+    def leaf(x: UserValue) -> UserValue:
         if not isinstance(x, torch.Tensor):
             return x
         cast = dtype if (dtype is not None and x.is_floating_point()) else None
@@ -432,7 +436,7 @@ def to_device(tree: Any, device: torch.device, dtype: torch.dtype | None = None)
     return pytree.tree_map(leaf, tree)
 
 
-def leading_batch_size(tree: Any) -> int | None:
+def leading_batch_size(tree: object) -> int | None:
     """Batch size of a pytree: its first batch-ruled object's, else its first tensor's dim 0."""
     for x in pytree.tree_leaves(tree, is_leaf=_has_rule):
         if _has_rule(x):
@@ -442,8 +446,10 @@ def leading_batch_size(tree: Any) -> int | None:
     return None
 
 
-def _map_batch(tree: Any, batch: int, tensor_fn: Callable[[torch.Tensor], torch.Tensor], rule_fn: str, n: int) -> Any:
-    def leaf(x: Any) -> Any:
+def _map_batch(
+    tree: UserValue, batch: int, tensor_fn: Callable[[torch.Tensor], torch.Tensor], rule_fn: str, n: int
+) -> UserValue:
+    def leaf(x: UserValue) -> UserValue:
         if _has_rule(x):
             rule = _BATCH_RULES[type(x)]
             return getattr(rule, rule_fn)(x, n) if rule.size(x) == batch else x
@@ -457,7 +463,7 @@ def _map_batch(tree: Any, batch: int, tensor_fn: Callable[[torch.Tensor], torch.
     return pytree.tree_map(leaf, tree, is_leaf=_has_rule)
 
 
-def slice_batch(tree: Any, batch: int, k: int) -> Any:
+def slice_batch(tree: UserValue, batch: int, k: int) -> UserValue:
     """Keep the first ``k`` samples of every leaf whose batch size is ``batch``.
 
     Tensors with ``shape[0] == batch`` are sliced (and cloned, so the big batch
@@ -472,7 +478,7 @@ def slice_batch(tree: Any, batch: int, k: int) -> Any:
     return _map_batch(tree, batch, lambda t: t[:k].clone(), "slice", k)
 
 
-def replicate_batch(tree: Any, batch: int, n: int) -> Any:
+def replicate_batch(tree: UserValue, batch: int, n: int) -> UserValue:
     """Tile every leaf whose batch size is ``batch`` along dim 0 to ``n`` samples.
 
     Tiling (``[x0..xb, x0..xb, …]`` cut to ``n``) keeps the captured samples'
@@ -495,13 +501,13 @@ def replicate_batch(tree: Any, batch: int, n: int) -> Any:
     return _map_batch(tree, batch, tile, "replicate", n)
 
 
-def call_signature(args: Any, kwargs: Any) -> tuple[Any, ...]:
+def call_signature(args: object, kwargs: object) -> tuple[object, ...]:
     """What decides a call's work, to tell the census's call of a module from its replay's: each tensor
     argument's shape, dtype and whether it requires grad; a number, string or ``None`` by value; anything
     else by type. (The census replays the top on its call: a child's call in it can differ from the child's
     own captured call, after the optimizer step moved a router's weights, or where the top's inputs were
     tiled to ``batch_size`` and the child's were not.)"""
-    out: list[Any] = []
+    out: list[object] = []
     for x in pytree.tree_leaves((args, kwargs)):
         if isinstance(x, torch.Tensor):
             out.append((tuple(x.shape), x.dtype, x.requires_grad))

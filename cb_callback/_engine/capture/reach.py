@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
+from torch.autograd.graph import Node
 
 from cb_callback._engine.capture.inputs import ComponentInputs
 
@@ -40,7 +40,7 @@ class CallOutputs:
 
     kind: ComponentInputs
     grad: bool
-    nodes: list[Any]
+    nodes: list[Node | torch.Tensor | None]
     unknown: bool = False
     reached: list[bool] = field(default_factory=list)
 
@@ -49,12 +49,12 @@ class CallOutputs:
         return any(self.reached)
 
 
-def call_outputs(kind: ComponentInputs, leaves: Iterable[Any], grad: bool, unknown: bool = False) -> CallOutputs:
+def call_outputs(kind: ComponentInputs, leaves: Iterable[object], grad: bool, unknown: bool = False) -> CallOutputs:
     """The nodes of one call's output leaves.
 
     ``leaves``: :func:`cb_callback._engine.replay.isolate.flatten_output`'s.
     """
-    nodes: list[Any] = []
+    nodes: list[Node | torch.Tensor | None] = []
     opaque = False
     for x in leaves:
         if isinstance(x, torch.Tensor):
@@ -67,7 +67,7 @@ def call_outputs(kind: ComponentInputs, leaves: Iterable[Any], grad: bool, unkno
     return CallOutputs(kind, grad, nodes, unknown, [False] * len(nodes))
 
 
-def walk(roots: Iterable[Any]) -> tuple[set[int], set[int]]:
+def walk(roots: Iterable[object]) -> tuple[set[int], set[int]]:
     """The ids of the autograd nodes reached from ``roots`` (tensors), and of the leaf tensors
     their ``AccumulateGrad`` nodes accumulate into."""
     stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]

@@ -33,6 +33,7 @@ from torch import nn
 
 from cb_callback._engine.clocks.timing import Sample, record_timed, timed_seconds
 from cb_callback._report.finite import or_zero
+from cb_callback._types import UserValue
 
 __all__ = ["Floor", "FloorModule", "is_at_floor", "measure_floor", "subtract_floor"]
 
@@ -51,7 +52,9 @@ class FloorModule(nn.Module):
     cheapest on these inputs.
     """
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(
+        self, *args: UserValue, **kwargs: UserValue
+    ) -> tuple[UserValue, ...] | tuple[tuple[UserValue, ...], dict[str, UserValue]]:
         return (args, kwargs) if kwargs else args
 
 

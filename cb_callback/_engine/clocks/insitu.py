@@ -24,6 +24,7 @@ from cb_callback._engine.clocks.timing import record_timed
 from cb_callback._engine.distributed.collectives import refuse_collectives
 from cb_callback._engine.replay.isolate import Replay
 from cb_callback._report.model import error_text
+from cb_callback._types import UserValue
 
 __all__ = ["InSitu", "InSituTimes", "hook_clock", "time_in_situ", "top_paths"]
 
@@ -136,7 +137,7 @@ def hook_clock(
     running: list[str] = []
 
     def pre(mine: list[tuple[str, str | None]]) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+        def hook(module: nn.Module, args: tuple[UserValue, ...], kwargs: dict[str, UserValue]) -> None:
             clock.hook_start()
             path = owner(mine, running)
             running.append(path)
@@ -147,7 +148,7 @@ def hook_clock(
 
         return hook
 
-    def post(module: nn.Module, args: Any, output: Any) -> None:
+    def post(module: nn.Module, args: tuple[UserValue, ...], output: UserValue) -> None:
         path = running.pop() if running else ""
         clock.close(path)
         if nodes is not None:
@@ -409,7 +410,7 @@ def _medians(
     return out
 
 
-def _timed(fn: Callable[[], Any], device: torch.device) -> float:
+def _timed(fn: Callable[[], object], device: torch.device) -> float:
     """Seconds ``fn`` takes (on CUDA: device time between two events, synchronised after)."""
     if device.type == "cuda" and torch.cuda.is_available():
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -33,22 +33,26 @@ What the clock cannot see, or sees only in part:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
+from typing import TypeVar
 
 import torch
+from torch.autograd.graph import Node
 from torch.utils import _pytree as pytree
+from torch.utils.hooks import RemovableHandle
 
 from cb_callback._engine.replay.isolate import flatten_output
 
 __all__ = ["NodeClock", "backward_prefix", "claim_nodes", "input_nodes", "next_node_number"]
 
 #: Who built a node: the chain of module calls running when it was claimed, outermost first, each as
-#: ``(key, call number)`` (the key: a module's ``id`` in the census, a node's path in the clock).
-Chain = tuple[tuple[Any, int], ...]
+#: ``(key, call number)`` (the key: a module's ``id`` in the census, a node's path in the clock):
+#: ``Chain[int]``, ``Chain[str]``.
+_K = TypeVar("_K", bound=Hashable)
+Chain = tuple[tuple[_K, int], ...]
 
 
-def input_nodes(args: Any, kwargs: Any = None) -> set[Any]:
+def input_nodes(args: object, kwargs: object = None) -> set[Node]:
     """The ``grad_fn`` of every tensor in a call's arguments: where a module's claim walk stops."""
     leaves = pytree.tree_leaves((args, kwargs or {}))
     return {t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None}
@@ -61,7 +65,7 @@ def next_node_number() -> int:
     return int(torch._C._autograd._get_sequence_nr())
 
 
-def backward_prefix(owners: dict[Any, Chain]) -> Chain:
+def backward_prefix(owners: dict[Node, Chain[_K]]) -> Chain[_K]:
     """Who owns the autograd node running now, when a forward runs inside the backward (a reentrant
     checkpoint's recompute, whose nodes its own inner backward runs): a call claiming there claims for
     them too. ``()`` in a forward outside the backward."""
@@ -71,11 +75,11 @@ def backward_prefix(owners: dict[Any, Chain]) -> Chain:
 
 
 def claim_nodes(
-    outputs: Iterable[Any],
-    stop: set[Any],
-    owners: dict[Any, Chain],
-    chain: Chain,
-    on_new: Callable[[Any], None],
+    outputs: Iterable[object],
+    stop: set[Node],
+    owners: dict[Node, Chain[_K]],
+    chain: Chain[_K],
+    on_new: Callable[[Node], None],
     since: int | None = None,
 ) -> None:
     """Claim for the call ``chain[-1]`` the autograd nodes its forward built.
@@ -88,8 +92,8 @@ def claim_nodes(
     finished call claimed ends the walk there (it is that call's, reached through a tensor this call read).
     """
     call = chain[-1][1]
-    todo: list[Any] = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    seen: set[Any] = set()
+    todo: list[Node | None] = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set[Node] = set()
     while todo:
         node = todo.pop()
         if node is None or node in stop or node in seen:
@@ -122,44 +126,44 @@ class NodeClock:
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
-        self.owners: dict[Any, Chain] = {}
-        self._stack: list[tuple[str, int, set[Any], int]] = []
+        self.owners: dict[Node, Chain[str]] = {}
+        self._stack: list[tuple[str, int, set[Node], int]] = []
         self._calls = 0
         self._open: list[list[float]] = []  # [pre-hook entered, own work started, nested spans]
-        self._handles: list[Any] = []
+        self._handles: list[RemovableHandle] = []
         self.seconds: dict[str, float] = {}
         self.hooks_s = 0.0
 
-    def pre(self, path: str, args: Any, kwargs: Any) -> None:
+    def pre(self, path: str, args: object, kwargs: object) -> None:
         """A tracked call of ``path`` starts (its inputs' nodes, and every node built before it, end its
         claim walk)."""
         self._calls += 1
         self._stack.append((path, self._calls, input_nodes(args, kwargs), next_node_number()))
 
-    def post(self, path: str, output: Any) -> None:
+    def post(self, path: str, output: object) -> None:
         """A tracked call of ``path`` ended: it claims the nodes it built. Inside the backward (an
         activation checkpoint's recompute) they are also the running node's owners': a reentrant
         checkpoint's inner backward runs them inside that node."""
         if not self._stack or self._stack[-1][0] != path:
             return
         _, _, stop, since = self._stack[-1]
-        chain: Chain = backward_prefix(self.owners) + tuple((p, c) for p, c, _, _ in self._stack)
+        chain: Chain[str] = backward_prefix(self.owners) + tuple((p, c) for p, c, _, _ in self._stack)
         claim_nodes(flatten_output(output)[0], stop, self.owners, chain, self._watch, since)
         self._stack.pop()
         self.seconds.setdefault(path, 0.0)
 
-    def _watch(self, node: Any) -> None:
+    def _watch(self, node: Node) -> None:
         self._handles.append(node.register_prehook(self._node_pre))
         self._handles.append(node.register_hook(lambda gi, go, node=node: self._node_post(node)))
 
-    def _node_pre(self, grad_outputs: Any) -> None:
+    def _node_pre(self, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
         entered = self._clock()
         self._open.append([entered, 0.0, 0.0])
         started = self._clock()
         self._open[-1][1] = started
         self.hooks_s += started - entered
 
-    def _node_post(self, node: Any) -> None:
+    def _node_post(self, node: Node) -> None:
         ended = self._clock()
         if not self._open:
             return

@@ -8,7 +8,10 @@ import re
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.profiler import profile
 
 __all__ = ["kineto_lines_dropped", "quiet_session"]
 
@@ -71,7 +74,7 @@ def kineto_lines_dropped() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def quiet_session(prof: Any) -> Iterator[Any]:
+def quiet_session(prof: profile) -> Iterator[profile]:
     """Run a torch profiler session with kineto's start/stop lines dropped (only those two moments).
 
     What the profiled code itself writes to fd 2 is left as it is.

@@ -7,11 +7,11 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from cb_callback._report.finite import is_nan
+from cb_callback._types import UserValue
 
 __all__ = [
     "Sample",
@@ -62,8 +62,8 @@ class Timing:
 
     device_ms: list[float] = field(default_factory=list)
     host_ms: list[float] = field(default_factory=list)
-    last_arg: Any = field(default=None, repr=False)
-    last_out: Any = field(default=None, repr=False)
+    last_arg: UserValue = field(default=None, repr=False)
+    last_out: UserValue = field(default=None, repr=False)
 
     @property
     def median(self) -> float:
@@ -88,9 +88,9 @@ class Timing:
 
 
 def time_fn(
-    fn: Callable[[Any], Any],
+    fn: Callable[[UserValue], UserValue],
     *,
-    setup: Callable[[], Any] | None = None,
+    setup: Callable[[], UserValue] | None = None,
     device: torch.device,
     warmup: int = 2,
     min_run_time_s: float = 0.1,

@@ -50,7 +50,7 @@ def p90(values: Sequence[float]) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _leaf(x: Any) -> str | None:
+def _leaf(x: object) -> str | None:
     if isinstance(x, torch.Tensor):
         return f"{str(x.dtype).removeprefix('torch.')}[{','.join(map(str, x.shape))}]"
     keys, per_key = getattr(x, "keys", None), getattr(x, "length_per_key", None)
@@ -70,7 +70,7 @@ def input_signature(inputs: ComponentInputs) -> str:
     """
     out: list[str] = []
 
-    def walk(x: Any, name: str = "") -> None:
+    def walk(x: object, name: str = "") -> None:
         if len(out) > _MAX_LEAVES:
             return
         found = _leaf(x)

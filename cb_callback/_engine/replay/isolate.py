@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cb_callback._engine.capture.inputs import ComponentInputs, copy_call, holds_objects, tensor_copier
 from cb_callback._engine.replay.callset import CallPlan, call_plan, reaches_no_loss
+from cb_callback._types import UserValue
 
 __all__ = [
     "Backward",
@@ -41,10 +42,10 @@ __all__ = [
 ]
 
 _GRAD_TARGETS: list[Callable[[nn.Module], Iterable[torch.Tensor]]] = []
-_RESOLVERS: dict[type, Callable[[Any], Any]] = {}
+_RESOLVERS: dict[type, Callable[[UserValue], UserValue]] = {}
 
 
-def register_output_resolver(cls: type, fn: Callable[[Any], Any]) -> None:
+def register_output_resolver(cls: type, fn: Callable[[UserValue], UserValue]) -> None:
     """Resolve outputs of type ``cls`` (and its subclasses) inside the replayed forward.
 
     A forward that returns a handle to a result still in flight (torchrec's
@@ -64,11 +65,11 @@ def register_output_resolver(cls: type, fn: Callable[[Any], Any]) -> None:
     _RESOLVERS[cls] = fn
 
 
-def _resolver(x: Any) -> Callable[[Any], Any] | None:
+def _resolver(x: object) -> Callable[[UserValue], UserValue] | None:
     return next((_RESOLVERS[c] for c in type(x).__mro__ if c in _RESOLVERS), None) if _RESOLVERS else None
 
 
-def _resolved(out: Any) -> Any:
+def _resolved(out: UserValue) -> UserValue:
     """``out`` with every registered resolver applied (see :func:`register_output_resolver`)."""
     if not _RESOLVERS:
         return out
@@ -78,7 +79,7 @@ def _resolved(out: Any) -> Any:
             break
         out = fn(out)
 
-    def leaf(x: Any) -> Any:
+    def leaf(x: UserValue) -> UserValue:
         resolve = _resolver(x)
         return x if resolve is None else resolve(x)
 
@@ -117,8 +118,8 @@ class ReplayInputs:
             all of theirs. Empty for a replay of one call.
     """
 
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
+    args: tuple[UserValue, ...]
+    kwargs: dict[str, UserValue]
     leaves: list[torch.Tensor] = field(default_factory=list)
     calls: list[ReplayInputs] = field(default_factory=list)
 
@@ -168,7 +169,7 @@ class Backward:
             self.outputs, self.targets, self.grad_outputs, retain_graph=retain_graph, allow_unused=True
         )
 
-    def __call__(self, _: Any = None) -> tuple[torch.Tensor | None, ...]:
+    def __call__(self, _: object = None) -> tuple[torch.Tensor | None, ...]:
         return self.run(retain_graph=True)
 
 
@@ -227,7 +228,7 @@ class Replay:
         *,
         device: torch.device,
         seed: int = 0,
-        forward_context: Callable[[], AbstractContextManager[Any]] | None = None,
+        forward_context: Callable[[], AbstractContextManager[object]] | None = None,
         grad_enabled: bool = True,
         accumulate: bool = False,
         wrappers: bool = True,
@@ -256,7 +257,9 @@ class Replay:
         kinds = [inputs, *inputs.variants] if self.plan is not None else [inputs]
         self._objects = any(holds_objects((k.args, k.kwargs)) for k in kinds)
         self._cached: ReplayInputs | None = None
-        self._grad_outputs: tuple[tuple[Any, ...], list[torch.Tensor]] | None = None
+        self._grad_outputs: (
+            tuple[tuple[tuple[torch.Size, torch.dtype, torch.device], ...], list[torch.Tensor]] | None
+        ) = None
         self._flags = self._subtree_flags()
         self._call: Callable[..., Any] | None = None
         #: Why :meth:`backward` found no backward (set when it returns ``None``).
@@ -335,7 +338,7 @@ class Replay:
         args, kwargs = copy_call(call.args, call.kwargs, tensor_copier(leaf="never", leaves=leaves))
         return ReplayInputs(args, kwargs, leaves)
 
-    def forward(self, inputs: ReplayInputs | None = None) -> Any:
+    def forward(self, inputs: ReplayInputs | None = None) -> UserValue:
         """One forward on ``inputs`` (fresh ones if ``None``), with grad enabled
         unless ``grad_enabled`` is ``False``."""
         inp = inputs if inputs is not None else self.fresh_inputs()
@@ -360,7 +363,7 @@ class Replay:
             return call
         return _checkpointed(call, inputs.wrapped)
 
-    def _differentiated(self, out: Any) -> list[Any]:
+    def _differentiated(self, out: UserValue) -> list[UserValue]:
         """The output leaves the backward differentiates: those of the calls with a backward, each
         call's ``output_mask`` applied (when its length is the replayed output's)."""
         if self.plan is None:
@@ -383,7 +386,7 @@ class Replay:
                     targets.append(t)
         return targets
 
-    def backward(self, inputs: ReplayInputs | None = None, out: Any = None) -> Backward | None:
+    def backward(self, inputs: ReplayInputs | None = None, out: UserValue = None) -> Backward | None:
         """The backward of one forward, or ``None`` if there is none.
 
         Runs a forward on ``inputs`` (fresh ones if ``None``) unless its output
@@ -419,7 +422,7 @@ class Replay:
             self._grad_outputs = (key, grads)
         return Backward(outputs, list(self._grad_outputs[1]), targets, self.accumulate or self._reentrant)
 
-    def _why_none(self, out: Any) -> str:
+    def _why_none(self, out: object) -> str:
         """Why no output is differentiated (:attr:`no_backward`)."""
         if not self.grad_enabled:
             return "replayed without grad, as the real step ran it (no_grad)"
@@ -454,7 +457,7 @@ def _checkpointed(call: Callable[..., Any], wrapped: str | None) -> Callable[...
         return lambda *a, **k: checkpoint(call, *a, use_reentrant=False, **k)
     if wrapped == "checkpoint (reentrant)":
 
-        def reentrant(*a: Any, **k: Any) -> Any:
+        def reentrant(*a: UserValue, **k: UserValue) -> UserValue:
             fn = (lambda *p: call(*p, **k)) if k else call
             return checkpoint(fn, *a, use_reentrant=True)
 
@@ -478,7 +481,7 @@ def _holds_reentrant_checkpoint(outputs: Sequence[torch.Tensor]) -> bool:
     return False
 
 
-def _masked(out: Any, mask: tuple[bool, ...] | None) -> list[Any]:
+def _masked(out: UserValue, mask: tuple[bool, ...] | None) -> list[UserValue]:
     """``out``'s leaves that ``mask`` keeps (all of them without a mask, or one of another length)."""
     leaves = flatten_output(out)[0]
     if mask is None or len(mask) != len(leaves):
@@ -518,7 +521,7 @@ class PassResult:
 
     mutates_inputs: bool
     backward_ran: bool
-    output: Any = field(default=None, repr=False)
+    output: UserValue = field(default=None, repr=False)
 
 
 @dataclass
@@ -564,12 +567,20 @@ class Instrument(Protocol):
         instruments observe: do bookkeeping on tensors under :func:`unobserved`.
     """
 
-    def observe(self, ctx: PassContext) -> AbstractContextManager[Any]: ...
+    def observe(self, ctx: PassContext) -> AbstractContextManager[object]: ...
 
     def values(self) -> Mapping[str, Any]: ...
 
 
-def unobserved() -> AbstractContextManager[Any]:
+class _LegacyInstrument(Protocol):
+    """0.1's instrument contract: ``observe`` takes the phase's name."""
+
+    def observe(self, phase: str) -> AbstractContextManager[object]: ...
+
+    def values(self) -> Mapping[str, Any]: ...
+
+
+def unobserved() -> AbstractContextManager[object]:
     """A context in which tensor ops are invisible to the instruments of a pass.
 
     Inside it the dispatch modes that are active (FLOP counter, byte counter,
@@ -582,27 +593,27 @@ def unobserved() -> AbstractContextManager[Any]:
 class _PhaseNameInstrument:
     """An instrument written against 0.1's ``observe(phase: str)``: it gets the phase's name."""
 
-    def __init__(self, legacy: Any) -> None:
+    def __init__(self, legacy: _LegacyInstrument) -> None:
         self.legacy = legacy
 
-    def observe(self, ctx: PassContext) -> AbstractContextManager[Any]:
-        return cast(AbstractContextManager[Any], self.legacy.observe(ctx.phase.value))
+    def observe(self, ctx: PassContext) -> AbstractContextManager[object]:
+        return self.legacy.observe(ctx.phase.value)
 
     def values(self) -> Mapping[str, Any]:
-        return cast(Mapping[str, Any], self.legacy.values())
+        return self.legacy.values()
 
 
 _WARNED_LEGACY: set[type] = set()
 
 
-def _adapted(ins: Any) -> Instrument:
+def _adapted(ins: Instrument) -> Instrument:
     """``ins``, or an adapter when its ``observe`` is annotated ``phase: str`` (0.1's contract)."""
     try:
         params = list(inspect.signature(ins.observe).parameters.values())
     except (TypeError, ValueError):
-        return cast(Instrument, ins)
+        return ins
     if not params or params[0].annotation not in (str, "str"):
-        return cast(Instrument, ins)
+        return ins
     if type(ins) not in _WARNED_LEGACY:
         _WARNED_LEGACY.add(type(ins))
         warnings.warn(
@@ -612,13 +623,14 @@ def _adapted(ins: Any) -> Instrument:
             DeprecationWarning,
             stacklevel=3,
         )
-    return _PhaseNameInstrument(ins)
+    # Declared an Instrument by whoever passed it, its observe's annotation says it is 0.1's kind.
+    return _PhaseNameInstrument(cast(_LegacyInstrument, ins))
 
 
 _UNSET = object()
 
 
-def flatten_output(out: Any, _seen: frozenset[int] = frozenset()) -> tuple[list[Any], Any]:
+def flatten_output(out: UserValue, _seen: frozenset[int] = frozenset()) -> tuple[list[UserValue], object]:
     """The leaves of a component's output and its structure (comparable with ``==``).
 
     :mod:`torch.utils._pytree`'s flattening, with dataclass instances that are
@@ -628,8 +640,8 @@ def flatten_output(out: Any, _seen: frozenset[int] = frozenset()) -> tuple[list[
     inside itself (``o.me = o``), or deeper than 32 levels, stays one leaf.
     """
     leaves, spec = pytree.tree_flatten(out)
-    flat: list[Any] = []
-    opened: list[Any] = []
+    flat: list[UserValue] = []
+    opened: list[tuple[int, str, tuple[str, ...], object]] = []
     for i, x in enumerate(leaves):
         if dataclasses.is_dataclass(x) and not isinstance(x, type) and id(x) not in _seen and len(_seen) < 32:
             fields = [(f.name, getattr(x, f.name, _UNSET)) for f in dataclasses.fields(x)]
@@ -642,7 +654,7 @@ def flatten_output(out: Any, _seen: frozenset[int] = frozenset()) -> tuple[list[
     return flat, (spec, tuple(opened))
 
 
-def versions(inputs: ReplayInputs) -> tuple[Any, list[tuple[int, int]]]:
+def versions(inputs: ReplayInputs) -> tuple[pytree.TreeSpec, list[tuple[int, int]]]:
     """What an in-place change of the inputs changes: the pytree's structure (a list
     appended to), its leaves and the tensors' version counters."""
     leaves, spec = pytree.tree_flatten((inputs.args, inputs.kwargs))

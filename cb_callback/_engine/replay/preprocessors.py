@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 from torch import nn
@@ -71,7 +70,7 @@ class ReplicateBatch(Preprocessor):
         )
 
 
-def unsized_batch_leaf(tree: Any) -> str | None:
+def unsized_batch_leaf(tree: object) -> str | None:
     """The first leaf of ``tree`` whose type has a batch rule that gives it no batch size (its type name), if any.
 
     A variable-batch ``KeyedJaggedTensor`` (VBE: a batch size per key) is one: the torchrec integration's

@@ -6,13 +6,15 @@ import collections
 import contextlib
 import random
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
 import torch
 from torch import nn
+
+from cb_callback._types import UserValue
 
 __all__ = ["RngState", "StateGuard", "register_state_saver", "seeded"]
 
@@ -149,15 +151,20 @@ _WALK_DEPTH = 8
 _WALK_ITEMS = 10_000
 _MISSING = object()
 
+#: A mutable container a module attribute holds (one of ``_CONTAINERS``), of the user's values.
+_Container: TypeAlias = (
+    "list[UserValue] | dict[UserValue, UserValue] | set[UserValue] | collections.deque[UserValue] | bytearray"
+)
+
 
 class _Contents:
     """A mutable container's items at entry, put back into the same object (references elsewhere see it)."""
 
     __slots__ = ("items", "obj")
 
-    def __init__(self, obj: Any) -> None:
+    def __init__(self, obj: _Container) -> None:
         self.obj = obj
-        self.items: Any = (
+        self.items: Collection[UserValue] = (
             list(obj.items()) if isinstance(obj, dict) else bytes(obj) if isinstance(obj, bytearray) else list(obj)
         )
 
@@ -223,7 +230,7 @@ class _PyState:
     """
 
     def __init__(self, named: Iterable[tuple[str, nn.Module]], tree_tensors: set[int]) -> None:
-        self.dicts: list[tuple[dict[str, Any], dict[str, Any], int]] = []
+        self.dicts: list[tuple[dict[str, UserValue], dict[str, UserValue], int]] = []
         self.contents: list[_Contents] = []
         self.tensors: list[_TensorAttr] = []
         self._skip = tree_tensors
@@ -236,7 +243,7 @@ class _PyState:
                 if type(v) not in _ATOMS:
                     self._walk(v, (path, k), seen, 0)
 
-    def _walk(self, value: Any, where: tuple[str, str], seen: set[int], depth: int) -> None:
+    def _walk(self, value: object, where: tuple[str, str], seen: set[int], depth: int) -> None:
         """Note the containers and tensors ``value`` holds (``where``: the module path and attribute)."""
         if isinstance(value, torch.Tensor):
             if type(value) not in (torch.Tensor, nn.Parameter):
@@ -248,7 +255,7 @@ class _PyState:
             if (version := _version(value)) is not None:
                 self.tensors.append(_TensorAttr(f"{where[0]}.{where[1]}" if where[0] else where[1], value, version))
             return
-        children: Any
+        children: Collection[object]
         if isinstance(value, _CONTAINERS):
             if id(value) in seen:
                 return

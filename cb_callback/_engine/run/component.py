@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import torch
@@ -24,7 +24,7 @@ from cb_callback._engine.clocks.timing import Sample, SampleSet
 from cb_callback._engine.derive.estimate import ADDITIVE
 from cb_callback._engine.distributed.collectives import CollectiveInReplay, refuse_collectives
 from cb_callback._engine.distributed.fsdp import has_unit, save_fsdp_state
-from cb_callback._engine.replay.isolate import Replay, instrumented_pass
+from cb_callback._engine.replay.isolate import Instrument, Replay, instrumented_pass
 from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._engine.run.extensions import EXTENSIONS, WhatIfInput
 from cb_callback._engine.run.plugins import (
@@ -32,6 +32,7 @@ from cb_callback._engine.run.plugins import (
     ArtifactMetric,
     InstrumentingMetric,
     MeasureContext,
+    Metric,
     MetricPlugin,
     PrepareContext,
     Preprocessor,
@@ -43,6 +44,36 @@ from cb_callback._report.model import error_text as _error_text
 from cb_callback._report.schema import plugin_details
 
 __all__ = ["ComponentRun", "Pending", "artifact_dir", "params_mb"]
+
+_V = TypeVar("_V")
+
+
+# What a run reads of the step's census (:class:`cb_callback._engine.counting.census.Census`, which imports
+# this module: named by its shape here, so that no import runs the other way).
+class _TopPass(Protocol):
+    """A top's census pass (:class:`cb_callback._engine.counting.census.TopPass`)."""
+
+    @property
+    def instruments(self) -> Sequence[tuple[InstrumentingMetric, Instrument]]: ...
+    @property
+    def mutates_inputs(self) -> bool: ...
+    @property
+    def seconds(self) -> float: ...
+
+
+class _Census(Protocol):
+    """The step's census (:class:`cb_callback._engine.counting.census.Census`) as :meth:`ComponentRun.take_census`
+    reads it."""
+
+    @property
+    def values(self) -> Sequence[Mapping[str, Mapping[str, Any]]]: ...
+    @property
+    def inexact(self) -> Sequence[Mapping[str, str]]: ...
+    @property
+    def signatures(self) -> Sequence[Mapping[str, tuple[tuple[object, ...], bool]]]: ...
+    @property
+    def tops_observed(self) -> Mapping[int, Mapping[str, _TopPass]]: ...
+
 
 _MIB = 1024.0 * 1024.0
 
@@ -79,7 +110,9 @@ def artifact_dir(cfg: BenchmarkConfig, path: str) -> Path | None:
     return Path(cfg.output_dir) / "artifacts" / name
 
 
-def artifact_files(plugin: Any, found: Mapping[str, Any], artifact_dir: Path, report_dir: Path) -> dict[str, str]:
+def artifact_files(
+    plugin: ArtifactMetric, found: Mapping[str, Any], artifact_dir: Path, report_dir: Path
+) -> dict[str, str]:
     """An artifact plugin's ``{kind: file}``, each file relative to the report's directory.
 
     Raises:
@@ -126,7 +159,7 @@ def per_call(values: Mapping[str, Any], n: int, keys: Sequence[str] = ()) -> dic
     return out
 
 
-def _number(x: Any) -> bool:
+def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -191,8 +224,8 @@ class ComponentRun:
         device: torch.device,
         prepare_ctx: PrepareContext,
         preprocessors: Sequence[Preprocessor],
-        metrics: Sequence[Any],
-        forward_context: Callable[[], AbstractContextManager[Any]] | None,
+        metrics: Sequence[Metric],
+        forward_context: Callable[[], AbstractContextManager[object]] | None,
         batch_sizes: Sequence[int | None] = (),
         lockstep: bool = False,
     ) -> None:
@@ -219,7 +252,7 @@ class ComponentRun:
         #: The built-in timing plugin's class: the harness floor is measured for its clock only.
         self._builtin_timing = type(next(p for p in every if isinstance(p, TimedMetric)))
         self.builtin = [p for p in every if user_timing is None or not isinstance(p, TimedMetric)]
-        plugins: list[Any] = [*self.builtin, *self.user_metrics]
+        plugins: list[object] = [*self.builtin, *self.user_metrics]
         #: Times every component's runs, interleaved by the schedule.
         self.timing: TimedMetric = next(p for p in plugins if isinstance(p, TimedMetric))
         # A plugin may be of several kinds (protocols mypy takes for disjoint): compared before isinstance.
@@ -243,7 +276,7 @@ class ComponentRun:
         self.forward_context = forward_context
         self.warned: set[str] = set()
         #: Harness floors by input layout (:meth:`floor`), and what measuring them cost.
-        self._floors: dict[tuple[Any, ...], Floor | None] = {}
+        self._floors: dict[tuple[object, ...], Floor | None] = {}
         self.floor_s = 0.0
         self._kept: dict[tuple[str, int], ComponentInputs] = {}  # preprocessed by the in-situ pass
         #: Seconds of the instrumented passes (FLOPs, bytes, memory observed).
@@ -256,10 +289,10 @@ class ComponentRun:
         self.not_counted: dict[tuple[str, int], str] = {}
         #: ``{(path, batch): (call_signature, backward)}`` of each component's call in the census (and whether
         #: a gradient reached its outputs there).
-        self.census_calls: dict[tuple[str, int], tuple[tuple[Any, ...], bool]] = {}
+        self.census_calls: dict[tuple[str, int], tuple[tuple[object, ...], bool]] = {}
         #: ``{(path, batch): its census pass}`` of a top the census observed as its own pass would
         #: (:class:`cb_callback._engine.counting.census.TopPass`).
-        self.tops_seen: dict[tuple[str, int], Any] = {}
+        self.tops_seen: dict[tuple[str, int], _TopPass] = {}
 
     def inputs_for(
         self,
@@ -423,12 +456,12 @@ class ComponentRun:
 
     def _split_by_census(
         self, path: str, batch: int, captured: ComponentInputs, collectives: bool, inputs: ComponentInputs
-    ) -> tuple[list[tuple[Any, Mapping[str, Any]]], list[Any]]:
+    ) -> tuple[list[tuple[InstrumentingMetric, Mapping[str, Any]]], list[InstrumentingMetric]]:
         """``(given, observing)``: each observing plugin with its values from the step's census (where the
         census counted this call as its replay would, and the plugin takes them: ``from_census``), and the
         plugins left to observe the replay's pass."""
         counted = self._counted_values(path, batch, captured, collectives, inputs)
-        given: list[tuple[Any, Mapping[str, Any]]] = []
+        given: list[tuple[InstrumentingMetric, Mapping[str, Any]]] = []
         observing = []
         for plugin in self.observing:
             mine = plugin.from_census(counted) if counted is not None and hasattr(plugin, "from_census") else None
@@ -471,8 +504,8 @@ class ComponentRun:
     def _values_of(
         self,
         row: ComponentRow,
-        observed: Sequence[tuple[Any, Any]],
-        given: Sequence[tuple[Any, Mapping[str, Any]]],
+        observed: Sequence[tuple[InstrumentingMetric, Instrument]],
+        given: Sequence[tuple[InstrumentingMetric, Mapping[str, Any]]],
         calls: int,
     ) -> dict[str, Any] | None:
         """A row's values: each ``(plugin, instrument)`` that observed its pass (over the ``calls`` it
@@ -496,12 +529,12 @@ class ComponentRun:
             values["counted"] = "census"
         return values
 
-    def take_census(self, census: Any) -> None:
+    def take_census(self, census: _Census) -> None:
         """Take the step's census (:class:`cb_callback._engine.counting.census.Census`, one rank): what it counted of
         each component as its replay would, why not where not, each component's call in it, and the tops
         whose census pass was their own pass."""
 
-        def by_batch(per_batch: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], Any]:
+        def by_batch(per_batch: Sequence[Mapping[str, _V]]) -> dict[tuple[str, int], _V]:
             return {(path, b): v for b, found in enumerate(per_batch) for path, v in found.items()}
 
         self.counted = by_batch(census.values)
@@ -509,7 +542,9 @@ class ComponentRun:
         self.census_calls = by_batch(census.signatures)
         self.tops_seen = {(top, b): seen for b, tops in census.tops_observed.items() for top, seen in tops.items()}
 
-    def top_observers(self, path: str, module: nn.Module, replay: Replay) -> list[tuple[Any, Any]] | None:
+    def top_observers(
+        self, path: str, module: nn.Module, replay: Replay
+    ) -> list[tuple[InstrumentingMetric, Instrument]] | None:
         """The instruments that observe a top's census pass as its own instrumented pass (the metrics the
         census gives no values of: memory), or ``None`` (a user's instrument: its own pass observes it)."""
         probe = dict.fromkeys(COUNTED_KEYS, 0)  # which metrics would take a census's values
@@ -522,7 +557,7 @@ class ComponentRun:
         except Exception:
             return None
 
-    def _seen_in_census(self, path: str, batch: int, observing: Sequence[Any]) -> Any:
+    def _seen_in_census(self, path: str, batch: int, observing: Sequence[InstrumentingMetric]) -> _TopPass | None:
         """The census's pass of a top (:class:`cb_callback._engine.counting.census.TopPass`) when it observed every
         metric this row still needs observed, else ``None``."""
         seen = self.tops_seen.get((path, batch))
@@ -536,8 +571,8 @@ class ComponentRun:
         ctx: MeasureContext,
         replay: Replay,
         inputs: ComponentInputs,
-        given: Sequence[tuple[Any, Mapping[str, Any]]],
-        seen: Any,
+        given: Sequence[tuple[InstrumentingMetric, Mapping[str, Any]]],
+        seen: _TopPass,
         batch: int,
         warm: bool,
     ) -> Pending | None:
@@ -714,7 +749,7 @@ class ComponentRun:
                 info["batches"] = [per_call(b, n, _COMPILE_MS) if isinstance(b, Mapping) else b for b in batches]
         row.details["compile"] = info
 
-    def _plugin_error(self, row: ComponentRow, plugin: Any, e: BaseException, fatal: bool | None = None) -> bool:
+    def _plugin_error(self, row: ComponentRow, plugin: Metric, e: BaseException, fatal: bool | None = None) -> bool:
         """Record a plugin's error; return whether the component has failed.
 
         ``fatal`` (default: the plugin is a built-in, or the timing plugin, a

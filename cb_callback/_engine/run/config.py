@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+
+from cb_callback._types import OptionValue
 
 __all__ = ["ARTIFACT_KINDS", "COMPILE_OPTIONS", "BenchmarkConfig"]
 
@@ -210,13 +212,13 @@ class BenchmarkConfig:
     reporters: Sequence[Any] = ()
     output_dir: str | None = None
     seed: int = 0
-    progress: Any = field(default=None, repr=False, compare=False)
+    progress: Callable[[int, int, str], object] | None = field(default=None, repr=False, compare=False)
     artifacts: Sequence[str] = ()
     artifacts_top: int | None = None
     load_plugins: bool = True
     log_scalars: int | Literal["all"] | None = None
     compile: bool = False
-    compile_options: Mapping[str, Any] | None = None
+    compile_options: Mapping[str, OptionValue] | None = None
     compile_top: int | None = None
     ranks: Literal["all", "zero"] = "all"
     lockstep_timeout_s: float | None = None
@@ -335,7 +337,7 @@ class BenchmarkConfig:
         """The names accepted as ``**options``."""
         return tuple(f.name for f in dataclasses.fields(cls))
 
-    def replace(self, **options: Any) -> BenchmarkConfig:
+    def replace(self, **options: OptionValue) -> BenchmarkConfig:
         """A copy with ``options`` changed; unknown names raise ``ValueError``."""
         unknown = sorted(set(options) - set(self.field_names()))
         if unknown:

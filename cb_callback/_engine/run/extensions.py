@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 if TYPE_CHECKING:
     from cb_callback._engine.clocks.timing import Sample
     from cb_callback._engine.replay.isolate import Replay
+    from cb_callback._engine.run.plugins import ArtifactMetric
     from cb_callback._report.model import ComponentRow
 
 __all__ = ["EXTENSIONS", "Extensions", "WhatIfInput"]
@@ -57,13 +58,25 @@ class Extensions:
         fill_children_separately: every compiled parent's children-compiled-separately figure.
     """
 
-    builtin_metrics: Callable[[], list[Any]] | None = None
-    artifact_plugins: Callable[[Sequence[str]], list[Any]] | None = None
+    builtin_metrics: Callable[[], Sequence[object]] | None = None
+    artifact_plugins: Callable[[Sequence[str]], Sequence[ArtifactMetric]] | None = None
     compile_what_if: CompileWhatIf | None = None
     compile_speedup: Callable[[ComponentRow], float] | None = None
     fill_children_separately: Callable[[Mapping[str, ComponentRow], Mapping[str, Sequence[str]]], None] | None = None
 
-    def get(self, name: str) -> Any:
+    @overload
+    def get(self, name: Literal["builtin_metrics"]) -> Callable[[], Sequence[object]]: ...
+    @overload
+    def get(self, name: Literal["artifact_plugins"]) -> Callable[[Sequence[str]], Sequence[ArtifactMetric]]: ...
+    @overload
+    def get(self, name: Literal["compile_what_if"]) -> CompileWhatIf: ...
+    @overload
+    def get(self, name: Literal["compile_speedup"]) -> Callable[[ComponentRow], float]: ...
+    @overload
+    def get(
+        self, name: Literal["fill_children_separately"]
+    ) -> Callable[[Mapping[str, ComponentRow], Mapping[str, Sequence[str]]], None]: ...
+    def get(self, name: str) -> object:
         """The extension ``name``, or a ``RuntimeError`` when nothing has set it."""
         value = getattr(self, name)
         if value is None:

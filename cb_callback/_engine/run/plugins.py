@@ -27,9 +27,9 @@ import contextlib
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, overload, runtime_checkable
 
 import torch
 from torch import nn
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from cb_callback._engine.clocks.timing import Sample, SampleSet
     from cb_callback._engine.replay.isolate import Instrument, Replay
     from cb_callback._engine.run.config import BenchmarkConfig
+    from cb_callback._report.context import Reporter
 
 __all__ = [
     "COUNTED_KEYS",
@@ -130,7 +131,7 @@ class Preprocessor:
 
 
 @contextlib.contextmanager
-def models_restored(preprocessors: Sequence[Any], model: nn.Module, ctx: PrepareContext) -> Iterator[None]:
+def models_restored(preprocessors: Sequence[object], model: nn.Module, ctx: PrepareContext) -> Iterator[None]:
     """Run every preprocessor's :meth:`Preprocessor.restore_model` on exit, last one first, also on error."""
     try:
         yield
@@ -212,7 +213,7 @@ COUNTED_KEYS = (
 )  # fmt: skip
 
 
-def checked_values(plugin: Any, values: Mapping[str, Any]) -> Mapping[str, Any]:
+def checked_values(plugin: object, values: Mapping[str, Any]) -> Mapping[str, Any]:
     """``values``, unless a key is one the engine owns (:data:`RESERVED_KEYS`).
 
     Raises:
@@ -318,6 +319,10 @@ class TimedMetric(Protocol):
     def values(self, samples: SampleSet, ctx: MeasureContext) -> Mapping[str, Any]: ...
 
 
+#: A metric plugin: it fits one or more of the metric contracts (:func:`validate_plugin` checks it has one's hooks).
+Metric: TypeAlias = "MetricPlugin | InstrumentingMetric | ArtifactMetric | TimedMetric"
+
+
 #: Each kind's hooks: a metric plugin needs one of its hooks, the other kinds all of theirs.
 _KINDS: dict[str, tuple[str, ...]] = {
     "metric": ("measure", "instrument", "artifacts", "sampler"),
@@ -326,7 +331,15 @@ _KINDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def validate_plugin(plugin: Any, kind: str) -> Any:
+@overload
+def validate_plugin(plugin: object, kind: Literal["metric"]) -> Metric: ...
+@overload
+def validate_plugin(plugin: object, kind: Literal["reporter"]) -> Reporter: ...
+@overload
+def validate_plugin(plugin: object, kind: Literal["preprocessor"]) -> Preprocessor: ...
+@overload
+def validate_plugin(plugin: object, kind: str) -> object: ...
+def validate_plugin(plugin: object, kind: str) -> object:
     """Check that ``plugin`` fits the contract of ``kind``; return it.
 
     Raises:
@@ -352,7 +365,7 @@ def validate_plugin(plugin: Any, kind: str) -> Any:
     return plugin
 
 
-def _kind_of(plugin: Any) -> str | None:
+def _kind_of(plugin: object) -> str | None:
     if any(callable(getattr(plugin, h, None)) for h in _KINDS["metric"]):
         return "metric"
     if callable(getattr(plugin, "write", None)):
@@ -363,10 +376,10 @@ def _kind_of(plugin: Any) -> str | None:
 
 
 _LOADED: dict[str, list[Any]] | None = None
-_REGISTERED_METRICS: dict[str, Any] = {}
+_REGISTERED_METRICS: dict[str, Metric] = {}
 
 
-def register_metric(plugin: Any) -> None:
+def register_metric(plugin: object) -> None:
     """Have every profile of this process use the metric plugin ``plugin``.
 
     For integrations (the torchrec one registers its sharded-embedding metric on
@@ -383,13 +396,13 @@ def register_metric(plugin: Any) -> None:
     _REGISTERED_METRICS[plugin.name] = plugin
 
 
-def registered_metrics() -> list[Any]:
+def registered_metrics() -> list[Metric]:
     """The plugins :func:`register_metric` registered, in order."""
     return list(_REGISTERED_METRICS.values())
 
 
 def load_entry_point_plugins(
-    _entry_points: Callable[[], Iterable[Any]] | None = None,
+    _entry_points: Callable[[], Iterable[EntryPoint]] | None = None,
 ) -> dict[str, list[Any]]:
     """Plugins registered under ``cb_callback.plugins``, by kind (cached).
 

@@ -13,6 +13,7 @@ from torch import nn
 from cb_callback._engine.capture.storage import model_device
 from cb_callback._engine.run.config import BenchmarkConfig, resolve_dtype
 from cb_callback._engine.run.plugins import (
+    Metric,
     PrepareContext,
     Preprocessor,
     load_entry_point_plugins,
@@ -47,7 +48,7 @@ class Prepared:
     device: torch.device
     context: PrepareContext
     preprocessors: list[Preprocessor]
-    metrics: list[Any]
+    metrics: list[Metric]
     reporters: list[Reporter]
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -56,7 +57,7 @@ class Prepared:
         return dataclasses.replace(self, context=dataclasses.replace(self.context, batch_size=batch_size))
 
 
-def resolve_device(wanted: Any, model: nn.Module) -> torch.device:
+def resolve_device(wanted: str | torch.device | None, model: nn.Module) -> torch.device:
     """The device to replay on: ``wanted`` (checked to exist here), else the model's.
 
     Raises:
@@ -71,7 +72,7 @@ def resolve_device(wanted: Any, model: nn.Module) -> torch.device:
     return torch.device(wanted)
 
 
-def _plugins(cfg: BenchmarkConfig) -> tuple[list[Any], list[Any], list[Reporter]]:
+def _plugins(cfg: BenchmarkConfig) -> tuple[list[Preprocessor], list[Metric], list[Reporter]]:
     """The user's preprocessors, metric plugins (after the registered ones) and reporters, validated;
     then the entry points'."""
     found = load_entry_point_plugins() if cfg.load_plugins else {"metric": [], "reporter": [], "preprocessor": []}

@@ -57,6 +57,7 @@ from cb_callback._hardware.peaks import (
 from cb_callback._report.context import ReportContext, Reporter
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._report.model import error_text as _error_text
+from cb_callback._types import OptionValue, UserValue
 
 __all__ = ["profile_captured", "profile_components"]
 
@@ -67,7 +68,7 @@ def profile_captured(
     *,
     config: BenchmarkConfig | None = None,
     captured_batch_size: int | None = None,
-    forward_context: Callable[[], AbstractContextManager[Any]] | None = None,
+    forward_context: Callable[[], AbstractContextManager[object]] | None = None,
     metadata: Mapping[str, Any] | None = None,
     report_context: ReportContext | None = None,
     prepare: bool = True,
@@ -123,7 +124,7 @@ def _profile(
     prepared: Prepared,
     batches: Sequence[Mapping[str, ComponentInputs]],
     *,
-    forward_context: Callable[[], AbstractContextManager[Any]] | None = None,
+    forward_context: Callable[[], AbstractContextManager[object]] | None = None,
     report_context: ReportContext | None = None,
 ) -> Report:
     """The phases of a run on a prepared model: tree, peaks, levels, what-ifs, artifacts, roll-up, report."""
@@ -167,7 +168,7 @@ def _profile(
 def _run_context(
     prepared: Prepared,
     batches: Sequence[Mapping[str, ComponentInputs]],
-    forward_context: Callable[[], AbstractContextManager[Any]] | None,
+    forward_context: Callable[[], AbstractContextManager[object]] | None,
 ) -> RunContext:
     """The run's context: its component measurer, its tree and, under several ranks, its coordinator.
 
@@ -330,12 +331,12 @@ def _write(report: Report, reporters: Sequence[Reporter], ctx: ReportContext) ->
 
 def profile_components(
     model: nn.Module,
-    args: Any = (),
-    kwargs: Mapping[str, Any] | None = None,
+    args: UserValue = (),
+    kwargs: Mapping[str, UserValue] | None = None,
     *,
-    batches: Sequence[Any] | None = None,
+    batches: Sequence[UserValue] | None = None,
     config: BenchmarkConfig | None = None,
-    **options: Any,
+    **options: OptionValue,
 ) -> Report:
     """Profile every component of ``model`` on the inputs ``model(*args, **kwargs)``.
 
@@ -406,7 +407,7 @@ def profile_components(
         return _profile(prepared.with_batch_size(captures[0].batch_size), calls)
 
 
-def _capture(prepared: Prepared, inputs: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Capture]:
+def _capture(prepared: Prepared, inputs: Sequence[tuple[tuple[UserValue, ...], dict[str, UserValue]]]) -> list[Capture]:
     """One capture forward per batch, each on a copy of its inputs; a forward that raises is one warning.
 
     The root's output is marked as what the step's backward runs through
@@ -445,11 +446,11 @@ def _capture(prepared: Prepared, inputs: Sequence[tuple[tuple[Any, ...], dict[st
 
 
 def _batch_inputs(
-    args: Any, kwargs: Mapping[str, Any] | None, batches: Sequence[Any] | None
-) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    args: UserValue, kwargs: Mapping[str, UserValue] | None, batches: Sequence[UserValue] | None
+) -> list[tuple[tuple[UserValue, ...], dict[str, UserValue]]]:
     """``[(args, kwargs), …]``: the one call given, or each of ``batches``."""
 
-    def as_args(a: Any) -> tuple[Any, ...]:
+    def as_args(a: UserValue) -> tuple[UserValue, ...]:
         return (a,) if isinstance(a, (torch.Tensor, dict)) or not isinstance(a, (tuple, list)) else tuple(a)
 
     if batches is None:
@@ -459,7 +460,7 @@ def _batch_inputs(
         raise ValueError("profile_components: pass either args/kwargs or batches=[(args, kwargs), ...], not both")
     if isinstance(batches, (torch.Tensor, str)) or not isinstance(batches, Sequence) or not batches:
         raise ValueError(f"batches={type(batches).__name__}: expected a non-empty list of (args, kwargs)")
-    out: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    out: list[tuple[tuple[UserValue, ...], dict[str, UserValue]]] = []
     for i, item in enumerate(batches):
         if isinstance(item, torch.Tensor):
             out.append(((item,), {}))

@@ -51,10 +51,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
+from torch import nn
 
 from cb_callback._engine.clocks.insitu import InSitu, InSituTimes
 from cb_callback._engine.counting.census import CountsOf
@@ -81,7 +82,7 @@ T = TypeVar("T")
 
 
 def in_situ(
-    coord: Coordinator, model: Any, passes: Callable[[int, bool, PassGuard], list[InSituTimes]], n: int
+    coord: Coordinator, model: nn.Module, passes: Callable[[int, bool, PassGuard], list[InSituTimes]], n: int
 ) -> tuple[list[InSituTimes] | None, str | None]:
     """The in-situ pass on every rank at once: ``passes(0, True, guard)`` (the warm-up, its collectives
     written down: :func:`together` with the ledger, the guard keeping each top's record), then
@@ -117,7 +118,7 @@ def in_situ(
 
 def together(
     coord: Coordinator,
-    model: Any,
+    model: nn.Module,
     what: str,
     work: Callable[[], tuple[T, str | None]],
     *,
@@ -177,7 +178,7 @@ def together(
     return value, None
 
 
-def _after_failure(model: Any, restore: Callable[[], None]) -> None:
+def _after_failure(model: nn.Module, restore: Callable[[], None]) -> None:
     """Every rank, after a pass that failed on one: the model's FSDP2 units back as before (``restore``),
     and each ``DistributedDataParallel``'s reducer reset: a backward that raised after some of its
     gradient hooks fired leaves the reducer expecting that iteration's reduction to finish, and the next
@@ -288,7 +289,7 @@ def reduce_times(coord: Coordinator, times: Mapping[str, InSitu]) -> dict[str, I
     return out
 
 
-def _max(values: Any) -> float:
+def _max(values: Iterable[float]) -> float:
     """The max; NaN when any is NaN (Python's ``max`` would depend on the order)."""
     values = list(values)
     return math.nan if any(math.isnan(v) for v in values) else max(values)
