@@ -136,7 +136,7 @@ def check_plan(coord: Coordinator, paths: Sequence[tuple[str, str]], options: Ma
         )
 
 
-def _named(paths: Sequence[Sequence[str]], at: int) -> str:
+def _named(paths: Sequence[tuple[str, str]], at: int) -> str:
     return f"{paths[at][0] or 'root'} ({paths[at][1]})" if at < len(paths) else "missing"
 
 
