@@ -98,7 +98,7 @@ class Census:
     tops: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
 
-    def to_metadata(self) -> dict[str, Any]:
+    def to_metadata(self) -> dict[str, object]:
         return {"seconds": self.seconds, "tops": list(self.tops), "errors": dict(self.errors)}
 
 
