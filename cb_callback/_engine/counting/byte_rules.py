@@ -7,12 +7,13 @@ The census (:mod:`cb_callback._engine.counting.census`) and the traffic metric
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import torch
+from torch._ops import OpOverload, OpOverloadPacket
 from torch.utils import _pytree as pytree
 
 from cb_callback._engine.capture.storage import storage_key
+from cb_callback._types import OpValue
 
 __all__ = [
     "FREE",
@@ -28,9 +29,9 @@ __all__ = [
 
 aten = torch.ops.aten
 
-TrafficRule = Callable[[Sequence[Any], Mapping[str, Any], Any], int]
+TrafficRule = Callable[[Sequence[OpValue], Mapping[str, OpValue], OpValue], int]
 
-RULES: dict[Any, TrafficRule] = {}
+RULES: dict[OpOverloadPacket, TrafficRule] = {}
 
 #: Ops that allocate without writing, or alias without moving: no traffic.
 FREE = {
@@ -69,7 +70,7 @@ def tensor_bytes(t: torch.Tensor) -> int:
         return n
 
 
-def tensors_in(tree: Any) -> list[torch.Tensor]:
+def tensors_in(tree: object) -> list[torch.Tensor]:
     return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
 
 
@@ -87,7 +88,7 @@ def unique_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return total
 
 
-def register_traffic_rule(op: Any, rule: TrafficRule) -> None:
+def register_traffic_rule(op: OpOverloadPacket, rule: TrafficRule) -> None:
     """Give ``op`` (an ``OpOverloadPacket``, e.g. ``torch.ops.fbgemm.foo``) its own byte count.
 
     ``rule(args, kwargs, out) -> bytes`` replaces the default (every input and
@@ -111,14 +112,14 @@ def _row_bytes(table: torch.Tensor) -> int:
 
 
 # --- gathers: read the index, read the rows they touch, write the output ----------
-def _gather_like(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
+def _gather_like(args: Sequence[OpValue], kwargs: Mapping[str, OpValue], out: OpValue) -> int:
     # embedding(weight, indices), index_select(self, dim, index), gather(self, dim, index):
     # rows read == output elements, so bytes = index + 2 * output.
     index = next(a for a in args[1:] if isinstance(a, torch.Tensor))
     return tensor_bytes(index) + 2 * unique_bytes(tensors_in(out))
 
 
-def _embedding_bag(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
+def _embedding_bag(args: Sequence[OpValue], kwargs: Mapping[str, OpValue], out: OpValue) -> int:
     # (weight, indices, offsets, ..., per_sample_weights): every index reads one row.
     weight, indices = args[0], args[1]
     small = [a for a in list(args[2:]) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -131,14 +132,14 @@ def _embedding_bag(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> 
 
 
 # --- scatters of gradients: read grads and index, read-modify-write touched rows --
-def _embedding_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
+def _embedding_backward(args: Sequence[OpValue], kwargs: Mapping[str, OpValue], out: OpValue) -> int:
     # embedding_dense_backward(grad_output, indices, num_weights, ...): each index
     # adds one grad row into the table's gradient (read grad row, read + write that row).
     grad, indices = args[0], args[1]
     return tensor_bytes(indices) + 3 * tensor_bytes(grad)
 
 
-def _embedding_bag_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
+def _embedding_bag_backward(args: Sequence[OpValue], kwargs: Mapping[str, OpValue], out: OpValue) -> int:
     # _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, max_indices,
     # num_weights, ...): per index, one grad row read and one table-gradient row updated.
     grad, indices = args[0], args[1]
@@ -147,7 +148,7 @@ def _embedding_bag_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out:
     return tensor_bytes(indices) + unique_bytes(small) + 3 * indices.numel() * row
 
 
-def _embedding_bag_psw_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
+def _embedding_bag_psw_backward(args: Sequence[OpValue], kwargs: Mapping[str, OpValue], out: OpValue) -> int:
     # _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode):
     # reads one weight row per index.
     grad, weight, indices = args[0], args[1], args[2]
@@ -161,7 +162,7 @@ def _embedding_bag_psw_backward(args: Sequence[Any], kwargs: Mapping[str, Any], 
     )
 
 
-def _index_add_like(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
+def _index_add_like(args: Sequence[OpValue], kwargs: Mapping[str, OpValue], out: OpValue) -> int:
     # index_add(self, dim, index, source), scatter_add(self, dim, index, src), index_put:
     # read index and source, read-modify-write the touched part of self (source-sized).
     tensors = [a for a in args[1:] if isinstance(a, torch.Tensor)]
@@ -171,7 +172,7 @@ def _index_add_like(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) ->
     return index_b + 3 * src_b
 
 
-def _index_select_backward(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
+def _index_select_backward(args: Sequence[OpValue], kwargs: Mapping[str, OpValue], out: OpValue) -> int:
     # index_select_backward(grad, self_sizes, dim, index): scatter-add of grad rows.
     grad = args[0]
     index = next(a for a in args[1:] if isinstance(a, torch.Tensor))
@@ -200,7 +201,7 @@ for _op, _rule in (
     register_traffic_rule(_op, _rule)
 
 
-def op_bytes(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
+def op_bytes(func: OpOverload, args: Sequence[OpValue], kwargs: Mapping[str, OpValue], out: OpValue) -> int:
     packet = func.overloadpacket
     if func.is_view or packet in FREE:
         return 0

@@ -19,15 +19,18 @@ import functools
 import math
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch._ops import OpOverload
+from torch.autograd.graph import Node as GradNode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.hooks import RemovableHandle
 
 from cb_callback._engine.capture.inputs import ComponentInputs, call_signature
 from cb_callback._engine.capture.storage import storage_key
@@ -38,6 +41,7 @@ from cb_callback._engine.counting.byte_rules import op_bytes, storage_bytes
 from cb_callback._engine.distributed.collectives import refuse_collectives
 from cb_callback._engine.distributed.fsdp import has_unit
 from cb_callback._engine.replay.isolate import (
+    Instrument,
     PassContext,
     PassResult,
     Phase,
@@ -49,7 +53,9 @@ from cb_callback._engine.replay.isolate import (
 )
 from cb_callback._engine.replay.state import StateGuard
 from cb_callback._engine.run.component import ComponentRun
+from cb_callback._engine.run.plugins import InstrumentingMetric
 from cb_callback._report.model import error_text
+from cb_callback._types import OpValue, UserValue
 
 __all__ = ["Census", "CountsOf", "TopPass", "census_of", "count_step", "with_grad"]
 
@@ -84,7 +90,7 @@ class Census:
     inexact: list[dict[str, str]] = field(default_factory=list)
     #: Per captured batch, ``{path: (call_signature, backward)}`` of each node in :attr:`values`: its call in
     #: the census, and whether a gradient reached one of its outputs there.
-    signatures: list[dict[str, tuple[tuple[Any, ...], bool]]] = field(default_factory=list)
+    signatures: list[dict[str, tuple[tuple[object, ...], bool]]] = field(default_factory=list)
     #: ``{batch: {top: its pass}}``: a top whose census pass the row's other instruments observed
     #: (:class:`TopPass`); its replay then needs no instrumented pass of its own.
     tops_observed: dict[int, dict[str, TopPass]] = field(default_factory=dict)
@@ -92,7 +98,7 @@ class Census:
     tops: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
 
-    def to_metadata(self) -> dict[str, Any]:
+    def to_metadata(self) -> dict[str, object]:
         return {"seconds": self.seconds, "tops": list(self.tops), "errors": dict(self.errors)}
 
 
@@ -129,17 +135,20 @@ class _Attribution:
 
     def __init__(self, tracked: set[int]) -> None:
         self.tracked = tracked
-        self.stack: list[tuple[int, int, set[Any], int]] = []  # (module id, call, its inputs' nodes, next node number)
-        self.owner: dict[Any, tuple[tuple[int, int], ...]] = {}  # node -> its (module id, call number)s
-        self.readers: dict[Any, list[frozenset[int]]] = {}  # node -> its readers' modules, as they ran
-        self.done: Any = None  # the backward node whose own work is done (its outputs' gradients being summed)
-        self.handles: list[Any] = []
+        # (module id, call, its inputs' nodes, next node number)
+        self.stack: list[tuple[int, int, set[GradNode], int]] = []
+        self.owner: dict[GradNode, tuple[tuple[int, int], ...]] = {}  # node -> its (module id, call number)s
+        self.readers: dict[GradNode, list[frozenset[int]]] = {}  # node -> its readers' modules, as they ran
+        # the backward node whose own work is done (its outputs' gradients being summed)
+        self.done: GradNode | None = None
+        self.handles: list[RemovableHandle] = []
         self.calls = 0
         #: ``{"fwd" | "bwd" | "bytes": {module id: count}}``; bytes over both passes.
         self.flops: dict[str, dict[int, int]] = {"fwd": {}, "bwd": {}, "bytes": {}}
         #: Each module's work in detail (what its replay's instrumented pass would observe).
         self.tally: dict[int, Tally] = {}
-        self.outputs: list[tuple[Tally, Any]] = []  # (its module's tally, a weak reference to an output)
+        # (its module's tally, a weak reference to an output)
+        self.outputs: list[tuple[Tally, weakref.ref[torch.Tensor]]] = []
         self.autocast = _autocast()  # the top's (set at its call): its replay's and every component's
         self.hooks_on: dict[int, int] = {}  # id of an output tensor -> the census's own hooks on it
 
@@ -149,7 +158,7 @@ class _Attribution:
             mine = self.tally[key] = Tally()
         return mine
 
-    def pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+    def pre(self, module: nn.Module, args: tuple[UserValue, ...], kwargs: dict[str, UserValue]) -> None:
         if id(module) not in self.tracked:
             return
         self.calls += 1
@@ -166,7 +175,7 @@ class _Attribution:
                 mine.inexact = self._call_differs(args, kwargs)
         self.stack.append((id(module), self.calls, input_nodes(args, kwargs), next_node_number()))
 
-    def _call_differs(self, args: Any, kwargs: Any) -> str | None:
+    def _call_differs(self, args: tuple[UserValue, ...], kwargs: dict[str, UserValue]) -> str | None:
         """Why this call's inputs, or its context, are not what its replay gets (``None``: they are): the
         replay gets a copy of each tensor (``clone``: each its own storage, dense) under the top's autocast."""
         tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
@@ -179,7 +188,7 @@ class _Attribution:
             return "called under an autocast its parent entered; its replay runs without it"
         return None
 
-    def post(self, module: nn.Module, args: Any, output: Any) -> None:
+    def post(self, module: nn.Module, args: tuple[UserValue, ...], output: UserValue) -> None:
         if id(module) not in self.tracked or not self.stack or self.stack[-1][0] != id(module):
             return
         _, _, stop, since = self.stack[-1]
@@ -216,7 +225,7 @@ class _Attribution:
             elif key is not None:
                 mine.grads.add(key)
 
-    def top_reads(self, leaves: Sequence[Any], top: nn.Module) -> None:
+    def top_reads(self, leaves: Sequence[object], top: nn.Module) -> None:
         """The backward's starting views of the top's outputs read them as the top: a tensor both returned
         and read inside (``return head(h), h``) has its two gradients summed in the top, not in the module
         whose backward delivered the second (which, replayed alone, receives one and sums nothing)."""
@@ -229,11 +238,13 @@ class _Attribution:
                 self.owner[node] = chain
                 self._watch(node)
 
-    def discarded(self, outputs: Sequence[Any]) -> bool:
+    def discarded(self, outputs: Sequence[object]) -> bool:
         """Whether a node a call claimed leads to none of the top's ``outputs`` (a branch whose result was
         dropped): the census holds it, and what it saved, where the step would have freed it."""
-        reached: set[Any] = set()
-        todo: list[Any] = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        reached: set[GradNode] = set()
+        todo: list[GradNode | None] = [
+            t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None
+        ]
         while todo:
             node = todo.pop()
             if node is None or node in reached:
@@ -255,10 +266,12 @@ class _Attribution:
         self.outputs.clear()
         self.hooks_on.clear()
 
-    def _watch(self, node: Any) -> None:
+    def _watch(self, node: GradNode) -> None:
         self.handles.append(node.register_hook(functools.partial(self._ran, node)))
 
-    def _ran(self, node: Any, grad_inputs: Any, grad_outputs: Any) -> None:
+    def _ran(
+        self, node: GradNode, grad_inputs: Sequence[torch.Tensor | None], grad_outputs: Sequence[torch.Tensor | None]
+    ) -> None:
         """A claimed node's own backward is done: it reads each of its inputs' nodes, and what runs next on
         it sums the gradients it gave them with the earlier readers'."""
         self.done = node
@@ -267,11 +280,13 @@ class _Attribution:
             if nxt is not None:
                 self.readers.setdefault(nxt, []).append(mine)
 
-    def _summing(self, node: Any) -> tuple[int, ...]:
+    def _summing(self, node: GradNode) -> tuple[int, ...]:
         """The modules a gradient sum after ``node`` belongs to: those that hold every reader of the
         tensors it gave gradients to (which another reader gave one to before)."""
         common: frozenset[int] | None = None
         for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue  # no reader recorded (``_ran`` records none for ``None``)
             readers = self.readers.get(nxt, [])
             if len(readers) >= 2:
                 both = frozenset.intersection(*readers)
@@ -289,7 +304,9 @@ class _Attribution:
             outer = outer[: outer.index(running[0])]
         return tuple(dict.fromkeys(outer + running))
 
-    def count(self, flops: int, moved: int, op: str = "", uncounted: bool = False, touched: Any = ()) -> None:
+    def count(
+        self, flops: int, moved: int, op: str = "", uncounted: bool = False, touched: Iterable[tuple[object, int]] = ()
+    ) -> None:
         """One op's FLOPs and bytes, to every module it belongs to (``op``: its name, ``uncounted``: no
         FLOP formula, ``touched``: ``(storage, bytes)`` of the tensors it moved, for the working set)."""
         forward = torch._C._current_graph_task_id() == -1
@@ -325,7 +342,13 @@ class _CountingMode(TorchDispatchMode):
         self.attribution = attribution
         self.registry = FlopCounterMode(display=False, custom_mapping=flop_rules.custom_mapping()).flop_registry
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: Collection[type],
+        args: tuple[OpValue, ...] = (),
+        kwargs: dict[str, OpValue] | None = None,
+    ) -> OpValue:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         packet = func.overloadpacket
@@ -341,7 +364,7 @@ class _CountingMode(TorchDispatchMode):
         return out
 
 
-def _touched(tree: Any) -> list[tuple[object, int]]:
+def _touched(tree: object) -> list[tuple[object, int]]:
     """``(storage, bytes)`` of each tensor an op that moves data touched (as the ``bytes`` metric's working
     set keys them)."""
     out: list[tuple[object, int]] = []
@@ -369,7 +392,7 @@ def _own_dense(t: torch.Tensor) -> bool:
     return True
 
 
-def _autocast() -> tuple[Any, ...]:
+def _autocast() -> tuple[tuple[bool, torch.dtype | None], ...]:
     """The autocast state a call runs under (CPU and CUDA: enabled, dtype)."""
     return tuple(
         (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d) if torch.is_autocast_enabled(d) else None)
@@ -395,10 +418,18 @@ class Tally:
     storages: dict[object, int] = field(default_factory=dict)
     grads: set[int] = field(default_factory=set)  # its outputs' gradients' storages
     inexact: str | None = None
-    signature: tuple[Any, ...] = ()  # of its (first) call in the pass: :func:`call_signature`
+    signature: tuple[object, ...] = ()  # of its (first) call in the pass: :func:`call_signature`
     backward: bool = False  # a gradient reached one of its outputs in the pass
 
-    def add(self, forward: bool, moved: int, op: str, uncounted: bool, touched: Any, recompute: bool) -> None:
+    def add(
+        self,
+        forward: bool,
+        moved: int,
+        op: str,
+        uncounted: bool,
+        touched: Iterable[tuple[object, int]],
+        recompute: bool,
+    ) -> None:
         if forward:
             self.fwd_bytes += moved
         else:
@@ -416,7 +447,7 @@ def with_grad(inputs: ComponentInputs) -> ComponentInputs:
     """``inputs`` whose floating tensors all require grad: the census's second try at a top whose call,
     as the step made it, raised under counting (a backward needs a graph to start from)."""
 
-    def grad(x: Any) -> Any:
+    def grad(x: UserValue) -> UserValue:
         if isinstance(x, torch.Tensor) and x.is_floating_point() and not x.requires_grad:
             return x.detach().requires_grad_(True)
         return x
@@ -425,7 +456,7 @@ def with_grad(inputs: ComponentInputs) -> ComponentInputs:
     return dataclasses.replace(inputs, args=args, kwargs=kwargs)
 
 
-def _view(x: Any) -> Any:
+def _view(x: UserValue) -> UserValue:
     return x.view_as(x) if isinstance(x, torch.Tensor) and x.requires_grad else x
 
 
@@ -440,7 +471,7 @@ class TopPass:
         seconds: what the pass took (under the counters: an upper bound of one run).
     """
 
-    instruments: list[tuple[Any, Any]]
+    instruments: list[tuple[InstrumentingMetric, Instrument]]
     mutates_inputs: bool
     seconds: float
     #: A branch of the forward led to no output (a probe logged with ``.item()``): the census kept its
@@ -454,7 +485,7 @@ def _count_top(
     backward: bool,
     tracked: Sequence[nn.Module],
     collectives: bool = False,
-    observers: Sequence[tuple[Any, Any]] = (),
+    observers: Sequence[tuple[InstrumentingMetric, Instrument]] = (),
     path: str = "",
 ) -> tuple[_Attribution, TopPass]:
     """One forward and (``backward``, when there is one) one backward of ``replay``, every op's FLOPs
@@ -504,7 +535,7 @@ def _count_top(
 
 
 @contextlib.contextmanager
-def _observed(instruments: Sequence[Any], ctx: PassContext) -> Iterator[None]:
+def _observed(instruments: Sequence[Instrument], ctx: PassContext) -> Iterator[None]:
     """Every instrument entered around one phase of the pass (none: nothing; the garbage collector held
     off around the whole pass, as in an instrumented pass, so that no other work's memory is freed in it)."""
     if not instruments:
@@ -528,7 +559,8 @@ def count_step(
     *,
     backward: bool = True,
     collectives: bool = False,
-    observers_of: Callable[[str, nn.Module, Replay], Sequence[tuple[Any, Any]] | None] | None = None,
+    observers_of: Callable[[str, nn.Module, Replay], Sequence[tuple[InstrumentingMetric, Instrument]] | None]
+    | None = None,
 ) -> Census:
     """Count every node's FLOPs in each captured batch: each top replayed whole once, forward and backward.
 
@@ -561,7 +593,7 @@ def count_step(
             break
         found: dict[str, tuple[int, int, int] | None] = {}
         values: dict[str, dict[str, Any]] = {}
-        signatures: dict[str, tuple[tuple[Any, ...], bool]] = {}
+        signatures: dict[str, tuple[tuple[object, ...], bool]] = {}
         inexact: dict[str, str] = {}
         for top in tops[b]:
             below = [n.path for n in nodes if top == "" or n.path == top or n.path.startswith(top + ".")]
@@ -627,7 +659,7 @@ def _counted(
     tracked: Sequence[nn.Module],
     errors: dict[str, str],
     collectives: bool = False,
-    observers: Callable[[Replay], Sequence[tuple[Any, Any]] | None] | None = None,
+    observers: Callable[[Replay], Sequence[tuple[InstrumentingMetric, Instrument]] | None] | None = None,
 ) -> tuple[_Attribution, TopPass | None] | None:
     """``top``'s counts on its call as the step made it, else (not with ``collectives``) with its
     floating inputs requiring grad; ``None`` (the first error in ``errors``) when the tries raised. On its

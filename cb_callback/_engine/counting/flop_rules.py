@@ -8,10 +8,12 @@ with :func:`custom_mapping`, torch's global registry left unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
+from torch._ops import OpOverloadPacket
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+from cb_callback._types import OpValue
 
 __all__ = ["NO_COMPUTE", "RULES", "custom_mapping", "register_flop_rule"]
 
@@ -19,7 +21,7 @@ aten = torch.ops.aten
 
 #: FLOP formulas of cb_callback's own counting, by op packet; never added to torch's
 #: global ``flop_registry``, so a user's own ``FlopCounterMode`` is unchanged.
-RULES: dict[Any, Callable[..., int]] = {}
+RULES: dict[OpOverloadPacket, Callable[..., int]] = {}
 
 #: Ops that move or describe data but compute nothing worth a FLOP formula; they
 #: are not listed as "uncounted".
@@ -102,7 +104,7 @@ NO_COMPUTE = {
 }
 
 
-def register_flop_rule(op: Any, formula: Callable[..., int]) -> None:
+def register_flop_rule(op: object, formula: Callable[..., int]) -> None:
     """Give ``op`` (an ``OpOverloadPacket``, e.g. ``torch.ops.fbgemm.foo``) a FLOP formula.
 
     ``formula`` has the signature of a ``torch.utils.flop_counter.register_flop_formula``
@@ -122,19 +124,24 @@ def register_flop_rule(op: Any, formula: Callable[..., int]) -> None:
 
 
 def _cpu_sdpa_forward(
-    query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any
+    query_shape: torch.Size,
+    key_shape: torch.Size,
+    value_shape: torch.Size,
+    *args: OpValue,
+    out_shape: OpValue = None,
+    **kwargs: OpValue,
 ) -> int:
     return int(sdpa_flop_count(query_shape, key_shape, value_shape))
 
 
 def _cpu_sdpa_backward(
-    grad_out_shape: Any,
-    query_shape: Any,
-    key_shape: Any,
-    value_shape: Any,
-    *args: Any,
-    out_shape: Any = None,
-    **kwargs: Any,
+    grad_out_shape: torch.Size,
+    query_shape: torch.Size,
+    key_shape: torch.Size,
+    value_shape: torch.Size,
+    *args: OpValue,
+    out_shape: OpValue = None,
+    **kwargs: OpValue,
 ) -> int:
     return int(sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape))
 
@@ -158,6 +165,6 @@ def _register_cpu_sdpa() -> None:
 _register_cpu_sdpa()
 
 
-def custom_mapping() -> dict[Any, Callable[..., int]]:
+def custom_mapping() -> dict[OpOverloadPacket, Callable[..., int]]:
     """The rules as ``FlopCounterMode(custom_mapping=...)`` takes them (read when called)."""
     return dict(RULES)

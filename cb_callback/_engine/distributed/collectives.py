@@ -14,13 +14,15 @@ running, so nothing waits on the other ranks; the engine skips that component
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager
-from typing import Any
 
 import torch
 from torch import nn
+from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from cb_callback._types import OpValue
 
 __all__ = [
     "CollectiveInReplay",
@@ -49,7 +51,13 @@ class CollectiveInReplay(RuntimeError):
 
 
 class _RefuseCollectives(TorchDispatchMode):
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: Collection[type],
+        args: tuple[OpValue, ...] = (),
+        kwargs: dict[str, OpValue] | None = None,
+    ) -> OpValue:
         if getattr(func, "namespace", None) in _NAMESPACES:
             raise CollectiveInReplay(str(func.overloadpacket))
         return func(*args, **(kwargs or {}))
@@ -63,7 +71,7 @@ def distributed_world_size() -> int:
     return 1
 
 
-def refuse_collectives() -> AbstractContextManager[Any]:
+def refuse_collectives() -> AbstractContextManager[object]:
     """A context in which collectives raise :class:`CollectiveInReplay` (only with > 1 rank)."""
     if distributed_world_size() > 1:
         return _RefuseCollectives()

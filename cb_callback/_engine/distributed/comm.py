@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
+from torch._ops import OpOverload
+from torch.distributed import ProcessGroup
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cb_callback._engine.distributed.ledger import Ledger
+from cb_callback._types import OpValue
 
 __all__ = [
     "COLLECTIVE_NAMESPACES",
@@ -37,6 +40,10 @@ __all__ = [
     "drain",
     "payload_bytes",
 ]
+
+#: One collective as a :class:`CommCounter` with ``keep`` records it for :func:`drain`: the op, its
+#: positional and keyword arguments (tensors as their specs).
+KeptCall: TypeAlias = "tuple[OpOverload, tuple[OpValue, ...], dict[str, OpValue]]"
 
 #: The op namespaces collectives dispatch through.
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
@@ -70,11 +77,11 @@ class CollectiveCall:
     shapes: list[tuple[int, ...]] = field(default_factory=list)
 
 
-def _tensor_bytes(tree: Any) -> int:
+def _tensor_bytes(tree: object) -> int:
     return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
-def payload_bytes(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
+def payload_bytes(func: OpOverload, args: Sequence[OpValue], kwargs: Mapping[str, OpValue], out: OpValue) -> int:
     """The payload of one collective op call, as nccl-tests counts it (module docstring)."""
     name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
     try:
@@ -94,7 +101,9 @@ def payload_bytes(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], out
     return 0
 
 
-def collective_bytes(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any = None) -> int | None:
+def collective_bytes(
+    func: OpOverload, args: Sequence[OpValue], kwargs: Mapping[str, OpValue], out: OpValue = None
+) -> int | None:
     """The payload of one dispatched op if it is a collective (nccl-tests' count, module docstring), else ``None``.
 
     For a ``TorchDispatchMode`` of a plugin that attributes collectives itself
@@ -106,8 +115,8 @@ def collective_bytes(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], 
     return payload_bytes(func, args, kwargs, out)
 
 
-def _works(out: Any) -> list[Any]:
-    """The work handles an op returned (to wait on)."""
+def _works(out: OpValue) -> list[OpValue]:
+    """The work handles an op returned (to wait on): ``ScriptObject``s whose ``wait`` torch's stubs do not declare."""
     items = out if isinstance(out, (tuple, list)) else [out]
     return [o for o in items if isinstance(o, torch.ScriptObject) and hasattr(o, "wait")]
 
@@ -130,10 +139,16 @@ class CommCounter(TorchDispatchMode):
         self.phase = ""
         self.calls: list[CollectiveCall] = []
         #: With ``keep``: each call's op and arguments, tensors as their specs (:func:`drain`).
-        self.kept: list[tuple[Any, Any, Any]] = []
+        self.kept: list[KeptCall] = []
         self._keep = keep
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: Collection[type],
+        args: tuple[OpValue, ...] = (),
+        kwargs: dict[str, OpValue] | None = None,
+    ) -> OpValue:
         kwargs = kwargs or {}
         if getattr(func, "namespace", None) not in COLLECTIVE_NAMESPACES:
             return func(*args, **kwargs)
@@ -179,7 +194,7 @@ def _spec_of(t: torch.Tensor) -> _Spec:
     return _Spec(tuple(t.shape), t.dtype, t.device)
 
 
-def drain(kept: Sequence[tuple[Any, Any, Any]]) -> None:
+def drain(kept: Sequence[KeptCall]) -> None:
     """Issue the collectives ``kept`` (a :class:`CommCounter` ``keep``'s record) again on zero tensors of
     the same shapes, waiting on each: what lets the other ranks finish a run this rank could not.
 
@@ -187,7 +202,7 @@ def drain(kept: Sequence[tuple[Any, Any, Any]]) -> None:
     """
     for func, args, kwargs in kept:
 
-        def fresh(spec: Any) -> Any:
+        def fresh(spec: OpValue) -> OpValue:
             return torch.zeros(spec.shape, dtype=spec.dtype, device=spec.device) if isinstance(spec, _Spec) else spec
 
         call_args, call_kwargs = pytree.tree_map(fresh, (args, kwargs), is_leaf=lambda x: isinstance(x, _Spec))
@@ -196,7 +211,7 @@ def drain(kept: Sequence[tuple[Any, Any, Any]]) -> None:
             work.wait()
 
 
-def issued_collectives(exclude: Any = None) -> int | None:
+def issued_collectives(exclude: ProcessGroup | None = None) -> int | None:
     """The collectives this process issued so far on every process group but ``exclude`` (the sum of
     each group's sequence number: gloo and NCCL count every collective as it is issued, no dispatch
     mode needed); ``None`` when a group cannot say."""
@@ -220,7 +235,7 @@ class RunCount:
         exclude: a group whose collectives are not the run's (the lockstep coordinator's).
     """
 
-    def __init__(self, exclude: Any = None) -> None:
+    def __init__(self, exclude: ProcessGroup | None = None) -> None:
         self._exclude = exclude
         self._start = issued_collectives(exclude)
         self._counter = CommCounter() if self._start is None else None
@@ -230,11 +245,11 @@ class RunCount:
             self._counter.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._counter is not None:
             self._counter.__exit__(*exc)
 
-    def rest(self, kept: Sequence[tuple[Any, Any, Any]]) -> list[tuple[Any, Any, Any]]:
+    def rest(self, kept: Sequence[KeptCall]) -> list[KeptCall]:
         """What of ``kept`` (a reference run's record) the run did not issue."""
         if self._counter is not None:
             return list(kept[len(self._counter.calls) :])

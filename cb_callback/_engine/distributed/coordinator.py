@@ -72,13 +72,13 @@ class Coordinator:
         else ``None``; the same on every rank."""
         return self.first_error(self.gather(error))
 
-    def gather(self, obj: Any) -> list[Any]:
+    def gather(self, obj: object) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
         out: list[Any] = [None] * self.world
         torch.distributed.all_gather_object(out, obj, group=self.group)
         return out
 
-    def broadcast(self, obj: Any) -> Any:
+    def broadcast(self, obj: object) -> Any:
         """Rank 0's ``obj`` on every rank."""
         box = [obj if self.rank == 0 else None]
         torch.distributed.broadcast_object_list(box, src=0, group=self.group)

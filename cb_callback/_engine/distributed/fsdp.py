@@ -24,12 +24,17 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from cb_callback._engine.replay.state import register_state_saver
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
 __all__ = [
     "fsdp1_problem",
@@ -98,7 +103,7 @@ def fsdp1_problem(root: nn.Module) -> str | None:
     )
 
 
-def _groups(unit: nn.Module) -> list[Any]:
+def _groups(unit: nn.Module) -> list[FSDPParamGroup]:
     state = unit._get_fsdp_state()  # type: ignore[operator]
     groups = getattr(state, "_fsdp_param_groups", None)
     if groups is None:  # torch versions with one group per state
@@ -149,7 +154,9 @@ def save_fsdp_state(root: nn.Module) -> Callable[[], None]:
     units = [m for m in root.modules() if cls is not None and isinstance(m, cls)]
     if not units:
         return lambda: None
-    saved: list[tuple[nn.Module, Any, bool, Any, list[tuple[Any, Any, list[int]]]]] = []
+    saved: list[
+        tuple[nn.Module, TrainingState, bool, FSDPState, list[tuple[FSDPParamGroup, TrainingState, list[int]]]]
+    ] = []
     grads: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
     for unit in units:
         state = unit._get_fsdp_state()  # type: ignore[operator]

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+from torch._ops import OpOverload
 from torch.utils import _pytree as pytree
+
+from cb_callback._types import OpValue
 
 __all__ = ["Ledger"]
 
@@ -56,7 +58,7 @@ class _Unwritable(Exception):
     """An op argument the ledger cannot write down."""
 
 
-def _encode(leaf: Any) -> Any:
+def _encode(leaf: OpValue) -> OpValue:
     if isinstance(leaf, torch.Tensor):
         return _Tensor(tuple(leaf.shape), leaf.dtype, leaf.device.type)
     if isinstance(leaf, torch.ScriptObject):
@@ -71,7 +73,7 @@ def _encode(leaf: Any) -> Any:
     raise _Unwritable(type(leaf).__name__)
 
 
-def _decode(leaf: Any) -> Any:
+def _decode(leaf: OpValue) -> OpValue:
     if isinstance(leaf, _Tensor):
         device: torch.device | str = leaf.device_type
         if leaf.device_type == "cuda":
@@ -85,17 +87,17 @@ def _decode(leaf: Any) -> Any:
     return leaf
 
 
-def _op_name(func: Any) -> str:
+def _op_name(func: OpOverload) -> str:
     return f"{func.namespace}::{func.overloadpacket.__name__}.{func._overloadname}"
 
 
-def _op(name: str) -> Any:
+def _op(name: str) -> OpOverload:
     namespace, rest = name.split("::", 1)
     packet, overload = rest.rsplit(".", 1)
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
 
 
-def _issue(func: Any, args: Any, kwargs: Any) -> None:
+def _issue(func: OpOverload, args: Sequence[OpValue], kwargs: Mapping[str, OpValue]) -> None:
     """Run one collective on zeros and wait for it (a functional collective: its result)."""
     out = func(*args, **kwargs)
     items = out if isinstance(out, (tuple, list)) else [out]
@@ -117,7 +119,7 @@ class Ledger:
         timeout_s: how long a rank that raised waits for the others' next collective.
     """
 
-    def __init__(self, store: Any, key: str, rank: int, world: int, timeout_s: float) -> None:
+    def __init__(self, store: torch.distributed.Store, key: str, rank: int, world: int, timeout_s: float) -> None:
         self.store = store
         self.prefix = f"cb_callback/ledger/{key}"
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
@@ -127,20 +129,21 @@ class Ledger:
     def _key(self, rank: int, what: int | str) -> str:
         return f"{self.prefix}/{rank}/{what}"
 
-    def write(self, func: Any, args: Sequence[Any], kwargs: Any) -> None:
+    def write(self, func: OpOverload, args: Sequence[OpValue], kwargs: Mapping[str, OpValue] | None) -> None:
         """Before this rank issues a collective: write it down (the others may need it to finish)."""
         if self.unwritable is None:
             try:
                 entry = (_op_name(func), pytree.tree_map(_encode, (tuple(args), dict(kwargs or {}))))
-                self.store.set(self._key(self.rank, self.issued), pickle.dumps(entry))
+                # torch's stub types Store.set's value as str; the binding takes bytes, as c10d's own callers pass
+                self.store.set(self._key(self.rank, self.issued), pickle.dumps(entry))  # type: ignore[arg-type]
             except _Unwritable as e:
                 self.unwritable = str(e)
-                self.store.set(self._key(self.rank, self.issued), b"")
+                self.store.set(self._key(self.rank, self.issued), b"")  # type: ignore[arg-type]  # bytes: as above
         self.issued += 1
 
     def end(self) -> None:
         """This rank's pass is over (finished, or raised after ``issued`` collectives)."""
-        self.store.set(self._key(self.rank, "end"), str(self.issued).encode())
+        self.store.set(self._key(self.rank, "end"), str(self.issued).encode())  # type: ignore[arg-type]  # bytes: as in write
 
     def finish_for_others(self) -> str | None:
         """After this rank's pass raised: issue the collectives the others issue after the ones this rank

@@ -78,7 +78,7 @@ from torch import nn
 from cb_callback._engine.capture.inputs import ComponentInputs
 from cb_callback._engine.clocks.timing import Sample, SampleSet, runs_settled
 from cb_callback._engine.distributed.collectives import CollectiveInReplay, refuse_collectives
-from cb_callback._engine.distributed.comm import CommCounter, RunCount, comm_table, drain
+from cb_callback._engine.distributed.comm import CommCounter, KeptCall, RunCount, comm_table, drain
 from cb_callback._engine.distributed.coordinator import DEFAULT_TIMEOUT_S, Coordinator
 from cb_callback._engine.distributed.fsdp import is_unit, save_fsdp_state, unsharded
 from cb_callback._engine.replay.isolate import PassContext, Phase, Replay, instrumented_pass
@@ -87,6 +87,7 @@ from cb_callback._engine.run.context import RunContext
 from cb_callback._engine.run.schedule import Schedule
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.model import error_text as _error_text
+from cb_callback._types import OptionValue
 
 __all__ = ["COMM_PASSES", "DEFAULT_TIMEOUT_S", "Coordinator", "Step", "check_plan", "lost_peer", "run_plan"]
 
@@ -101,7 +102,7 @@ def _dense_shapes(inputs: ComponentInputs | None) -> list[tuple[int, ...]] | Non
     return [tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor) and t.layout == torch.strided]
 
 
-def check_plan(coord: Coordinator, paths: Sequence[tuple[str, str]], options: Mapping[str, Any]) -> None:
+def check_plan(coord: Coordinator, paths: Sequence[tuple[str, str]], options: Mapping[str, OptionValue]) -> None:
     """Fail on every rank, naming the first difference, when the ranks' trees or plan options differ.
 
     Args:
@@ -135,7 +136,7 @@ def check_plan(coord: Coordinator, paths: Sequence[tuple[str, str]], options: Ma
         )
 
 
-def _named(paths: Sequence[Any], at: int) -> str:
+def _named(paths: Sequence[tuple[str, str]], at: int) -> str:
     return f"{paths[at][0] or 'root'} ({paths[at][1]})" if at < len(paths) else "missing"
 
 
@@ -298,7 +299,7 @@ def _component(
     return pending
 
 
-def _drained(error: str | None, kept: Sequence[tuple[Any, Any, Any]]) -> bool:
+def _drained(error: str | None, kept: Sequence[KeptCall]) -> bool:
     """After a run raised on this rank (``error``), each further run of the slice is only its collectives on
     zeros (``kept``: the reference pass's), so the other ranks finish theirs until the agreement point: a
     component that raised part way leaves its units mid-forward (FSDP2: unsharded), and running it again
@@ -309,7 +310,7 @@ def _drained(error: str | None, kept: Sequence[tuple[Any, Any, Any]]) -> bool:
     return True
 
 
-def _warm(coord: Coordinator, pending: Pending, n: int, kept: Sequence[tuple[Any, Any, Any]]) -> str | None:
+def _warm(coord: Coordinator, pending: Pending, n: int, kept: Sequence[KeptCall]) -> str | None:
     """``n`` untimed runs on every rank (the rest of ``warmup``); a run that raises is drained, and so is
     every run after it on this rank (:func:`_drained`)."""
     error = None
@@ -354,7 +355,7 @@ def _repeats(budget_s: float, pass_s: float, low: int, high: int) -> int:
 
 
 def _timed_runs(
-    coord: Coordinator, pending: Pending, repeats: int, rounds: int, kept: Sequence[tuple[Any, Any, Any]]
+    coord: Coordinator, pending: Pending, repeats: int, rounds: int, kept: Sequence[KeptCall]
 ) -> tuple[SampleSet, str | None]:
     """``repeats`` timed runs in ``rounds`` slices, an agreement point after each; a run that raises is drained.
 
@@ -392,7 +393,7 @@ def _timed_runs(
 
 
 def _comm_times(
-    coord: Coordinator, pending: Pending, backward: bool, kept: Sequence[tuple[Any, Any, Any]]
+    coord: Coordinator, pending: Pending, backward: bool, kept: Sequence[KeptCall]
 ) -> tuple[dict[str, Any], str | None]:
     """``comm_ms`` (median over :data:`COMM_PASSES` passes of the sum of every collective's time, each
     waited for as it is issued) and ``details["comm"]`` with each op's ``ms`` (that pass's); with the
