@@ -27,3 +27,8 @@ JSONValue: TypeAlias = Any
 #: A configuration option's value as the caller passed it (``BenchmarkConfig``'s options, a
 #: plugin's settings, an override); the receiving dataclass checks each one by its name.
 OptionValue: TypeAlias = Any
+
+#: A picklable value one rank sends the others through the ``Coordinator`` (a plan, a check's
+#: dict, a row's numbers, an error): what comes back is whatever the caller sent, of the caller's
+#: type, which the caller knows and the exchange does not.
+RankValue: TypeAlias = Any

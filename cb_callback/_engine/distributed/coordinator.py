@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
 
 import torch
 
 from cb_callback._engine.distributed.collectives import distributed_world_size
 from cb_callback._engine.distributed.ledger import Ledger
+from cb_callback._types import RankValue
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Coordinator"]
 
@@ -72,13 +72,13 @@ class Coordinator:
         else ``None``; the same on every rank."""
         return self.first_error(self.gather(error))
 
-    def gather(self, obj: object) -> list[Any]:
+    def gather(self, obj: object) -> list[RankValue]:
         """Every rank's ``obj``, in rank order, on every rank."""
-        out: list[Any] = [None] * self.world
+        out: list[RankValue] = [None] * self.world
         torch.distributed.all_gather_object(out, obj, group=self.group)
         return out
 
-    def broadcast(self, obj: object) -> Any:
+    def broadcast(self, obj: object) -> RankValue:
         """Rank 0's ``obj`` on every rank."""
         box = [obj if self.rank == 0 else None]
         torch.distributed.broadcast_object_list(box, src=0, group=self.group)
