@@ -66,11 +66,11 @@ def fused_tbe_state_saver(root: nn.Module) -> Callable[[], None]:
     if not tbes:
         return lambda: None
     in_tree = {id(m) for m in root.modules()}
-    plain: list[tuple[nn.Module, str, Any]] = []
+    plain: list[tuple[nn.Module, str, object]] = []
     tensors: list[tuple[MutableMapping[str, Any], str, torch.Tensor, torch.Tensor]] = []
     seen: set[int] = set()
 
-    def keep(store: MutableMapping[str, Any], name: str, t: Any) -> None:
+    def keep(store: MutableMapping[str, Any], name: str, t: object) -> None:
         if not isinstance(t, torch.Tensor) or t.device.type == "meta" or id(t) in seen:
             return
         seen.add(id(t))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -19,6 +19,9 @@ import cb_callback.plugins
 from ._copy import copy_paths, shallow_copy
 from ._reduced import ACTIVE, ReducedTable
 
+if TYPE_CHECKING:
+    from torchrec.modules.embedding_configs import BaseEmbeddingConfig
+
 __all__ = ["ReduceHashSize"]
 
 METADATA_KEY = "hash_size_reduction"
@@ -30,10 +33,11 @@ class _Table:
     collection: str  # path of its EBC / EC
     name: str  # table name (key in the collection's ModuleDict)
     module: nn.Module  # the original nn.EmbeddingBag / nn.Embedding
-    config: Any  # its EmbeddingBagConfig / EmbeddingConfig, or None
+    config: BaseEmbeddingConfig | None  # its EmbeddingBagConfig / EmbeddingConfig, or None
 
 
-def _configs(collection: nn.Module) -> dict[str, Any]:
+def _configs(collection: nn.Module) -> dict[str, BaseEmbeddingConfig]:
+    configs: Sequence[BaseEmbeddingConfig]
     if isinstance(collection, EmbeddingBagCollection):
         configs = collection.embedding_bag_configs()
     elif isinstance(collection, EmbeddingCollection):
@@ -66,7 +70,7 @@ def _tables(model: nn.Module) -> Iterator[_Table]:
 
 
 def _remap_hook(rows: int, record: ReducedTable) -> Callable[..., Any]:
-    def remap(ids: Any) -> Any:
+    def remap(ids: object) -> object:
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
             return ids
         with cb_callback.plugins.unobserved():  # the id remap is not the component's work
@@ -74,7 +78,9 @@ def _remap_hook(rows: int, record: ReducedTable) -> Callable[..., Any]:
             record.count(ids, out)  # only in an observed (untimed) pass: distinct ids before and after
             return out
 
-    def reduce_hash_size_remap(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def reduce_hash_size_remap(
+        module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> tuple[tuple[object, ...], dict[str, object]] | None:
         if args:
             return (remap(args[0]), *args[1:]), kwargs
         if "input" in kwargs:
@@ -84,7 +90,7 @@ def _remap_hook(rows: int, record: ReducedTable) -> Callable[..., Any]:
     return reduce_hash_size_remap
 
 
-def _rebuild(old: nn.Module, rows: int, device: torch.device, config: Any) -> nn.Module:
+def _rebuild(old: nn.Module, rows: int, device: torch.device, config: BaseEmbeddingConfig | None) -> nn.Module:
     """A table like ``old`` (dim, dtype, pooling, options) with ``rows`` rows on ``device``."""
     weight: torch.Tensor = old.weight  # type: ignore[assignment]
     padding_idx: int | None = getattr(old, "padding_idx", None)
@@ -188,11 +194,11 @@ class ReduceHashSize(cb_callback.plugins.Preprocessor):
     def __repr__(self) -> str:
         return f"ReduceHashSize(max_rows={self.max_rows})"
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, int]:
         """Only the option is pickled (a snapshot's config): a run's hooks and flags stay behind."""
         return {"max_rows": self.max_rows}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, int]) -> None:
         self.__init__(state["max_rows"])  # type: ignore[misc]
 
     def plan(self, model: nn.Module) -> list[tuple[str, int, int]]:

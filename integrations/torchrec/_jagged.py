@@ -12,7 +12,7 @@ keys up. The rules here take samples per key.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Iterable
 
 import torch
 from torch.utils import _pytree as pytree
@@ -188,10 +188,10 @@ def _batch_dataclass_node(cls: type) -> None:
         return
     names = [f.name for f in dataclasses.fields(cls)]
 
-    def flatten(obj: Any) -> tuple[list[Any], list[str]]:
+    def flatten(obj: object) -> tuple[list[object], list[str]]:
         return [getattr(obj, n) for n in names], names
 
-    def unflatten(values: Any, context: Any) -> Any:
+    def unflatten(values: Iterable[object], context: list[str]) -> object:
         return cls(**dict(zip(context, values, strict=True)))
 
     pytree.register_pytree_node(cls, flatten, unflatten, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")

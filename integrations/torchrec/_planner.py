@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner.types import ParameterConstraints, Perf, Shard, Topology
+    from torchrec.distributed.types import ModuleSharder, ParameterSharding
 
 __all__ = ["PERF_FIELDS", "default_topology", "module_perf", "planned_perf", "rank_topology"]
 
@@ -18,13 +23,13 @@ def _zero() -> dict[str, float]:
     return {f"{f}_ms": 0.0 for f in (*PERF_FIELDS, "total")}
 
 
-def _add(acc: dict[str, float], perf: Any) -> None:
+def _add(acc: dict[str, float], perf: Perf) -> None:
     for f in PERF_FIELDS:
         acc[f"{f}_ms"] += float(getattr(perf, f))
     acc["total_ms"] += float(perf.total)
 
 
-def _find_dmp(model: nn.Module) -> tuple[str, Any]:
+def _find_dmp(model: nn.Module) -> tuple[str, DistributedModelParallel]:
     """(its path, the module) of the first ``DistributedModelParallel`` in ``model``'s tree."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
@@ -37,7 +42,7 @@ def _find_dmp(model: nn.Module) -> tuple[str, Any]:
     )
 
 
-def _world_size(dmp: Any) -> int:
+def _world_size(dmp: DistributedModelParallel) -> int:
     env = getattr(dmp, "_env", None)
     if env is not None and getattr(env, "world_size", None):
         return int(env.world_size)
@@ -46,7 +51,7 @@ def _world_size(dmp: Any) -> int:
     return 1
 
 
-def rank_topology(world: int, device_type: str) -> Any:
+def rank_topology(world: int, device_type: str) -> Topology:
     """The ``Topology`` DMP builds when it plans by itself for ``world`` ranks of ``device_type``.
 
     Its local world size is ``LOCAL_WORLD_SIZE`` (else the world size); the bandwidths are torchrec's defaults.
@@ -57,7 +62,7 @@ def rank_topology(world: int, device_type: str) -> Any:
     return Topology(world_size=world, compute_device=device_type, local_world_size=get_local_size(world))
 
 
-def default_topology(dmp: Any) -> Any:
+def default_topology(dmp: DistributedModelParallel) -> Topology:
     """The ``Topology`` DMP builds when it plans by itself: its world size, its device type, the default bandwidths."""
     return rank_topology(_world_size(dmp), dmp.device.type)
 
@@ -76,7 +81,7 @@ def _unsharded_twin(sharded: nn.Module) -> nn.Module | None:
     return None
 
 
-def _shards(sharding: Any, shape: list[int], world: int) -> list[Any]:
+def _shards(sharding: ParameterSharding, shape: list[int], world: int) -> list[Shard]:
     """The plan's shards of one table (size, offset, rank); data-parallel: a full replica per rank."""
     from torchrec.distributed.planner.types import Shard
 
@@ -92,12 +97,12 @@ def _shards(sharding: Any, shape: list[int], world: int) -> list[Any]:
 
 def _module_perf(
     path: str,
-    module_plan: Mapping[str, Any],
+    module_plan: Mapping[str, ParameterSharding],
     sharded: nn.Module,
-    sharders: list[Any],
-    topology: Any,
+    sharders: list[ModuleSharder[nn.Module]],
+    topology: Topology,
     batch_size: int,
-    constraints: Mapping[str, Any] | None,
+    constraints: Mapping[str, ParameterConstraints] | None,
 ) -> dict[str, Any]:
     from torchrec.distributed.planner.constants import POOLING_FACTOR
     from torchrec.distributed.planner.enumerators import get_partition_by_type
@@ -163,12 +168,12 @@ def _module_perf(
 
 def module_perf(
     path: str,
-    module_plan: Mapping[str, Any],
+    module_plan: Mapping[str, ParameterSharding],
     sharded: nn.Module,
-    topology: Any,
+    topology: Topology,
     batch_size: int,
-    constraints: Mapping[str, Any] | None = None,
-    sharders: list[Any] | None = None,
+    constraints: Mapping[str, ParameterConstraints] | None = None,
+    sharders: list[ModuleSharder[nn.Module]] | None = None,
 ) -> dict[str, Any]:
     """One sharded module's entry of :func:`planned_perf` (with ``assumptions``), from its plan alone.
 
@@ -185,7 +190,9 @@ def module_perf(
     return entry
 
 
-def _assumptions(topology: Any, batch_size: int, constraints: Mapping[str, Any] | None) -> dict[str, Any]:
+def _assumptions(
+    topology: Topology, batch_size: int, constraints: Mapping[str, ParameterConstraints] | None
+) -> dict[str, Any]:
     return {
         "batch_size": batch_size,
         "pooling_factors": {k: list(c.pooling_factors) for k, c in (constraints or {}).items()},
@@ -204,8 +211,8 @@ def planned_perf(
     model: nn.Module,
     *,
     batch_size: int | None = None,
-    topology: Any = None,
-    constraints: Mapping[str, Any] | None = None,
+    topology: Topology | None = None,
+    constraints: Mapping[str, ParameterConstraints] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """torchrec's planner estimate of every sharded module of a DMP model, for the plan it was sharded with.
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -43,6 +43,9 @@ import cb_callback
 import cb_callback.plugins
 
 from ._stages import _Nothing
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
 
 __all__ = ["FROM_REAL", "FROM_REDUCED", "ReducedTable", "ReducedTableMetric", "register_reduced_table_metric"]
 
@@ -107,9 +110,9 @@ class ReducedTable:
 ACTIVE: weakref.WeakKeyDictionary[nn.Module, ReducedTable] = weakref.WeakKeyDictionary()
 
 
-def _table_shapes(tables: list[tuple[nn.Module, ReducedTable]]) -> dict[tuple[Any, ...], float]:
+def _table_shapes(tables: list[tuple[nn.Module, ReducedTable]]) -> dict[tuple[tuple[int, ...], torch.dtype], float]:
     """``(shape, dtype) -> real / reduced rows - 1`` of each remapped table's weight."""
-    out: dict[tuple[Any, ...], float] = {}
+    out: dict[tuple[tuple[int, ...], torch.dtype], float] = {}
     for module, t in tables:
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.Tensor) and t.reduced_rows < t.original_rows:
@@ -120,13 +123,19 @@ def _table_shapes(tables: list[tuple[nn.Module, ReducedTable]]) -> dict[tuple[An
 class _TableSizedMode(TorchDispatchMode):
     """Sums, per phase, the bytes an op moves over whole table-sized tensors, times the real-size excess."""
 
-    def __init__(self, shapes: Mapping[tuple[Any, ...], float]) -> None:
+    def __init__(self, shapes: Mapping[tuple[tuple[int, ...], torch.dtype], float]) -> None:
         super().__init__()
         self.shapes = shapes
         self.reduced = 0.0  # table-sized bytes as counted at the reduced size
         self.extra = 0.0  # what the real size adds to them
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: Collection[type],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
@@ -150,7 +159,9 @@ class _TableSizedMode(TorchDispatchMode):
 
 
 class _ReducedInstrument:
-    def __init__(self, path: str, tables: list[tuple[nn.Module, ReducedTable]], traffic: Any) -> None:
+    def __init__(
+        self, path: str, tables: list[tuple[nn.Module, ReducedTable]], traffic: cb_callback.plugins.Instrument
+    ) -> None:
         self.path = path
         self.tables = tables
         self.traffic = traffic  # the built-in byte count, observed again: its bytes are corrected here
@@ -213,12 +224,12 @@ class ReducedTableMetric:
 
     name = "torchrec_hash_size"
 
-    def from_census(self, counted: Any) -> dict[str, Any] | None:
+    def from_census(self, counted: Mapping[str, object]) -> dict[str, Any] | None:
         """Nothing to add to a row the census counted while no table is reduced (``{}``); with reduced
         tables, ``None``: it observes each row's own pass."""
         return None if ACTIVE else {}
 
-    def instrument(self, ctx: cb_callback.plugins.MeasureContext) -> Any:
+    def instrument(self, ctx: cb_callback.plugins.MeasureContext) -> cb_callback.plugins.Instrument:
         """Observe the pass of a row that holds a reduced (remapped) table; nothing for any other row."""
         if not ACTIVE:
             return _Nothing()

@@ -31,8 +31,8 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -44,6 +44,12 @@ import cb_callback.plugins
 from ._hidden import tbe_modules
 from ._planner import module_perf, rank_topology
 from ._traffic import tbe_op_bytes
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
+    from torch.utils.hooks import RemovableHandle
+    from torchrec.distributed.planner.types import ParameterConstraints, Topology
+    from torchrec.distributed.types import ParameterSharding
 
 __all__ = [
     "ShardedEmbeddingMetric", "is_sharded_embedding", "register_default_sharded_metric", "register_sharded_metric",
@@ -93,7 +99,7 @@ def _cached(lookup: nn.Module) -> bool:
     return False
 
 
-def _ids(kjt: Any) -> int | None:
+def _ids(kjt: object) -> int | None:
     values = getattr(kjt, "values", None)
     if callable(values):
         with contextlib.suppress(Exception):
@@ -118,7 +124,13 @@ class _StageMode(TorchDispatchMode):
         super().__init__()
         self.owner = owner
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: Collection[type],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         with cb_callback.plugins.unobserved():
@@ -133,15 +145,15 @@ class _StagesInstrument:
         found: dict[str, Any] = vars(module)  # plain attributes of a torchrec sharded module (is_sharded_embedding)
         self.types: list[str] = list(found["_sharding_types"])
         self.lookups: list[nn.Module] = list(found["_lookups"])
-        self.plan: Mapping[str, Any] = found["module_sharding_plan"]
+        self.plan: Mapping[str, ParameterSharding] = found["module_sharding_plan"]
         self.stage = "input_dist"
         self.lookup: int | None = None
         self.stages: dict[str, dict[str, Any]] = {}
         self.lookup_bytes: dict[int, int] = {}
-        self.lookup_inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self.lookup_inputs: dict[int, tuple[tuple[object, ...], dict[str, object]]] = {}
         self.batch_size: int | None = None
 
-    def saw(self, func: Any, args: Any, kwargs: Mapping[str, Any], out: Any) -> None:
+    def saw(self, func: OpOverload, args: tuple[object, ...], kwargs: Mapping[str, object], out: object) -> None:
         nbytes = cb_callback.plugins.collective_bytes(func, args, kwargs, out)
         if nbytes is not None:
             entry = self.stages.setdefault(self.stage, {"stage": self.stage, "comm_bytes": 0, "ops": {}})
@@ -154,15 +166,15 @@ class _StagesInstrument:
             if tbe is not None:
                 self.lookup_bytes[self.lookup] = self.lookup_bytes.get(self.lookup, 0) + tbe
 
-    def _hooks(self) -> list[Any]:
+    def _hooks(self) -> list[RemovableHandle]:
         handles = []
         for i, lookup in enumerate(self.lookups):
 
-            def pre(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], i: int = i) -> None:
+            def pre(_: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], i: int = i) -> None:
                 self.lookup, self.stage = i, f"lookup:{self.types[i]}"
                 self.lookup_inputs.setdefault(i, (args, kwargs))  # fresh per pass; a lookup does not change it
 
-            def post(*_: Any, i: int = i) -> None:
+            def post(*_: object, i: int = i) -> None:
                 self.lookup, self.stage = None, f"output_dist:{self.types[i]}"
 
             handles.append(lookup.register_forward_pre_hook(pre, with_kwargs=True))
@@ -257,7 +269,7 @@ class _StagesInstrument:
         }
 
 
-def _median_ms(run: Callable[[], Any], sync: Callable[[], None]) -> dict[str, Any]:
+def _median_ms(run: Callable[[], object], sync: Callable[[], None]) -> dict[str, Any]:
     """``run`` timed alone after one warm-up: ``fwd_ms`` (median ms) and ``runs``."""
     run()
     sync()
@@ -272,7 +284,7 @@ def _median_ms(run: Callable[[], Any], sync: Callable[[], None]) -> dict[str, An
 
 
 def _backward_ms(
-    inner: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], sync: Callable[[], None]
+    inner: nn.Module, args: tuple[object, ...], kwargs: Mapping[str, object], sync: Callable[[], None]
 ) -> dict[str, Any]:
     """The lookup's backward alone, on this rank: ``bwd_ms`` (median ms of the backward only) and ``bwd_runs``.
 
@@ -377,23 +389,27 @@ class ShardedEmbeddingMetric:
 
     name = "torchrec_sharded"
 
-    def __init__(self, topology: Any = None, constraints: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, topology: Topology | None = None, constraints: Mapping[str, ParameterConstraints] | None = None
+    ) -> None:
         self.topology = topology
         self.constraints = dict(constraints) if constraints else None
 
-    def from_census(self, counted: Any) -> dict[str, Any] | None:
+    def from_census(self, counted: Mapping[str, object]) -> dict[str, Any] | None:
         """Nothing to add to a row the census counted without a process group (``{}``: no module is
         sharded); with one, ``None``: it observes each row's own pass."""
         return None if torch.distributed.is_available() and torch.distributed.is_initialized() else {}
 
-    def instrument(self, ctx: cb_callback.plugins.MeasureContext) -> Any:
+    def instrument(self, ctx: cb_callback.plugins.MeasureContext) -> cb_callback.plugins.Instrument:
         """Observe the pass of a sharded embedding module; nothing for any other row."""
         if not is_sharded_embedding(ctx.module):
             return _Nothing()
         return _StagesInstrument(ctx.module, self)
 
 
-def register_sharded_metric(topology: Any = None, constraints: Mapping[str, Any] | None = None) -> None:
+def register_sharded_metric(
+    topology: Topology | None = None, constraints: Mapping[str, ParameterConstraints] | None = None
+) -> None:
     """(Re-)register :class:`ShardedEmbeddingMetric` for every profile, with these planner assumptions.
 
     The integration registers one with the defaults on import; call this to

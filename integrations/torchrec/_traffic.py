@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 import cb_callback
 import cb_callback.plugins
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
 
 __all__ = ["register_tbe_traffic_rules", "tbe_backward_bytes", "tbe_forward_bytes", "tbe_op_bytes"]
 
@@ -42,7 +45,7 @@ _STATE_PREFIXES = ("momentum1", "momentum2", "prev_iter", "row_counter")
 _STATE_SUFFIXES = ("_host", "_dev", "_uvm")
 
 
-def _nbytes(t: Any) -> int:
+def _nbytes(t: object) -> int:
     if not isinstance(t, torch.Tensor):
         return 0
     return t.numel() * t.element_size()
@@ -61,7 +64,7 @@ def _is_state(name: str) -> bool:
     return name.startswith(_STATE_PREFIXES) and name.endswith(_STATE_SUFFIXES)
 
 
-def _ints(t: Any) -> np.ndarray:
+def _ints(t: object) -> np.ndarray:
     """``t``'s values as int64 numpy (an empty array for a non-tensor).
 
     Read through numpy, off the device (one copy for a CUDA tensor, none on
@@ -110,7 +113,7 @@ def _small_inputs(named: Mapping[str, Any], skip: Callable[[str], bool]) -> int:
     return sum(_nbytes(v) for k, v in named.items() if not skip(k))
 
 
-def _out_bytes(out: Any) -> int:
+def _out_bytes(out: object) -> int:
     if isinstance(out, torch.Tensor):
         return _nbytes(out)
     if isinstance(out, (tuple, list)):
@@ -118,7 +121,7 @@ def _out_bytes(out: Any) -> int:
     return 0
 
 
-def tbe_forward_bytes(named: Mapping[str, Any], out: Any) -> int:
+def tbe_forward_bytes(named: Mapping[str, Any], out: object) -> int:
     """Bytes of one TBE forward: inputs but the tables, the rows gathered, the output.
 
     Rows gathered: each index reads one row of its feature's table,
@@ -149,7 +152,7 @@ def _unique_rows(named: Mapping[str, Any]) -> tuple[int, int]:
     return len(first), int(width[first].sum())
 
 
-def tbe_backward_bytes(named: Mapping[str, Any], out: Any) -> int:
+def tbe_backward_bytes(named: Mapping[str, Any], out: object) -> int:
     """Bytes of one fused TBE backward (gradient scatter + optimizer update).
 
     Inputs but the tables and optimizer states (``grad_output`` read once,
@@ -174,7 +177,7 @@ def tbe_backward_bytes(named: Mapping[str, Any], out: Any) -> int:
     return total + _out_bytes(out)
 
 
-def tbe_grad_indice_weights_bytes(named: Mapping[str, Any], out: Any) -> int:
+def tbe_grad_indice_weights_bytes(named: Mapping[str, Any], out: object) -> int:
     """Bytes of the per-sample-weight gradient: inputs but the tables, one row read per index, output."""
     table = _table(named)
     small = _small_inputs(named, lambda k: k in _TABLES)
@@ -185,8 +188,10 @@ def tbe_grad_indice_weights_bytes(named: Mapping[str, Any], out: Any) -> int:
     return small + _rows_gathered(named) * table.element_size() + _out_bytes(out)
 
 
-def _bind(schema_names: Sequence[str], fn: Callable[[Mapping[str, Any], Any], int]) -> Any:
-    def rule(args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int:
+def _bind(
+    schema_names: Sequence[str], fn: Callable[[Mapping[str, Any], object], int]
+) -> Callable[[Sequence[object], Mapping[str, object], object], int]:
+    def rule(args: Sequence[object], kwargs: Mapping[str, object], out: object) -> int:
         named = dict(zip(schema_names, args, strict=False))
         named.update(kwargs)
         # The traffic mode may be nested in other modes (the FLOP counter): hide
@@ -201,7 +206,7 @@ def _bind(schema_names: Sequence[str], fn: Callable[[Mapping[str, Any], Any], in
     return rule
 
 
-def _kind(name: str) -> Callable[[Mapping[str, Any], Any], int] | None:
+def _kind(name: str) -> Callable[[Mapping[str, Any], object], int] | None:
     if name == "dense_embedding_codegen_lookup_function":  # data-parallel (unfused) TBE
         return tbe_forward_bytes
     if not name.startswith("split_embedding") or not name.endswith("pt2_wrapper"):
@@ -218,7 +223,7 @@ def _kind(name: str) -> Callable[[Mapping[str, Any], Any], int] | None:
 _REGISTERED: set[str] = set()
 
 
-def tbe_op_bytes(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> int | None:
+def tbe_op_bytes(func: OpOverload, args: Sequence[object], kwargs: Mapping[str, object], out: object) -> int | None:
     """The bytes of one dispatched fbgemm TBE forward op (this module's rule), ``None`` for any other op."""
     if getattr(func, "namespace", None) != "fbgemm":
         return None
