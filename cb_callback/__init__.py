@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cb_callback._api import profile_components  # the engine's, writing files where output_dir says
 from cb_callback._engine.capture.capture import Capture
@@ -78,7 +78,7 @@ MOVED: dict[str, str] = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name == "ComponentBenchmark":
         from cb_callback._lightning.callback import ComponentBenchmark
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from torch import nn
 
@@ -39,6 +38,7 @@ from cb_callback._metrics.builtin import builtin_metrics
 from cb_callback._report.html import PAGE_DATA, write_html
 from cb_callback._report.model import RENDERERS, Report
 from cb_callback._report.table import format_summary
+from cb_callback._types import OptionValue, UserValue
 from cb_callback._whatif.checkpoint import page_data as checkpoint_page_data
 from cb_callback._whatif.compile import compile_speedup, compile_what_if, fill_children_separately
 
@@ -57,12 +57,12 @@ EXTENSIONS.fill_children_separately = fill_children_separately
 @functools.wraps(_engine.profile_components)
 def profile_components(
     model: nn.Module,
-    args: Any = (),
-    kwargs: Mapping[str, Any] | None = None,
+    args: UserValue = (),
+    kwargs: Mapping[str, UserValue] | None = None,
     *,
-    batches: Sequence[Any] | None = None,
+    batches: Sequence[UserValue] | None = None,
     config: BenchmarkConfig | None = None,
-    **options: Any,
+    **options: OptionValue,
 ) -> Report:
     # The docstring is the engine's (functools.wraps). What this adds: with an output_dir and
     # no reporters of the user's own (neither the `reporters=` option, even empty, nor a

@@ -607,7 +607,7 @@ def _gate(args: argparse.Namespace, a: Report, b: Report, keep: set[str]) -> int
     return {"passed": 0, "failed": 1, "inconclusive": 2}[result.outcome]
 
 
-def _candidate_factory(spec: str) -> Any:
+def _candidate_factory(spec: str) -> Callable[..., Any]:
     """The callable ``package.module:attr`` names (``attr`` may be dotted).
 
     Raises:
@@ -619,7 +619,7 @@ def _candidate_factory(spec: str) -> Any:
     if not sep or not module_name or not attr:
         raise ValueError(f"--candidate {spec!r}: expected package.module:factory")
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: object = importlib.import_module(module_name)
     except ImportError as e:
         raise ValueError(f"--candidate {spec!r}: cannot import {module_name!r} ({e}); is it on PYTHONPATH?") from e
     for part in attr.split("."):
@@ -631,7 +631,7 @@ def _candidate_factory(spec: str) -> Any:
     return obj
 
 
-def _takes_one_argument(fn: Any) -> bool:
+def _takes_one_argument(fn: Callable[..., object]) -> bool:
     import inspect
 
     try:
@@ -660,7 +660,7 @@ def _one_line(e: BaseException) -> str:
     )
 
 
-def _raising_side(e: BaseException, reference: Any, candidate: Any) -> str | None:
+def _raising_side(e: BaseException, reference: object, candidate: object) -> str | None:
     """``"reference"`` or ``"candidate"``: whose code raised ``e`` (``None``: neither's).
 
     The outermost frame of the traceback that runs a method of a module (its

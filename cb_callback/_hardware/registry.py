@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from cb_callback._hardware.names import (
     FORMS,
@@ -72,15 +71,15 @@ def _describe(spec: GpuSpec) -> str:
 
 def _checked_entry(
     where: str,
-    name: Any,
-    model: Any,
-    flops: Any,
-    bandwidth: Any,
-    source: Any,
-    form: Any,
-    memory_gb: Any,
-    default_form: Any,
-    verified: Any,
+    name: object,
+    model: object,
+    flops: object,
+    bandwidth: object,
+    source: object,
+    form: object,
+    memory_gb: object,
+    default_form: object,
+    verified: object,
 ) -> str:
     """The entry's model word, lower-cased, once every argument is valid.
 

@@ -55,7 +55,7 @@ def active(enabled: bool, log: Callable[[str], Any]) -> bool:
     return enabled and not disabled_by_env()
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

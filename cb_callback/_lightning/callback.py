@@ -25,7 +25,7 @@ from cb_callback._lightning import step as _step
 from cb_callback._lightning.child import ChildResult
 from cb_callback._lightning.fork import Fork, fork_report
 from cb_callback._lightning.spawn import fork_problem, fork_sharded_problem
-from cb_callback._lightning.step import StepCaptures
+from cb_callback._lightning.step import OptionValue, StepCaptures, UserValue  # _types' aliases (300 lines)
 from cb_callback._lightning.trainer_bar import TrainerBar
 from cb_callback._lightning.when import CaptureSchedule
 from cb_callback._report.context import ReportContext
@@ -103,7 +103,7 @@ class ComponentBenchmark(Callback):
         capture_batch_size: int | None = None, output_dir: str | None = None,
         log_to_tensorboard: bool = True, stop_after: bool = False, ranks: Literal["zero", "all"] = "zero",
         enabled: bool = True, fork_timeout_s: float | None = 300.0,
-        **options: Any,  # BenchmarkConfig's options, by its names, with its defaults (see ENGINE_OPTIONS)
+        **options: OptionValue,  # BenchmarkConfig's options, by its names, with its defaults (see ENGINE_OPTIONS)
     ) -> None:  # fmt: skip
         super().__init__()
         self.config = _args.check_callback_args({**locals(), **options}, options)  # every argument, by name
@@ -162,7 +162,7 @@ class ComponentBenchmark(Callback):
 
     @override
     def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: UserValue, batch_idx: int
     ) -> None:
         if not self._active or self._pending:
             return
@@ -190,7 +190,7 @@ class ComponentBenchmark(Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: UserValue, batch: UserValue, batch_idx: int
     ) -> None:
         if self._fork is not None and (result := self._fork.poll()) is not None:
             self._finish_fork(trainer, result)
@@ -217,7 +217,7 @@ class ComponentBenchmark(Callback):
     on_train_epoch_end = on_validation_start  # a capture's step never spans an epoch's end either
 
     def _profile(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, window: StepCaptures, step: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: UserValue, window: StepCaptures, step: int
     ) -> None:
         """Profile (pause) or fork after the capture's last batch, named by its first ``step``; never raises."""
         if not window.captures:  # a rank that does not profile

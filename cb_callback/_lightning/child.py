@@ -18,8 +18,9 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnContext
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
 
 from cb_callback._lightning.publish import (
     ERROR_FILE,
@@ -124,7 +125,7 @@ def run_child(
             outcome.close()
 
 
-def spawn_context() -> Any:
+def spawn_context() -> SpawnContext:
     """The ``multiprocessing`` context children are started with (``spawn``; a test seam)."""
     return multiprocessing.get_context("spawn")
 
@@ -169,7 +170,7 @@ class ChildRun:
         self.device = device
         self.step = step
         self.started_at: float | None = None
-        self._proc: Any = None
+        self._proc: BaseProcess | None = None
         self._outcome: Connection | None = None  # the pipe's reading end until read
         self._sent: str | None = None  # the line the child sent
 

@@ -17,13 +17,13 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from cb_callback._report.files import FileReporter
 from cb_callback._report.tensorboard import TAG_PREFIX, TensorBoardReporter
 
 if TYPE_CHECKING:
-    from cb_callback._report.context import ReportContext
+    from cb_callback._report.context import ReportContext, TensorBoardWriter
     from cb_callback._report.model import Report
 
 __all__ = [
@@ -46,6 +46,16 @@ __all__ = [
 ERROR_FILE = "error.txt"
 
 
+class TensorBoardLogger(Protocol):
+    """What :func:`tensorboard` reads of Lightning's ``TensorBoardLogger`` (this module imports no Lightning)."""
+
+    @property
+    def log_dir(self) -> str: ...
+
+    @property
+    def experiment(self) -> TensorBoardWriter: ...
+
+
 @dataclass(frozen=True)
 class TensorBoardTarget:
     """A TensorBoard logger, as the reporters need it.
@@ -56,7 +66,7 @@ class TensorBoardTarget:
     """
 
     log_dir: str
-    writer: Callable[[], Any]
+    writer: Callable[[], TensorBoardWriter]
 
 
 @dataclass(frozen=True)
@@ -135,16 +145,18 @@ def report_failure(step: int, output_dir: Path | None, error: BaseException) -> 
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def tensorboard(loggers: Sequence[Any], logger_type: type, enabled: bool) -> TensorBoardTarget | None:
+def tensorboard(
+    loggers: Sequence[object], logger_type: type[TensorBoardLogger], enabled: bool
+) -> TensorBoardTarget | None:
     """The first of ``loggers`` of ``logger_type`` (Lightning's ``TensorBoardLogger``, passed in: this
     module imports no Lightning) as a target; ``None`` if there is none or ``enabled`` is false."""
-    logger: Any = next((lg for lg in loggers if isinstance(lg, logger_type)), None)
+    logger: TensorBoardLogger | None = next((lg for lg in loggers if isinstance(lg, logger_type)), None)
     if logger is None or not enabled:
         return None
     return TensorBoardTarget(logger.log_dir, lambda: logger.experiment)
 
 
-def open_writer(target: TensorBoardTarget | None) -> Any:
+def open_writer(target: TensorBoardTarget | None) -> TensorBoardWriter | None:
     """``target``'s writer, ``None`` without a target or when it cannot be opened.
 
     A writer that cannot be opened is reported by :func:`log_to_tensorboard`.

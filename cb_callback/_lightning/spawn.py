@@ -12,7 +12,10 @@ import multiprocessing
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["fork_problem", "fork_sharded_problem", "refuse_training_in_spawned_child", "spawn_problem"]
 
@@ -95,7 +98,7 @@ def fork_problem(model_cls: type) -> str | None:
     )
 
 
-def fork_sharded_problem(module: Any, world_size: int) -> str | None:
+def fork_sharded_problem(module: nn.Module, world_size: int) -> str | None:
     """The warning for a fork-mode capture of a sharded model over several ranks, or ``None``.
 
     A forked child has no process group: it could not replay an FSDP2 unit, a

@@ -7,7 +7,6 @@ What the callback derives from one Lightning training step, from plain values
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from torch import nn
 
@@ -15,6 +14,7 @@ from cb_callback._engine.capture.capture import Capture
 from cb_callback._engine.capture.inputs import ComponentInputs
 from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._engine.run.precision import peak_dtype
+from cb_callback._types import OptionValue, UserValue
 
 __all__ = [
     "StepCaptures",
@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 
-def is_redirected(module: Any) -> bool:
+def is_redirected(module: nn.Module) -> bool:
     """Whether this call of ``module`` is Lightning's forward redirection to ``training_step``.
 
     DDP-like strategies patch the LightningModule's ``forward`` on the instance and
@@ -127,7 +127,7 @@ def plan(
     capture_batch_size: int | None,
     time_bound_s: float | None,
     series: bool = False,
-) -> tuple[BenchmarkConfig, dict[str, Any]]:
+) -> tuple[BenchmarkConfig, dict[str, OptionValue]]:
     """The options of the captured step's profile, and what its report's metadata adds.
 
     Args:
@@ -151,7 +151,7 @@ def plan(
         ``world_size``, ``precision``, ``lightning_module``, ``real_batch_size``, and
         ``capture_series`` (``True``) when the run captures several times.
     """
-    opts: dict[str, Any] = {"output_dir": None if output_dir is None else str(output_dir)}
+    opts: dict[str, OptionValue] = {"output_dir": None if output_dir is None else str(output_dir)}
     dtype = peak_dtype(precision) if config.dtype is None else None
     if dtype is not None:
         opts["dtype"] = dtype
@@ -173,7 +173,7 @@ def plan(
     return config.replace(**opts), metadata
 
 
-def capture_warnings(step: int, module: Any, capture: Capture, outputs: Any) -> list[str]:
+def capture_warnings(step: int, module: nn.Module, capture: Capture, outputs: UserValue) -> list[str]:
     """What to warn about a captured step that is profiled anyway.
 
     Args:

@@ -40,9 +40,13 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from cb_callback._engine.run.schedule_count import ProgressEvent, ScheduleCount
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+    from tqdm import tqdm
 
 __all__ = ["ProgressBar", "TrainerBar"]
 
@@ -150,7 +154,7 @@ class TrainerBar:
         if self.bar is not None:
             self.kind = "rich" if isinstance(bar, rich_type) else "tqdm" if isinstance(bar, tqdm_type) else "other"
 
-    def _tqdm_train(self) -> Any:
+    def _tqdm_train(self) -> tqdm | None:
         """The TQDM bar's open train bar, else ``None`` (its ``print`` drops lines without one)."""
         try:
             train = self.bar.train_progress_bar
@@ -158,7 +162,7 @@ class TrainerBar:
             return None
         return None if train is None or train.disable else train
 
-    def _rich_live(self) -> Any:
+    def _rich_live(self) -> Progress | None:
         """The Rich bar's ``progress`` when it is drawing on a terminal, else ``None``."""
         progress = getattr(self.bar, "progress", None)
         if progress is None or getattr(self.bar, "_progress_stopped", False) or not progress.live.is_started:
@@ -200,12 +204,12 @@ class TrainerBar:
             print(line, file=sys.stdout, flush=True)
 
 
-def _isatty(stream: Any) -> bool:
+def _isatty(stream: object) -> bool:
     isatty = getattr(stream, "isatty", None)
     return bool(isatty()) if callable(isatty) else False
 
 
-def _write_after(train: Any, message: str) -> None:
+def _write_after(train: tqdm, message: str) -> None:
     """``message`` on a line of its own in stdout, which is no terminal, below TQDM's open ``train`` bar.
 
     ``tqdm.write`` would clear the bar's line (``\\r<spaces>\\r``) and write
@@ -223,7 +227,7 @@ def _write_after(train: Any, message: str) -> None:
 class _RichRow:
     """One task of the Rich bar's ``progress``: ``completed`` components of ``total``, the text in its description."""
 
-    def __init__(self, bar: Any, progress: Any, step: int, total: int | None) -> None:
+    def __init__(self, bar: Any, progress: Progress, step: int, total: int | None) -> None:
         from rich.markup import escape
 
         self._bar, self._progress, self._escape = bar, progress, escape
@@ -263,7 +267,7 @@ class _RichRow:
 class _TqdmRow:
     """A bar of Lightning's ``Tqdm`` class and format at the position below the train bar, cleared on close."""
 
-    def __init__(self, bar: Any, tqdm_class: type, step: int, total: int | None) -> None:
+    def __init__(self, bar: object, tqdm_class: type, step: int, total: int | None) -> None:
         self._bar = tqdm_class(
             desc=f"Profiling step {step}", total=total, position=2 * getattr(bar, "process_position", 0) + 1,
             leave=False, dynamic_ncols=True, file=sys.stdout, bar_format=getattr(bar, "BAR_FORMAT", None),

@@ -44,6 +44,7 @@ import torch
 from cb_callback._engine.clocks.stderr import quiet_session
 from cb_callback._engine.replay.isolate import PassContext, Phase
 from cb_callback._engine.run.plugins import MeasureContext
+from cb_callback._types import OptionValue
 
 __all__ = ["MemoryArtifact", "OpsArtifact", "TraceArtifact", "artifact_plugins"]
 
@@ -54,7 +55,7 @@ OPS_COLUMNS: tuple[str, ...] = (
 
 
 @contextlib.contextmanager
-def _profiler(device: torch.device, **options: Any) -> Iterator[Any]:
+def _profiler(device: torch.device, **options: OptionValue) -> Iterator[torch.profiler.profile]:
     from torch.profiler import ProfilerActivity, profile
 
     if torch.autograd._profiler_enabled():
@@ -69,7 +70,7 @@ def _profiler(device: torch.device, **options: Any) -> Iterator[Any]:
 class _ProfiledPass:
     """Profiles the whole pass (``Phase.PASS``); ``finish(prof)`` writes the file."""
 
-    def __init__(self, ctx: MeasureContext, kind: str, **options: Any) -> None:
+    def __init__(self, ctx: MeasureContext, kind: str, **options: OptionValue) -> None:
         self.ctx = ctx
         self.kind = kind
         self.options = options
@@ -86,7 +87,7 @@ class _ProfiledPass:
             yield
         self.files[self.kind] = self.finish(prof)
 
-    def finish(self, prof: Any) -> Path:
+    def finish(self, prof: torch.profiler.profile) -> Path:
         raise NotImplementedError
 
     def values(self) -> Mapping[str, Any]:
@@ -94,7 +95,7 @@ class _ProfiledPass:
 
 
 class _Trace(_ProfiledPass):
-    def finish(self, prof: Any) -> Path:
+    def finish(self, prof: torch.profiler.profile) -> Path:
         raw = self.ctx.artifact_path("trace.json")
         prof.export_chrome_trace(str(raw))
         data = json.loads(raw.read_text())
@@ -107,7 +108,7 @@ class _Trace(_ProfiledPass):
 
 
 class _Ops(_ProfiledPass):
-    def finish(self, prof: Any) -> Path:
+    def finish(self, prof: torch.profiler.profile) -> Path:
         out = self.ctx.artifact_path("ops.csv")
         rows = []
         for e in prof.key_averages(group_by_input_shape=True):
@@ -152,7 +153,7 @@ class _Memory(_ProfiledPass):
             pickle.dump(snapshot, f)
         self.files[self.kind] = out
 
-    def finish(self, prof: Any) -> Path:
+    def finish(self, prof: torch.profiler.profile) -> Path:
         out = self.ctx.artifact_path("memory_timeline.csv")
         events = [e for e in prof.events() if e.name == "[memory]"]
         events.sort(key=lambda e: e.time_range.start)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Collection, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import (
@@ -17,6 +17,10 @@ from cb_callback._engine.counting.flop_rules import register_flop_rule
 from cb_callback._engine.replay.isolate import PassContext, Phase
 from cb_callback._engine.run.plugins import MeasureContext
 from cb_callback._metrics._observing import ObservingMetric
+from cb_callback._types import OpValue
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
 
 __all__ = ["FlopsMetric", "register_flop_rule"]
 
@@ -28,7 +32,13 @@ class _OpRecorder(TorchDispatchMode):
         super().__init__()
         self.ops: set[Any] = set()
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: Collection[type],
+        args: tuple[OpValue, ...] = (),
+        kwargs: dict[str, OpValue] | None = None,
+    ) -> OpValue:
         self.ops.add(func.overloadpacket)
         return func(*args, **(kwargs or {}))
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils import _pytree as pytree
@@ -16,29 +16,35 @@ from cb_callback._engine.replay.isolate import PassContext, Phase
 from cb_callback._engine.run.plugins import MeasureContext
 from cb_callback._metrics._observing import ObservingMetric
 
+if TYPE_CHECKING:
+    from torch._C._profiler import _ProfilerEvent
+
 __all__ = ["MemoryMetric"]
 
 _MIB = 1024.0 * 1024.0
 
 
-def _allocation_events(prof: Any, device: torch.device) -> list[tuple[int, int, int]]:
+def _allocation_events(prof: torch.profiler.profile, device: torch.device) -> list[tuple[int, int, int]]:
     """``(start ns, size, allocator total after)`` of a profile's allocation events on ``device``.
 
     A free has a negative size. CUDA events are those of ``device``'s index.
     """
-    from torch._C._profiler import _EventType
+    from torch._C._profiler import _EventType, _ExtraFields_Allocation
 
     events: list[tuple[int, int, int]] = []
 
-    def walk(nodes: Any) -> None:
+    def walk(nodes: Iterable[_ProfilerEvent]) -> None:
         for e in nodes:
-            if e.tag == _EventType.Allocation:
-                where = e.extra_fields.device
+            # an Allocation event's fields are always _ExtraFields_Allocation: the isinstance narrows for mypy
+            if e.tag == _EventType.Allocation and isinstance(fields := e.extra_fields, _ExtraFields_Allocation):
+                where = fields.device
                 if where.type == device.type and (device.type != "cuda" or where.index == device.index):
-                    events.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.total_allocated))
+                    events.append((e.start_time_ns, fields.alloc_size, fields.total_allocated))
             walk(e.children)
 
-    walk(prof.profiler.kineto_results.experimental_event_tree())
+    session = prof.profiler  # set, with its results, once the profiled session has run
+    assert session is not None and session.kineto_results is not None
+    walk(session.kineto_results.experimental_event_tree())
     events.sort()
     return events
 

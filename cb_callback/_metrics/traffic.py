@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Collection, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -16,6 +16,10 @@ from cb_callback._engine.counting.byte_rules import tensors_in as _tensors
 from cb_callback._engine.replay.isolate import PassContext, Phase, unobserved
 from cb_callback._engine.run.plugins import MeasureContext
 from cb_callback._metrics._observing import ObservingMetric
+from cb_callback._types import OpValue
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
 
 __all__ = ["TrafficMetric", "register_traffic_rule", "tensor_bytes"]
 
@@ -28,7 +32,13 @@ class _TrafficMode(TorchDispatchMode):
         #: Every storage an op that moves data touched: the working set (shared with the other phase).
         self.storages = storages
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: Collection[type],
+        args: tuple[OpValue, ...] = (),
+        kwargs: dict[str, OpValue] | None = None,
+    ) -> OpValue:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         with unobserved():  # a rule's own tensor ops are not the component's

@@ -4,11 +4,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from cb_callback._report.model import Report
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 __all__ = ["ReportContext", "Reporter"]
+
+
+class TensorBoardWriter(Protocol):
+    """What :func:`~cb_callback._report.tensorboard.log_report` calls on a ``SummaryWriter``-like writer.
+
+    ``add_scalar`` and ``add_text`` always; ``add_figure`` when the writer has no ``add_image``. The
+    optional ``add_image``, ``add_custom_scalars``, ``flush`` and ``_get_file_writer`` are looked up
+    with ``getattr`` and called only when present.
+    """
+
+    def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> object: ...
+
+    def add_text(self, tag: str, text_string: str, global_step: int) -> object: ...
+
+    def add_figure(self, tag: str, figure: Figure, global_step: int, close: bool) -> object: ...
 
 
 @dataclass
@@ -23,7 +41,7 @@ class ReportContext:
 
     output_dir: Path | None = None
     step: int = 0
-    writer: Any = None
+    writer: TensorBoardWriter | None = None
 
 
 @runtime_checkable

@@ -16,26 +16,26 @@ from __future__ import annotations
 
 import math
 from numbers import Real  # the standard library's (numpy's scalars are registered there)
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 __all__ = ["finite", "is_nan", "or_zero", "ratio"]
 
 
-def finite(x: Any) -> TypeGuard[float]:
+def finite(x: object) -> TypeGuard[float]:
     """Whether ``x`` is a finite real number: not a ``bool``, NaN, an infinity, ``None`` or a string."""
     if type(x) is float:  # the common case, without the ABC's check
         return math.isfinite(x)
     return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def is_nan(x: Any) -> bool:
+def is_nan(x: object) -> bool:
     """Whether ``x`` is a real number that is NaN (what ``x != x`` tests, spelled out)."""
     if type(x) is float:
         return math.isnan(x)
     return isinstance(x, Real) and math.isnan(x)
 
 
-def ratio(a: Any, b: Any) -> float:
+def ratio(a: object, b: object) -> float:
     """``a / b`` when both are :func:`finite` and ``b`` is not 0, else NaN.
 
     Notes:
@@ -47,6 +47,6 @@ def ratio(a: Any, b: Any) -> float:
     return math.nan
 
 
-def or_zero(x: Any) -> float:
+def or_zero(x: object) -> float:
     """``x`` as a float when it is :func:`finite`, else ``0.0``: a part that is missing adds nothing to a sum."""
     return float(x) if finite(x) else 0.0

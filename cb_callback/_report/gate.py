@@ -75,6 +75,7 @@ from cb_callback._report.diff import (
     THROUGHPUT_METRICS,
     UNKNOWN_NOISE,
     Change,
+    Comparison,
     compare_reports,
     metric_kind,
     pair_change,
@@ -524,7 +525,12 @@ def _same_work(a: ComponentRow, b: ComponentRow) -> bool:
 
 
 def _row(
-    c: Change, verdict: Verdict, share: float, judged: Change | None = None, bound: float = math.nan, **extra: Any
+    c: Change,
+    verdict: Verdict,
+    share: float,
+    judged: Change | None = None,
+    bound: float = math.nan,
+    **extra: str | None,
 ) -> GateRow:
     judged = judged or c
     return GateRow(
@@ -644,7 +650,7 @@ def _step_change(rule: _Rule, exact: bool) -> float:
 
 
 def _judge_all(
-    d: Any,
+    d: Comparison,
     rows_a: Mapping[str, ComponentRow],
     rows_b: Mapping[str, ComponentRow],
     renamed: Mapping[str, str],

@@ -157,7 +157,7 @@ def _checked(where: str, value: object, ok: bool, expected: str) -> None:
         raise ValueError(f"{where} is {_kind(value)}, expected {expected}")
 
 
-def _from_json(data: Any, where: str) -> ComponentRow:
+def _from_json(data: object, where: str) -> ComponentRow:
     """One row of ``report.json``; ``where`` (``rows[3]``) names it in the error.
 
     Raises:
@@ -166,6 +166,7 @@ def _from_json(data: Any, where: str) -> ComponentRow:
             missing or the status is unknown (the first found, in that order).
     """
     _checked(where, data, isinstance(data, dict), "an object (dict)")
+    assert isinstance(data, dict)  # checked above: narrows the JSON value for mypy
     for name, value in data.items():
         at = f"{where}.{name}"
         if name in _TEXT:
@@ -319,7 +320,7 @@ class Report:
         }
 
     @classmethod
-    def from_dict(cls, data: Any) -> Report:
+    def from_dict(cls, data: object) -> Report:
         """Inverse of :meth:`to_dict`; reads every ``schema_version`` up to this one's.
 
         A dict without ``schema_version`` is version 1 (written before the key
@@ -338,6 +339,7 @@ class Report:
         counts, times and the peaks in ``metadata`` (:func:`cb_callback._report.headroom.headroom_ms`).
         """
         _checked("the top level", data, isinstance(data, dict), "an object (dict) with 'rows'")
+        assert isinstance(data, dict)  # checked above: narrows the JSON value for mypy
         _schema_version(data)  # versions 1 and 2 lay out rows and metadata alike: nothing to convert
         if "rows" not in data:
             raise ValueError("'rows' missing")

@@ -85,7 +85,7 @@ def _roots(report: Report) -> list[ComponentRow]:
     return [r for r in report.rows if r.parent is None or r.parent not in paths]
 
 
-def _positive(value: Any) -> bool:
+def _positive(value: object) -> bool:
     """Whether ``value`` is a :func:`finite` number above 0 (a time to show, or to divide by)."""
     return finite(value) and value > 0
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from matplotlib.figure import Figure
 
-    from cb_callback._report.context import ReportContext
+    from cb_callback._report.context import ReportContext, TensorBoardWriter
     from cb_callback._report.model import ComponentRow, Report
 
 __all__ = [
@@ -90,8 +90,10 @@ def _step_time(row: ComponentRow) -> float:
     return t if math.isfinite(t) and t > 0 else math.nan
 
 
-def _check_log_scalars(value: Any) -> int | str:
-    if value in ("all", "root") or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+def _check_log_scalars(value: object) -> int | str:
+    if (isinstance(value, str) and value in ("all", "root")) or (
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    ):
         return value
     raise ValueError(f"log_scalars={value!r} is invalid: expected an integer >= 0 or 'all'")
 
@@ -182,7 +184,7 @@ def _table_markdown(report: Report) -> str:
     return _fenced(format_text_table(report))
 
 
-def _add_text(writer: Any, tag: str, text: str, step: int) -> None:
+def _add_text(writer: TensorBoardWriter, tag: str, text: str, step: int) -> None:
     """A text summary stored under exactly ``tag``.
 
     ``SummaryWriter.add_text`` stores ``<tag>/text_summary``; the text dashboard
@@ -201,7 +203,7 @@ def _add_text(writer: Any, tag: str, text: str, step: int) -> None:
 
 
 def log_report(
-    writer: Any, report: Report, step: int = 0, log_scalars: int | str | None = None, layout: bool = True
+    writer: TensorBoardWriter, report: Report, step: int = 0, log_scalars: int | str | None = None, layout: bool = True
 ) -> None:
     """Log ``report`` to a TensorBoard ``SummaryWriter``-like ``writer`` at ``step``.
 
@@ -251,16 +253,18 @@ def log_report(
             value = float(getattr(row, metric))
             if math.isfinite(value):
                 writer.add_scalar(scalar_tag(metric, row.path), value, global_step=step)
-    if rows and layout and callable(getattr(writer, "add_custom_scalars", None)):
-        writer.add_custom_scalars(scalar_layout())
+    add_layout = getattr(writer, "add_custom_scalars", None) if rows and layout else None
+    if callable(add_layout):
+        add_layout(scalar_layout())
     _add_text(writer, f"{TAG_PREFIX}/table", _table_markdown(report), step)
     _add_text(writer, f"{TAG_PREFIX}/summary", _summary_markdown(report), step)
     images: list[tuple[str, Callable[..., Figure], tuple[str, ...]]] = [
         (f"{TAG_PREFIX}/icicle/{m}", icicle_figure, (m,)) for m in ICICLE_IMAGE_METRICS
     ]
     for tag, draw, args in [*images, (ROOFLINE_TAG, roofline_figure, ())]:
-        if callable(getattr(writer, "add_image", None)):  # the PNG files' pixels, drawn once per report
-            writer.add_image(tag, rendered(report, draw, *args)[:, :, :3], global_step=step, dataformats="HWC")
+        add_image = getattr(writer, "add_image", None)
+        if callable(add_image):  # the PNG files' pixels, drawn once per report
+            add_image(tag, rendered(report, draw, *args)[:, :, :3], global_step=step, dataformats="HWC")
         else:
             writer.add_figure(tag, draw(report, *args), global_step=step, close=True)
 
@@ -298,8 +302,9 @@ class TensorBoardReporter:
         writer = ctx.writer
         if writer is not None:
             log_report(writer, report, ctx.step, self.log_scalars, self.layout)
-            if callable(getattr(writer, "flush", None)):
-                writer.flush()
+            flush = getattr(writer, "flush", None)
+            if callable(flush):
+                flush()
             return []
         if ctx.output_dir is None:
             return []

@@ -33,7 +33,7 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from cb_callback._report.model import ComponentRow, Report
 from cb_callback._report.numbers import sig
@@ -259,7 +259,8 @@ def _not_rerun_ms(row: ComponentRow, kids: Mapping[str, list[ComponentRow]]) -> 
 
 #: A frontier point while the frontiers are built: ``(saved bytes, added ms, modules)``, the modules a
 #: tree of pairs (``None`` none, a path, or ``(left, right)``) read out only for the points kept.
-_Point = tuple[int, float, Any]
+_Modules: TypeAlias = "str | tuple[_Modules, _Modules] | None"
+_Point = tuple[int, float, _Modules]
 
 
 def _pareto(points: Iterable[_Point]) -> list[_Point]:
@@ -294,10 +295,10 @@ def _merge(a: list[_Point], b: list[_Point]) -> list[_Point]:
     )
 
 
-def _modules(ref: Any) -> tuple[str, ...]:
+def _modules(ref: _Modules) -> tuple[str, ...]:
     """The sorted paths of a point's tree of pairs."""
     out: list[str] = []
-    todo = [ref]
+    todo: list[_Modules] = [ref]
     while todo:
         r = todo.pop()
         if isinstance(r, str):

@@ -22,18 +22,24 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
+from cb_callback._types import UserValue
+
 __all__ = ["CheckpointHandle", "CheckpointedForward", "checkpointed_forward", "wrap_modules"]
 
 #: The attribute :func:`checkpointed_forward`'s function carries: the forward it replaced.
 _ORIGINAL = "__cb_checkpoint_original__"
 
 
-def _call_packed(function: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+def _call_packed(
+    function: Callable[..., Any], args: tuple[UserValue, ...], kwargs: Mapping[str, UserValue]
+) -> UserValue:
     """``function(*args, **kwargs)``: the module's arguments travel packed, so none is read as checkpoint's own."""
     return function(*args, **kwargs)
 
 
-def _run_checkpointed(function: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+def _run_checkpointed(
+    function: Callable[..., Any], args: tuple[UserValue, ...], kwargs: Mapping[str, UserValue]
+) -> UserValue:
     """``function`` under a non-reentrant checkpoint, torch's defaults (``preserve_rng_state=True``) kept.
 
     The module's keywords (``debug``, ``use_reentrant``, ``preserve_rng_state``, ``context_fn``,
@@ -51,7 +57,7 @@ def checkpointed_forward(original: Callable[..., Any]) -> Callable[..., Any]:
     mask again in the recompute, so the gradients are the unwrapped model's.
     """
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
+    def forward(*args: UserValue, **kwargs: UserValue) -> UserValue:
         return _run_checkpointed(original, args, kwargs)
 
     setattr(forward, _ORIGINAL, original)
@@ -111,7 +117,7 @@ class CheckpointedForward:
         """The forward run (``inspect.signature(module.forward)`` reads its parameters)."""
         return self._target()
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: UserValue, **kwargs: UserValue) -> UserValue:
         if not torch.is_grad_enabled():  # nothing is saved, so nothing is recomputed
             return _run_checkpointed(self._target(), args, kwargs)
         buffers = _buffers_state(self.module)

@@ -26,6 +26,7 @@ from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._engine.run.profile import profile_captured
 from cb_callback._report.finite import is_nan, ratio
 from cb_callback._report.model import ComponentRow, Report
+from cb_callback._types import OptionValue, UserValue
 from cb_callback._whatif.tolerances import (
     DEFAULT_TOLERANCES,
     NUMBER_TYPES,
@@ -209,13 +210,13 @@ def _tensor_cells(t: TensorComparison) -> list[str]:
             f"{t.rtol:g}", f"{t.atol:g}", "ok" if t.ok else "FAIL"]  # fmt: skip
 
 
-def _metric(v: Any) -> str:
+def _metric(v: object) -> str:
     if isinstance(v, float):
         return _num(v) if not (math.isfinite(v) and abs(v) >= 1e4) else f"{v:.4g}"
     return "-" if v is None else str(v)
 
 
-def _ratio(a: Any, b: Any) -> str:
+def _ratio(a: object, b: object) -> str:
     """The ``cand/ref`` cell: ``b / a`` to 3 significant figures, empty where undefined (:func:`ratio`)."""
     r = ratio(b, a)
     return "" if is_nan(r) else f"{r:.3g}"
@@ -305,8 +306,8 @@ def _load_state(reference: nn.Module, candidate: nn.Module) -> tuple[list[str], 
 
 @dataclass
 class _Run:
-    outputs: list[Any]
-    spec: Any
+    outputs: list[UserValue]
+    spec: object  # the output's structure, compared with ==
     input_grads: list[torch.Tensor]
     param_grads: dict[str, torch.Tensor]
 
@@ -405,7 +406,7 @@ def compare_components(
     load_state: Callable[[nn.Module, nn.Module], Any] | None = None,
     forward_context: Callable[[], AbstractContextManager[Any]] | None = None,
     config: BenchmarkConfig | None = None,
-    **options: Any,
+    **options: OptionValue,
 ) -> Comparison:
     """Check that ``candidate`` computes what ``reference`` does on one captured call, and time both.
 
@@ -617,7 +618,7 @@ def _shared_parameters(reference: nn.Module, candidate: nn.Module, backward: boo
     return params, not_compared
 
 
-def _kind(x: Any) -> str:
+def _kind(x: object) -> str:
     return f"a {str(x.dtype).removeprefix('torch.')} tensor" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
 
 

@@ -336,7 +336,7 @@ def outputs_agree(eager: Replay, compiled: Replay, seed: int) -> dict[str, Any]:
     return {"outputs_close": bool(close), "max_abs_error": max_abs, "max_rel_error": max_rel}
 
 
-def _leaf_closeness(x: Any, y: Any) -> Closeness | None:
+def _leaf_closeness(x: object, y: object) -> Closeness | None:
     """Two tensors or two Python numbers by :func:`compare_tensors` (a differing dtype, shape or
     number type is not close); ``None`` for other leaves (:func:`_equal`)."""
     if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
@@ -353,7 +353,7 @@ def _leaf_closeness(x: Any, y: Any) -> Closeness | None:
 _VALUES = (str, bytes, type(None), torch.Size, torch.dtype, torch.device)
 
 
-def _equal(x: Any, y: Any) -> bool:
+def _equal(x: object, y: object) -> bool:
     """Two output leaves that are not both tensors nor both numbers agree: a tensor against anything
     else never; plain values (strings, ``None``, sizes, dtypes, devices) ``==``; other objects (a
     cache object of each run, not a dataclass) only need the same type — their contents are not

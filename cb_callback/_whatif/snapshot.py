@@ -50,6 +50,7 @@ from cb_callback._engine.run.profile import profile_captured
 from cb_callback._hardware.devices import device_problem
 from cb_callback._report.discover import Resolved, capture_step, find_dirs, resolve
 from cb_callback._report.model import Report
+from cb_callback._types import OptionValue
 
 __all__ = [
     "META_FILE",
@@ -143,7 +144,7 @@ class Snapshot:
         """The captured calls of every batch, the first one first."""
         return [self.calls, *self.more_calls]
 
-    def benchmark_config(self, **overrides: Any) -> BenchmarkConfig:
+    def benchmark_config(self, **overrides: OptionValue) -> BenchmarkConfig:
         """The saved options as a :class:`BenchmarkConfig`, with ``overrides`` applied.
 
         Raises:
@@ -159,7 +160,7 @@ class Snapshot:
         device: str | torch.device | None = None,
         output_dir: str | Path | None = None,
         progress: Callable[[int, int, str], None] | None = None,
-        **overrides: Any,
+        **overrides: OptionValue,
     ) -> Report:
         """Profile the snapshot with :func:`cb_callback.profile_captured`.
 
@@ -232,7 +233,7 @@ def _class_path(obj: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _picklable(value: Any) -> bool:
+def _picklable(value: object) -> bool:
     try:
         pickle.dumps(value)
     except Exception:
@@ -595,7 +596,7 @@ def _snapshot_file(directory: str | Path, map_location: str | torch.device | Non
     return path
 
 
-def _unpickle(path: Path, map_location: str | torch.device | None, main: _MainScript, model_class: Any) -> Any:
+def _unpickle(path: Path, map_location: str | torch.device | None, main: _MainScript, model_class: object) -> object:
     """``torch.load`` of ``path`` with ``__main__`` as the training script, which is imported on a first miss.
 
     Raises:
@@ -626,7 +627,7 @@ def _unpickle(path: Path, map_location: str | torch.device | None, main: _MainSc
         raise SnapshotError(f"cannot load the snapshot {path}: {type(e).__name__}: {e}") from e
 
 
-def _from_payload(path: Path, payload: Any) -> Snapshot:
+def _from_payload(path: Path, payload: object) -> Snapshot:
     """The :class:`Snapshot` an unpickled payload holds, once it is one of a format this version reads.
 
     Raises:

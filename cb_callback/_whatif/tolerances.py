@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -47,7 +46,7 @@ def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
     return DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
 
 
-def number_tolerances(x: Any) -> tuple[float, float]:
+def number_tolerances(x: object) -> tuple[float, float]:
     """``(rtol, atol)`` for a Python-number output leaf.
 
     A ``float`` gets fp32's (rtol 1.3e-6, atol 1e-5) and a ``complex``
