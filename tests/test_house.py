@@ -3,6 +3,13 @@
 A function's length is ``end_lineno - lineno + 1`` of its ``def`` (its decorators not
 counted, its docstring counted). A nested function counts within its parent and on
 its own, so a parent cannot hide a long step inside itself.
+
+An annotation is *bare* ``Any`` when it is the name ``Any`` (or ``typing.Any``) itself: a
+parameter's (``*args`` and ``**kwargs`` included), a return's, an annotated assignment's.
+Where a value's type is arbitrary by nature the package names why with an alias of
+``cb_callback/_types.py`` (``UserValue``, ``OpValue``, ``JSONValue``, ``OptionValue``,
+``RankValue``); every other annotation names the type. ``Any`` nested in a generic
+(``Callable[..., Any]``) is not bare.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import cb_callback
+import cb_callback.integrations
 
 #: The longest a function may be, in lines (issue 25): past it, name the steps.
 MOST_LINES = 80
@@ -49,6 +57,93 @@ def long_function_defs(root: Path, most: int = MOST_LINES) -> list[LongFunction]
 def long_functions(root: Path, most: int = MOST_LINES) -> list[str]:
     """``path:line name (N lines)`` for every function under ``root`` longer than ``most`` lines."""
     return [str(f) for f in long_function_defs(root, most)]
+
+
+def _is_any(annotation: ast.expr | None) -> bool:
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):  # a quoted annotation
+        annotation = ast.parse(annotation.value, mode="eval").body
+    return (isinstance(annotation, ast.Name) and annotation.id == "Any") or (
+        isinstance(annotation, ast.Attribute) and annotation.attr == "Any"
+    )
+
+
+def bare_any(root: Path) -> list[str]:
+    """``path:line name`` for every bare ``Any`` annotation under ``root`` (the module docstring's rule)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        where = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]
+                found += [f"{where}:{p.lineno} {node.name}({p.arg})" for p in params if _is_any(p.annotation)]
+                if _is_any(node.returns):
+                    found.append(f"{where}:{node.lineno} {node.name} -> Any")
+            elif isinstance(node, ast.AnnAssign) and _is_any(node.annotation):
+                found.append(f"{where}:{node.lineno} {ast.unparse(node.target)}")
+    return found
+
+
+def test_no_annotation_in_the_package_or_the_integrations_is_a_bare_any() -> None:
+    roots = [Path(cb_callback.__file__).parent, *map(Path, cb_callback.integrations.__path__)]
+    found = [f"{root.name}/{f}" for root in roots for f in bare_any(root)]
+    assert not found, "bare Any (name the type, or the _types alias that says why it is arbitrary):\n" + "\n".join(
+        found
+    )
+
+
+def test_bare_any_finds_each_kind_of_annotation_and_only_those(tmp_path: Path) -> None:
+    # A checker that found nothing would pass the test above: pin what it finds.
+    (tmp_path / "a.py").write_text(
+        """\
+import typing
+from typing import Any, Callable
+
+def f(x: Any, *args: Any, y: int, **kw: typing.Any) -> Any:
+    z: Any = 1
+    w: "Any" = 2
+    return z
+
+def g(c: Callable[..., Any], d: list[Any], e: UserValue) -> int:
+    v: dict[str, Any] = {}
+    return 0
+"""
+    )
+    assert bare_any(tmp_path) == [
+        "a.py:4 f(x)",
+        "a.py:4 f(args)",
+        "a.py:4 f(kw)",
+        "a.py:4 f -> Any",
+        "a.py:5 z",
+        "a.py:6 w",
+    ]
+
+
+#: Package folders whose tests live elsewhere, and where: the counting room's FLOP and byte rules
+#: are tested through the metrics that share them.
+TESTED_ELSEWHERE = {"_engine/counting": "metrics", "_report/viewer_assets": "report"}
+#: The test folder of ``_lightning``: a ``tests/lightning`` package would shadow Lightning in the
+#: scripts run from ``tests/``.
+RENAMED = {"_lightning": "callback"}
+#: Test folders for what is not a folder of ``cb_callback/``: the integrations (their own
+#: folder, mapped into the package) and the ``cb`` command (``cb_callback/_cli.py``).
+BESIDE = {"integrations", "cli"}
+
+
+def _package_folders(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_dir() and p.name != "__pycache__"}
+
+
+def test_the_tests_folders_mirror_the_packages() -> None:
+    package = _package_folders(Path(cb_callback.__file__).parent)
+    tests = _package_folders(Path(__file__).parent) - {"report/data", "report/data/report_v1"}
+    expected = {
+        "/".join(RENAMED.get(part, part.lstrip("_")) for part in folder.split("/"))
+        for folder in package
+        if folder not in TESTED_ELSEWHERE
+    } | BESIDE
+    assert tests == expected
+    assert all((Path(__file__).parent / TESTED_ELSEWHERE[f]).is_dir() for f in TESTED_ELSEWHERE if f in package)
 
 
 def test_no_function_in_the_package_is_over_80_lines() -> None:

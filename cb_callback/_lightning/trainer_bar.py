@@ -132,6 +132,27 @@ class _Row(Protocol):
     def close(self) -> None: ...
 
 
+class _Bar(Protocol):
+    """What the callback uses of any of Lightning's ``ProgressBar`` kinds: its ``print`` (the rest it reads
+    with ``getattr``, where one kind has an attribute another lacks)."""
+
+    def print(self, message: str, /) -> None: ...
+
+
+class _RichBar(_Bar, Protocol):
+    """What the callback uses of Lightning's ``RichProgressBar`` beyond a bar's: ``refresh``."""
+
+    def refresh(self) -> None: ...
+
+
+class _TqdmBar(_Bar, Protocol):
+    """What the callback uses of Lightning's ``TQDMProgressBar`` beyond a bar's: its train bar (a
+    ``TypeError`` before Lightning has set it)."""
+
+    @property
+    def train_progress_bar(self) -> tqdm: ...
+
+
 class TrainerBar:
     """The Trainer's progress bar as the callback draws and prints through it.
 
@@ -148,16 +169,20 @@ class TrainerBar:
         kind: ``"rich"``, ``"tqdm"``, ``"other"`` (another ``ProgressBar``), or ``None`` (no bar).
     """
 
-    def __init__(self, bar: Any, rich_type: type, tqdm_type: type) -> None:
-        self.bar: Any = bar if bar is not None and getattr(bar, "is_enabled", True) else None
+    def __init__(self, bar: _Bar | None, rich_type: type[_RichBar], tqdm_type: type[_TqdmBar]) -> None:
+        self.bar = bar if bar is not None and getattr(bar, "is_enabled", True) else None
         self.kind: Literal["rich", "tqdm", "other"] | None = None
+        self._rich = self.bar if isinstance(self.bar, rich_type) else None
+        self._tqdm = self.bar if isinstance(self.bar, tqdm_type) and self._rich is None else None
         if self.bar is not None:
-            self.kind = "rich" if isinstance(bar, rich_type) else "tqdm" if isinstance(bar, tqdm_type) else "other"
+            self.kind = "rich" if self._rich is not None else "tqdm" if self._tqdm is not None else "other"
 
     def _tqdm_train(self) -> tqdm | None:
         """The TQDM bar's open train bar, else ``None`` (its ``print`` drops lines without one)."""
+        if self._tqdm is None:
+            return None
         try:
-            train = self.bar.train_progress_bar
+            train = self._tqdm.train_progress_bar
         except (TypeError, AttributeError):  # not set yet
             return None
         return None if train is None or train.disable else train
@@ -192,8 +217,8 @@ class TrainerBar:
 
     def row(self, step: int, count: ScheduleCount) -> _Row:
         """What draws the profile of ``step`` (see the module docstring); ``count`` has read the first call."""
-        if self.kind == "rich" and (progress := self._rich_live()) is not None:
-            return _RichRow(self.bar, progress, step, count.components)
+        if self._rich is not None and (progress := self._rich_live()) is not None:
+            return _RichRow(self._rich, progress, step, count.components)
         if self.kind == "tqdm" and (train := self._tqdm_train()) is not None and _isatty(sys.stdout):
             return _TqdmRow(self.bar, type(train), step, count.components)
         return _PlainLines(self._line, step, count)
@@ -227,7 +252,7 @@ def _write_after(train: tqdm, message: str) -> None:
 class _RichRow:
     """One task of the Rich bar's ``progress``: ``completed`` components of ``total``, the text in its description."""
 
-    def __init__(self, bar: Any, progress: Progress, step: int, total: int | None) -> None:
+    def __init__(self, bar: _RichBar, progress: Progress, step: int, total: int | None) -> None:
         from rich.markup import escape
 
         self._bar, self._progress, self._escape = bar, progress, escape

@@ -75,7 +75,8 @@ def test_every_component_of_the_sharded_model_is_measured_with_its_collectives(r
     assert set(measured.values()) == {"ok"}, {p: r for p, r in rows.items() if r["status"] != "ok"}
     # the LightningModule and the ModuleList are containers: estimated from their children
     assert rows[""]["status"] == rows["net.blocks"]["status"] == "estimated"
-    # tests/engine/distributed/test_lockstep.py derives these: each unit's all-gathers and reduce-scatter, the root's on top
+    # tests/engine/distributed/test_lockstep.py derives these: each unit's all-gathers and reduce-scatter,
+    # the root's on top
     assert [rows[f"net.blocks.{b}"]["comm_bytes"] for b in range(3)] == [BLOCK_COMM] * 3
     assert rows["net"]["comm_bytes"] == ROOT_COMM
     # children of a unit: replayed with the unit unsharded, their compute alone
