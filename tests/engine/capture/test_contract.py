@@ -170,7 +170,10 @@ def test_an_artifact_plugin_writes_into_its_directory_and_the_row_links_the_file
     plugin = PhasesArtifact()
     assert isinstance(plugin, ArtifactMetric) and validate_plugin(plugin, "metric") is plugin
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
-    report = profile_components(model, (torch.randn(2, 4),), metrics=[plugin], output_dir=str(tmp_path), **FAST)
+    # descend="all": every row replayed (hence its artifact written) whatever the in-situ times the triage reads
+    report = profile_components(
+        model, (torch.randn(2, 4),), metrics=[plugin], output_dir=str(tmp_path), descend="all", **FAST
+    )
     # one directory per component: <output_dir>/artifacts/<path or "root">/
     for path, folder in (("", "root"), ("0", "0"), ("1", "1")):
         row = report.row(path)
