@@ -20,10 +20,6 @@ UserValue: TypeAlias = Any
 #: dtypes, devices, lists of them, ``None`` — whatever the operator's schema takes or returns.
 OpValue: TypeAlias = Any
 
-#: JSON decoded from a file or a store before it is checked (``report.json``, the peak cache, a
-#: ledger record): a dict, list, string, number, bool or ``None``, nested.
-JSONValue: TypeAlias = Any
-
 #: A configuration option's value as the caller passed it (``BenchmarkConfig``'s options, a
 #: plugin's settings, an override); the receiving dataclass checks each one by its name.
 OptionValue: TypeAlias = Any

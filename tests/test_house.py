@@ -7,7 +7,7 @@ its own, so a parent cannot hide a long step inside itself.
 An annotation is *bare* ``Any`` when it is the name ``Any`` (or ``typing.Any``) itself: a
 parameter's (``*args`` and ``**kwargs`` included), a return's, an annotated assignment's.
 Where a value's type is arbitrary by nature the package names why with an alias of
-``cb_callback/_types.py`` (``UserValue``, ``OpValue``, ``JSONValue``, ``OptionValue``,
+``cb_callback/_types.py`` (``UserValue``, ``OpValue``, ``OptionValue``,
 ``RankValue``); every other annotation names the type. ``Any`` nested in a generic
 (``Callable[..., Any]``) is not bare.
 """
