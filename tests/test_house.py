@@ -60,15 +60,32 @@ def long_functions(root: Path, most: int = MOST_LINES) -> list[str]:
 
 
 def _is_any(annotation: ast.expr | None) -> bool:
+    """Whether ``annotation`` is ``Any``: quoted or not, ``typing.Any``, or ``Any`` made optional
+    (``Any | None``, ``Optional[Any]``), or ``Annotated[Any, ...]``."""
     if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):  # a quoted annotation
         annotation = ast.parse(annotation.value, mode="eval").body
-    return (isinstance(annotation, ast.Name) and annotation.id == "Any") or (
-        isinstance(annotation, ast.Attribute) and annotation.attr == "Any"
-    )
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        sides = [annotation.left, annotation.right]
+        others = [x for x in sides if not (isinstance(x, ast.Constant) and x.value is None)]
+        return len(others) == 1 and _is_any(others[0])
+    if isinstance(annotation, ast.Subscript) and _name(annotation.value) in ("Optional", "Annotated"):
+        inner = annotation.slice
+        return _is_any(inner.elts[0] if isinstance(inner, ast.Tuple) else inner)
+    return _name(annotation) == "Any"
+
+
+def _name(node: ast.expr | None) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else None
 
 
 def bare_any(root: Path) -> list[str]:
-    """``path:line name`` for every bare ``Any`` annotation under ``root`` (the module docstring's rule)."""
+    """``path:line name`` for every bare ``Any`` annotation under ``root`` (the module docstring's rule).
+
+    Files sorted by path; within a file in ``ast.walk`` order (breadth-first: a function's parameters
+    before the annotated assignments in its body).
+    """
     found = []
     for path in sorted(root.rglob("*.py")):
         where = path.relative_to(root).as_posix()
@@ -104,18 +121,19 @@ def f(x: Any, *args: Any, y: int, **kw: typing.Any) -> Any:
     w: "Any" = 2
     return z
 
-def g(c: Callable[..., Any], d: list[Any], e: UserValue) -> int:
+def g(c: Callable[..., Any], d: list[Any], e: UserValue, o: int | None) -> int:
     v: dict[str, Any] = {}
     return 0
+
+def h(p: Any | None, q: Optional[Any], r: Annotated[Any, "x"], t: "typing.Any | None") -> None:
+    class K:
+        k: Any
 """
     )
     assert bare_any(tmp_path) == [
-        "a.py:4 f(x)",
-        "a.py:4 f(args)",
-        "a.py:4 f(kw)",
-        "a.py:4 f -> Any",
-        "a.py:5 z",
-        "a.py:6 w",
+        *("a.py:4 f(x)", "a.py:4 f(args)", "a.py:4 f(kw)", "a.py:4 f -> Any"),
+        *("a.py:13 h(p)", "a.py:13 h(q)", "a.py:13 h(r)", "a.py:13 h(t)"),
+        *("a.py:5 z", "a.py:6 w", "a.py:15 k"),
     ]
 
 
@@ -131,7 +149,19 @@ BESIDE = {"integrations", "cli"}
 
 
 def _package_folders(root: Path) -> set[str]:
-    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_dir() and p.name != "__pycache__"}
+    """The folders under ``root`` that hold a file: not ``__pycache__``, not hidden (``.ruff_cache``),
+    not one a branch switch left with nothing but ``__pycache__``."""
+    out = set()
+    for p in root.rglob("*"):
+        rel = p.relative_to(root)
+        hidden = any(part.startswith(".") or part == "__pycache__" for part in rel.parts)
+        if p.is_dir() and not hidden and any(f.is_file() for f in p.iterdir()):
+            out.add(rel.as_posix())
+    return out
+
+
+def _subfolders(folder: str, folders: set[str]) -> list[str]:
+    return [f.removeprefix(folder + "/") for f in folders if f.startswith(folder + "/")]
 
 
 def test_the_tests_folders_mirror_the_packages() -> None:
@@ -144,6 +174,17 @@ def test_the_tests_folders_mirror_the_packages() -> None:
     } | BESIDE
     assert tests == expected
     assert all((Path(__file__).parent / TESTED_ELSEWHERE[f]).is_dir() for f in TESTED_ELSEWHERE if f in package)
+    # a folder split into rooms keeps its tests in them: none left beside them (tests/engine/test_x.py)
+    here = Path(__file__).parent
+    beside = [
+        p.relative_to(here).as_posix()
+        for folder in tests
+        if _subfolders(folder, tests)
+        for p in (here / folder).glob("test_*.py")
+    ]
+    assert not beside, f"test files beside their folder's rooms (move them into the room they test): {beside}"
+    # every mirrored folder holds tests (an empty one mirrors nothing)
+    assert all(list((here / f).rglob("test_*.py")) for f in tests if not f.startswith("report/data")), tests
 
 
 def test_no_function_in_the_package_is_over_80_lines() -> None:

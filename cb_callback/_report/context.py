@@ -17,14 +17,18 @@ __all__ = ["ReportContext", "Reporter"]
 class TensorBoardWriter(Protocol):
     """What :func:`~cb_callback._report.tensorboard.log_report` calls on a ``SummaryWriter``-like writer.
 
-    ``add_scalar`` and ``add_text`` always; ``add_figure`` when the writer has no ``add_image``. The
-    optional ``add_image``, ``add_custom_scalars``, ``flush`` and ``_get_file_writer`` are looked up
-    with ``getattr`` and called only when present.
+    ``add_scalar`` and ``add_text`` always; ``add_image``, or else ``add_figure``
+    (:class:`FigureWriter`), for the charts. The optional ``add_image``, ``add_custom_scalars``,
+    ``flush`` and ``_get_file_writer`` are looked up with ``getattr`` and called only when present.
     """
 
     def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> object: ...
 
     def add_text(self, tag: str, text_string: str, global_step: int) -> object: ...
+
+
+class FigureWriter(TensorBoardWriter, Protocol):
+    """A writer without ``add_image``: its charts go through ``add_figure`` (a matplotlib figure)."""
 
     def add_figure(self, tag: str, figure: Figure, global_step: int, close: bool) -> object: ...
 

@@ -14,7 +14,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cb_callback._report.icicle import icicle_figure
 from cb_callback._report.pixels import rendered
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from matplotlib.figure import Figure
 
-    from cb_callback._report.context import ReportContext, TensorBoardWriter
+    from cb_callback._report.context import FigureWriter, ReportContext, TensorBoardWriter
     from cb_callback._report.model import ComponentRow, Report
 
 __all__ = [
@@ -265,8 +265,8 @@ def log_report(
         add_image = getattr(writer, "add_image", None)
         if callable(add_image):  # the PNG files' pixels, drawn once per report
             add_image(tag, rendered(report, draw, *args)[:, :, :3], global_step=step, dataformats="HWC")
-        else:
-            writer.add_figure(tag, draw(report, *args), global_step=step, close=True)
+        else:  # a writer with neither raises AttributeError here, as the contract says (TensorBoardWriter)
+            cast("FigureWriter", writer).add_figure(tag, draw(report, *args), global_step=step, close=True)
 
 
 class TensorBoardReporter:

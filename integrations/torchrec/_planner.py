@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -99,7 +99,7 @@ def _module_perf(
     path: str,
     module_plan: Mapping[str, ParameterSharding],
     sharded: nn.Module,
-    sharders: list[ModuleSharder[nn.Module]],
+    sharders: Sequence[ModuleSharder[nn.Module]],
     topology: Topology,
     batch_size: int,
     constraints: Mapping[str, ParameterConstraints] | None,
@@ -173,7 +173,7 @@ def module_perf(
     topology: Topology,
     batch_size: int,
     constraints: Mapping[str, ParameterConstraints] | None = None,
-    sharders: list[ModuleSharder[nn.Module]] | None = None,
+    sharders: Sequence[ModuleSharder[nn.Module]] | None = None,
 ) -> dict[str, Any]:
     """One sharded module's entry of :func:`planned_perf` (with ``assumptions``), from its plan alone.
 

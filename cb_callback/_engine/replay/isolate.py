@@ -606,14 +606,18 @@ class _PhaseNameInstrument:
 _WARNED_LEGACY: set[type] = set()
 
 
-def _adapted(ins: Instrument) -> Instrument:
-    """``ins``, or an adapter when its ``observe`` is annotated ``phase: str`` (0.1's contract)."""
+def _adapted(ins: Instrument | _LegacyInstrument) -> Instrument:
+    """``ins``, or an adapter when its ``observe`` is annotated ``phase: str`` (0.1's contract).
+
+    Which contract ``ins`` keeps is known only from that annotation, at run time: one not annotated
+    ``phase: str`` is taken as today's (``observe(ctx: PassContext)``).
+    """
     try:
         params = list(inspect.signature(ins.observe).parameters.values())
     except (TypeError, ValueError):
-        return ins
+        return cast(Instrument, ins)
     if not params or params[0].annotation not in (str, "str"):
-        return ins
+        return cast(Instrument, ins)
     if type(ins) not in _WARNED_LEGACY:
         _WARNED_LEGACY.add(type(ins))
         warnings.warn(

@@ -123,21 +123,28 @@ def test_the_switch_rate_alone_is_not_contention_where_proc_is_read(monkeypatch:
 
 # --- 2. other processes are the machine's load ------------------------------------------------
 
-#: Spinning processes that make the machine busy beyond doubt. The verdict (quality._others_busy)
-#: with the suite's 1 torch thread on 2 CPUs: others' share less the ticks' slack (2 ticks per CPU:
-#: 4 / the window's span in ticks) must pass 0.6, i.e. (share - slack) x 2 CPUs - the 1 CPU our
-#: thread leaves free > 0.2 x the 1 it needs. 4 hogs beside our thread share the 2 CPUs five ways:
-#: 4/5 = 0.8 of the CPU time (read 0.70-0.80 here, our process's other threads taking some). With
-#: 2 hogs (2/3) and 3 (3/4, read 0.65-0.76) a profile of a few tenths of a second was read as a
-#: quiet machine now and then. A busier machine only adds to the share.
-HOGS = 4
+#: The CPUs this process may run on (what the verdict divides by).
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+#: Spinning processes that make the machine busy beyond doubt: 3 per CPU. The verdict
+#: (quality._others_busy) with the suite's 1 torch thread on c CPUs: others' share less the ticks'
+#: slack (2 ticks per CPU: 0.04 over the half-second window below) must pass 1 - 0.8/c, i.e.
+#: (share - slack) x c - the c - 1 CPUs our thread leaves free > 0.2 x the 1 it needs. 3c hogs
+#: beside our thread share the c CPUs 3c + 1 ways: 3c/(3c + 1) of the CPU time, less what our
+#: process's other threads take. On 2 CPUs 6/7 = 0.86 against 0.64 (4 hogs read 0.70-0.80 against
+#: it; 2 and 3 hogs, 0.65-0.76 over shorter windows, were read as a quiet machine now and then); on
+#: 4, 12/13 = 0.92 against 0.84. Past 4 CPUs the share needed nears 1 (0.94 on 8, 0.99 on 16):
+#: more spinning processes than a test should start, so those machines skip these two tests. A
+#: busier machine only adds to the share.
+HOGS = 3 * CPUS
+needs_few_cpus = pytest.mark.skipif(CPUS > 4, reason=f"{CPUS} CPUs: a busy verdict needs over {3 * CPUS} hogs")
 #: Each timed pass runs for min_run_time_s (0.02 s) whatever its speed (no cap on the repeats): a
 #: window of about half a second (OPTS's 50 repeats of the small MLP's passes take ~0.1 s in all),
 #: over which the ticks' slack is about 0.03.
 LONG: dict[str, Any] = {**OPTS, "max_repeats": 10**6}
 
 
-def test_two_cpu_hogs_make_a_profile_contended() -> None:
+@needs_few_cpus
+def test_cpu_hogs_make_a_profile_contended() -> None:
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
     with _hogs(HOGS) as pids:
         report = profile_components(model, (torch.randn(64, 256),), **LONG)
@@ -149,7 +156,8 @@ def test_two_cpu_hogs_make_a_profile_contended() -> None:
     assert f"other processes used {q['others']:.0%} of the {cpus} CPU{'s' if cpus != 1 else ''}" in q["advice"][0]
 
 
-def test_two_cpu_hogs_make_a_lightning_run_contended(tmp_path: Path) -> None:
+@needs_few_cpus
+def test_cpu_hogs_make_a_lightning_run_contended(tmp_path: Path) -> None:
     cb = ComponentBenchmark(capture_step=1, output_dir=str(tmp_path / "out"), log_to_tensorboard=False, **LONG)
     with _hogs(HOGS):
         run_fit(tmp_path, [cb, RichProgressBar()], logger=False, max_steps=3, enable_progress_bar=True)
