@@ -84,12 +84,19 @@ def test_the_triage_decides_from_the_in_situ_shares_before_any_replay() -> None:
         progress=lambda done, total, path: seen.append(path), **TIMED,
     )  # fmt: skip
     rows = {r.path: r for r in report.rows}
+    tiny = rows["branches.1"].details["insitu"]["share"]
+    assert rows["branches.0"].details["insitu"]["share"] >= 0.1
+    if tiny >= 0.1:
+        # Beside two CPU hogs the tiny branch's share once read over 0.1 even as the median of five passes
+        # (a preemption in most of them). The decision still follows the share it read: replayed, and
+        # measured like the heavy rows. (Quiet, it reads about 0.005: the branch below.)
+        assert [p for p in HEAVY if rows[p].status != "ok"] == []
+        assert "as" not in rows["branches.1"].details and rows["branches.1"].note is None  # a replay's own row
+        return
     assert [p for p in HEAVY if rows[p].status != "ok"] == ["branches.1"]
     # The notes name the in-situ share the decision was made on (the forward in the step over the step's).
     # The tiny branch is a child of a node descended into (the never-called ModuleList), but too small to
     # be replayed itself: its row keeps the step's numbers, and nothing below it is replayed.
-    tiny = rows["branches.1"].details["insitu"]["share"]
-    assert tiny < 0.1 <= rows["branches.0"].details["insitu"]["share"]
     own = f"not replayed: its share {tiny:.3g} < descend_share 0.1"
     assert (rows["branches.1"].status, rows["branches.1"].note) == ("skipped", own)
     assert rows["branches.1"].details["as"] == "insitu"
