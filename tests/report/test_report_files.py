@@ -180,8 +180,9 @@ def test_an_engine_report_saved_elsewhere_takes_its_artifacts_along(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     blank_figures(monkeypatch)  # reads no image (test_an_output_dir_gets_the_full_report draws them)
+    # descend="all": every row replayed, hence an artifact each (the default triage decides by the load)
     report = profile_components(_model(), (torch.randn(2, 4),), output_dir=str(tmp_path / "run"),
-                                artifacts=("ops",), **OPTS)  # fmt: skip
+                                artifacts=("ops",), descend="all", **OPTS)  # fmt: skip
     links = {r.path: r.details["artifacts"]["ops"] for r in report.rows}
     assert links["0"] == "artifacts/0/ops.csv"  # <output_dir>/artifacts/<path>/ops.csv, relative
     d2 = report.save(tmp_path / "d2")
