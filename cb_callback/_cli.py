@@ -823,12 +823,42 @@ def _not_reached(plan: CheckpointPlan) -> str:
     )
 
 
+# What a shell reports for a command killed by SIGPIPE (128 + 13): ``cb report | head`` ends as ``yes | head`` does.
+_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``cb`` with ``argv`` (default: the command line); returns the exit status."""
+    """Run ``cb`` with ``argv`` (default: the command line); returns the exit status.
+
+    A reader that stops early (``cb report DIR | head``) ends the command quietly with status 141, as a command
+    killed by SIGPIPE: what was printed up to then stands, and no traceback follows it.
+    """
     args = _parser().parse_args(argv)
     handlers = {"replay": _replay, "report": _report, "diff": _diff, "compare": _compare_cmd, "roofline": _roofline}
     handlers["checkpoint"] = _checkpoint_cmd
-    return handlers[args.command](args)
+    try:
+        status = handlers[args.command](args)
+        sys.stdout.flush()  # a pipe closed after the last print fails here, not at exit
+    except BrokenPipeError:
+        _silence_stdout()
+        return _BROKEN_PIPE
+    return status
+
+
+def _silence_stdout() -> None:
+    """Point stdout's file descriptor at the null device, so the interpreter's flush at exit writes nothing into the
+    closed pipe (it would print "Exception ignored ... BrokenPipeError")."""
+    import os
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file: nothing is flushed at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -225,3 +225,29 @@ def test_a_directory_named_like_dir_at_n_is_a_path_not_a_step(
     assert _root_total(capsys.readouterr().out) == "7.00"
     assert main(["report", str(tmp_path / "run@3") + "@3"]) == 0  # run@3, capture step 3
     assert _root_total(capsys.readouterr().out) == "7.00"
+
+
+@pytest.mark.parametrize("line_buffering", [True, False], ids=["fails-mid-print", "fails-at-the-last-flush"])
+def test_a_reader_that_stops_early_ends_the_command_quietly_with_sigpipes_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, line_buffering: bool
+) -> None:
+    """``cb report DIR | head -1``: ``head`` closes the pipe after one line; the next write (mid-listing, or the
+    flush of what was buffered) fails with EPIPE. That is the reader's choice, not an error: status 141 (128 +
+    SIGPIPE, as ``yes | head``), no traceback on stderr, and stdout's descriptor is left on the null device so
+    the interpreter's flush at exit cannot fail either."""
+    import contextlib
+    import io
+
+    _five().save(tmp_path)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write: every write fails
+    pipe = io.TextIOWrapper(io.FileIO(write_end, "w"), line_buffering=line_buffering)
+    monkeypatch.setattr("sys.stdout", pipe)
+    try:
+        assert main(["report", str(tmp_path)]) == 141
+        assert capsys.readouterr().err == ""
+        os.write(write_end, b"after")  # the null device takes it; the closed pipe would raise BrokenPipeError
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(BrokenPipeError):  # what the wrapper still buffers goes nowhere
+            pipe.close()
