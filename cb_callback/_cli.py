@@ -47,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     """The ``cb`` parser: one sub-command each for ``replay``, ``report``, ``diff``, ``compare`` and ``roofline``."""
     parser = argparse.ArgumentParser(
         prog="cb",
-        description="cb_callback component benchmark: replay snapshots, print, draw and compare reports.",
+        description="cb_callback component benchmark: replay snapshots, print, draw and compare reports. Every "
+        "command ends with status 141 (as a command killed by SIGPIPE), quietly, when its reader stops early "
+        "(cb report DIR | head).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
