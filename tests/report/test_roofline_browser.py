@@ -155,3 +155,27 @@ def test_without_peaks_the_note_claims_no_roof(browser: object, tmp_path: Path) 
         note = page.inner_text("#roofline-note")
     assert "roof above it" not in note and note.endswith("No peaks in this report: no roof is drawn, no headroom; "
                                                          "click a point to select its component.")  # fmt: skip
+
+
+CELLS = (
+    "(() => { const i = [...document.querySelectorAll('#table thead th')].findIndex(h => h.textContent"
+    " === 'headroom ms'); return [...document.querySelectorAll('#table tbody tr')]"
+    ".map(r => [r.dataset.path, r.children[i].textContent]); })()"
+)
+
+
+def test_the_table_shows_headroom_after_bound_and_sorts_by_it(browser: object, page_file: Path) -> None:
+    """The column the summary ranks by, in the table: per call, as report.json has it. The fixture's values
+    (tests/_roofline_report.py): root (8 - 4) + (16 - 8) = 12, mlp 2 - 1 = 1, tiny's backward 1 - 0.01 = 0.99,
+    act 0.5 - 0.01 = 0.49 ms; nob (no bytes), the estimated, failed and skipped rows none ("-")."""
+    with new_page(browser) as (page, log):
+        _open(browser, page, page_file)
+        headers = page.locator("#table thead th").all_text_contents()
+        assert headers.index("headroom ms") == headers.index("bound") + 1
+        cells = dict(page.evaluate(CELLS))
+        assert cells == {"": "12.0", "mlp": "1.00", "tiny": "0.990", "act": "0.490", "nob": "-", "blocks": "-",
+                         "bad": "-", "skip": "-"}  # fmt: skip
+        page.click("#table thead th:text-is('headroom ms')")  # a number column sorts largest first
+        order = [path for path, _ in page.evaluate(CELLS)]
+        assert order[:4] == ["", "mlp", "tiny", "act"] and sorted(order[4:]) == ["bad", "blocks", "nob", "skip"]
+        assert log.errors == []

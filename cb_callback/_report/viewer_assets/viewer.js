@@ -345,6 +345,12 @@
       { key: "vs_planned", label: "× planned", num: true, title: "measured total ms ÷ planned ms",
         get: function (r) { return vsPlanned(r, "total_ms"); }, show: function (v) { return isNum(v) ? sig(v, 3) : "-"; } });
   }
+  if (rows.some(function (r) { return isNum(r.headroom_ms); })) {
+    COLS.splice(colIndex("bound") + 1, 0,
+      { key: "headroom_ms", label: "headroom ms", num: true,
+        title: "per call: what the component would save at its own roof, forward + backward, each pass its time minus max(FLOP \u00f7 peak FLOP/s, bytes \u00f7 the bandwidth that bounds it) (docs/columns.md, Headroom); times calls, the summary's \u201cwhere optimisation pays most\u201d",
+        get: function (r) { return r.headroom_ms; }, show: function (v) { return num(v); } });
+  }
   if (config.diff) {
     /* The cells cb diff prints (details.diff.text: cb_callback._report.diff.cell_texts), sorted by the number. */
     var dcol = function (key, label) {
