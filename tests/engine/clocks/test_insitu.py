@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from cb_callback import profile_components
-from cb_callback._engine.clocks.clock import HookClock
+from cb_callback._engine.clocks.clock import HookClock, HookCost
 from tests.conftest import FAST
 
 # min_run_time_s=0.05: the in-situ passes' budget (3 × 2 × 0.05 s) lets all 3 run on these small models.
@@ -34,6 +34,47 @@ def test_hook_clock_leaves_the_hooks_own_time_out_of_every_call() -> None:
     clock.close("a.b")
     clock.close("a")
     assert clock.durations() == {"a": [6.0], "a.b": [2.0]}
+
+
+def test_hook_clock_leaves_what_hooking_costs_out_of_each_call_and_every_call_around_it() -> None:
+    # Fake times: A opens at 0; B opens at 1, its hook region 2-3, closes at 5; C opens at 6, closes at 7;
+    # A closes at 10. With own 0.5 and nested 1.0 (per hooked call inside):
+    # B = 5 - 1 - 1 (hook) - 0.5 = 2.5; C = 7 - 6 - 0.5 = 0.5; A = 10 - 0 - 1 (B's hook) - 0.5 - 2 × 1.0 = 6.5.
+    def marked(cost: HookCost) -> dict[str, list[float]]:
+        ticks = iter([0.0, 1.0, 2.0, 3.0, 5.0, 6.0, 7.0, 10.0])
+        clock = HookClock(clock=lambda: next(ticks), cost=cost)
+        clock.open("a")
+        clock.open("a.b")
+        clock.hook_start()
+        clock.hook_end()
+        clock.close("a.b")
+        clock.open("a.c")
+        clock.close("a.c")
+        clock.close("a")
+        return clock.durations()
+
+    assert marked(HookCost(own_s=0.5, nested_s=1.0)) == {"a": [6.5], "a.b": [2.5], "a.c": [0.5]}
+    assert marked(HookCost()) == {"a": [9.0], "a.b": [3.0], "a.c": [1.0]}  # no cost: as before
+    # A cost above a call's span leaves it 0, never negative: B = 3 - 2 = 1; C = max(1 - 2, 0);
+    # A = max(9 - 2 - 2 × 4, 0).
+    assert marked(HookCost(own_s=2.0, nested_s=4.0)) == {"a": [0.0], "a.b": [1.0], "a.c": [0.0]}
+
+
+def test_the_in_situ_times_are_net_of_the_hook_cost_measured_before_the_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Wiring, not timing: the cost measure_hook_cost returns is what the passes' clock subtracts and what
+    # metadata["insitu"]["hook_cost_us"] records. An own cost of 10 s per call exceeds every call's time
+    # (TwoSleepy's longest is a's 20 ms): every in-situ forward reads 0.
+    from cb_callback._engine.clocks import insitu
+
+    measured = insitu.measure_hook_cost(torch.device("cpu"), nodes=True)
+    assert 0.0 <= measured.own_s < 1e-3 and 0.0 <= measured.nested_s < 1e-3  # µs, not ms, on any machine
+    assert insitu.measure_hook_cost(torch.device("cuda"), nodes=True) == HookCost()  # device events: none
+    monkeypatch.setattr(insitu, "measure_hook_cost", lambda device, nodes: HookCost(own_s=10.0, nested_s=0.0))
+    report = profile_components(TwoSleepy(), torch.randn(2, 4), descend="all", **TIMED)
+    assert report.metadata["insitu"]["hook_cost_us"] == {"own": 10.0 * 1e6, "nested": 0.0}
+    assert {r.path: r.insitu_ms for r in report.rows} == {"": 0.0, "a": 0.0, "a.lin": 0.0, "b": 0.0, "b.lin": 0.0}
 
 
 class Sleepy(nn.Module):
