@@ -14,6 +14,10 @@ untimed) of the root's forward:
 - ``every module, raw``: every module hooked, as the in-situ pass hooks them, no cost subtracted (as before
   ``HookCost``);
 - ``every module, net``: the same, less the cost ``measure_hook_cost`` measured just before.
+
+And the backward, which the cost does not correct: the plain backward against the whole backward with every
+module's nodes claimed and timed by the ``NodeClock``, less the node hooks' own work (``hooks_s``), as the
+in-situ pass reads a top's backward.
 """
 
 from __future__ import annotations
@@ -49,6 +53,23 @@ def _hooked_ms(model: nn.Module, x: torch.Tensor, only: set[str] | None, cost: H
         if i >= _UNTIMED:
             took.append(clock.durations()[""][0] * 1e3)
         clock.clear()
+    return statistics.median(took)
+
+
+def _backward_ms(model: nn.Module, x: torch.Tensor, timed: bool, passes: int) -> float:
+    """The median whole backward (ms), every module's nodes claimed and timed (``timed``) or none."""
+    took = []
+    for i in range(passes + _UNTIMED):
+        nodes = NodeClock() if timed else None
+        with hook_clock(model, HookClock(torch.device("cpu")), None, nodes):
+            y = model(x).sum()
+        t0 = time.perf_counter()
+        y.backward()
+        seconds = time.perf_counter() - t0 - (nodes.hooks_s if nodes is not None else 0.0)
+        if nodes is not None:
+            nodes.close()
+        if i >= _UNTIMED:
+            took.append(seconds * 1e3)
     return statistics.median(took)
 
 
@@ -88,6 +109,8 @@ def main() -> None:
             f"{plain:.3f} ms, root alone {alone:.3f} ms, every module raw {raw:.3f} ms ({raw / alone:.2f}x), "
             f"net {net:.3f} ms ({net / alone:.2f}x)"
         )
+        bwd_plain, bwd_timed = _backward_ms(model, x, False, args.passes), _backward_ms(model, x, True, args.passes)
+        print(f"  backward: nodes untimed {bwd_plain:.3f} ms, timed {bwd_timed:.3f} ms ({bwd_timed / bwd_plain:.2f}x)")
 
 
 if __name__ == "__main__":
