@@ -218,29 +218,33 @@ def measure_hook_cost(device: torch.device, nodes: bool) -> HookCost:
     """
     if device.type == "cuda":
         return HookCost()
-    own = [statistics.median(spans[f"parts.{i}"][0] for i in range(_PROBE_CHILDREN))
-           for spans in _probe_passes(_HookProbe(nn.Identity), None, nodes)]  # fmt: skip
-    every = [spans[""][0] for spans in _probe_passes(_HookProbe(_Step), None, nodes)]
-    alone = [spans[""][0] for spans in _probe_passes(_HookProbe(_Step), {""}, nodes)]
+    identity, step = _HookProbe(nn.Identity), _HookProbe(_Step)
+    own: list[float] = []
+    every: list[float] = []
+    alone: list[float] = []
+    for i in range(_PROBE_PASSES + 2):  # two untimed rounds first; the kinds alternate (the load drifts)
+        spans = _probe_pass(identity, None, nodes)
+        own.append(statistics.median(spans[f"parts.{c}"][0] for c in range(_PROBE_CHILDREN)))
+        every.append(_probe_pass(step, None, nodes)[""][0])
+        alone.append(_probe_pass(step, {""}, nodes)[""][0])
+    own, every, alone = own[2:], every[2:], alone[2:]
     nested = (statistics.median(every) - statistics.median(alone)) / _PROBE_CHILDREN
     return HookCost(max(statistics.median(own), 0.0), max(nested, 0.0))
 
 
-def _probe_passes(probe: nn.Module, only: set[str] | None, nodes: bool) -> Iterator[dict[str, list[float]]]:
-    """Each timed pass's call times (:meth:`HookClock.durations`) of ``probe`` hooked on ``only`` (two
-    untimed passes first)."""
+def _probe_pass(probe: nn.Module, only: set[str] | None, nodes: bool) -> dict[str, list[float]]:
+    """One forward of ``probe`` hooked on ``only`` (``None``: every module), grad on: its call times
+    (:meth:`HookClock.durations`)."""
     x = torch.zeros(4, requires_grad=True)
-    for i in range(_PROBE_PASSES + 2):
-        clock = HookClock()
-        claims = NodeClock() if nodes else None
-        try:
-            with hook_clock(probe, clock, only, claims):
-                probe(x)
-        finally:
-            if claims is not None:
-                claims.close()
-        if i >= 2:
-            yield clock.durations()
+    clock = HookClock()
+    claims = NodeClock() if nodes else None
+    try:
+        with torch.enable_grad(), hook_clock(probe, clock, only, claims):
+            probe(x)
+    finally:
+        if claims is not None:
+            claims.close()
+    return clock.durations()
 
 
 class PassGuard(Protocol):
