@@ -222,7 +222,7 @@ def measure_hook_cost(device: torch.device, nodes: bool) -> HookCost:
     own: list[float] = []
     every: list[float] = []
     alone: list[float] = []
-    for i in range(_PROBE_PASSES + 2):  # two untimed rounds first; the kinds alternate (the load drifts)
+    for _ in range(_PROBE_PASSES + 2):  # two untimed rounds first; the kinds alternate (the load drifts)
         spans = _probe_pass(identity, None, nodes)
         own.append(statistics.median(spans[f"parts.{c}"][0] for c in range(_PROBE_CHILDREN)))
         every.append(_probe_pass(step, None, nodes)[""][0])
