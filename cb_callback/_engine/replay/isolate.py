@@ -652,25 +652,47 @@ _UNSET = object()
 def flatten_output(out: UserValue, _seen: frozenset[int] = frozenset()) -> tuple[list[UserValue], object]:
     """The leaves of a component's output and its structure (comparable with ``==``).
 
-    :mod:`torch.utils._pytree`'s flattening, with dataclass instances that are
-    not registered with pytree (an LLM block's ``@dataclass`` output) opened field
-    by field, recursively: their tensors are leaves like a tuple's. A field that
-    was never set (``field(init=False)``) is left out; a dataclass met again
-    inside itself (``o.me = o``), or deeper than 32 levels, stays one leaf.
+    :mod:`torch.utils._pytree`'s flattening, with the containers it leaves whole opened, recursively, so
+    that their tensors are leaves like a tuple's (the step's loss reads them; a replay that did not see them
+    would differentiate nothing): a dataclass instance not registered with pytree (an LLM block's
+    ``@dataclass`` output) field by field, a field never set (``field(init=False)``) left out; a mapping
+    pytree does not know (a ``dict`` or ``OrderedDict`` subclass, a hand-written ``ModelOutput``) by its
+    keys; a ``list`` or ``tuple`` subclass by position; any other object but a module, a class or a tensor
+    by its instance attributes (``vars``: a ``torch.distributions`` object's tensors). A container met
+    again inside itself (``o.me = o``), or deeper than 32 levels, stays one leaf.
     """
     leaves, spec = pytree.tree_flatten(out)
     flat: list[UserValue] = []
-    opened: list[tuple[int, str, tuple[str, ...], object]] = []
+    opened: list[tuple[int, str, tuple[object, ...], object]] = []
     for i, x in enumerate(leaves):
-        if dataclasses.is_dataclass(x) and not isinstance(x, type) and id(x) not in _seen and len(_seen) < 32:
-            fields = [(f.name, getattr(x, f.name, _UNSET)) for f in dataclasses.fields(x)]
-            fields = [(n, v) for n, v in fields if v is not _UNSET]
-            sub, sub_structure = flatten_output(tuple(v for _, v in fields), _seen | {id(x)})
-            flat += sub
-            opened.append((i, type(x).__qualname__, tuple(n for n, _ in fields), sub_structure))
-        else:
+        parts = _parts(x, _seen)
+        if parts is None:
             flat.append(x)
+            continue
+        names, values = parts
+        sub, sub_structure = flatten_output(tuple(values), _seen | {id(x)})
+        flat += sub
+        opened.append((i, type(x).__qualname__, names, sub_structure))
     return flat, (spec, tuple(opened))
+
+
+def _parts(x: UserValue, seen: frozenset[int]) -> tuple[tuple[object, ...], list[UserValue]] | None:
+    """The names and values :func:`flatten_output` opens a leaf into, or ``None`` (a leaf it keeps)."""
+    if isinstance(x, (torch.Tensor, nn.Module, type, str, bytes)) or id(x) in seen or len(seen) >= 32:
+        return None
+    if dataclasses.is_dataclass(x):
+        fields = [(f.name, getattr(x, f.name, _UNSET)) for f in dataclasses.fields(x)]
+        fields = [(n, v) for n, v in fields if v is not _UNSET]
+        return tuple(n for n, _ in fields), [v for _, v in fields]
+    if isinstance(x, Mapping):
+        keys = list(x.keys())
+        return tuple(keys), [x[k] for k in keys]
+    if isinstance(x, (list, tuple)):
+        return (), list(x)
+    attributes = getattr(x, "__dict__", None)
+    if isinstance(attributes, dict) and attributes and not callable(x):
+        return tuple(attributes), list(attributes.values())
+    return None
 
 
 def versions(inputs: ReplayInputs) -> tuple[pytree.TreeSpec, list[tuple[int, int]]]:
