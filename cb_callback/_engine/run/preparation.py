@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,13 +118,39 @@ def prepare(
     return Prepared(model, cfg, device, context, pre, met, rep, metadata)
 
 
-def infer_dtype(model: nn.Module, device: torch.device, cfg: BenchmarkConfig) -> str:
-    """The peak key MFU is judged by: ``cfg.dtype``, else the model's first floating parameter's
-    (``fp32`` on CUDA with TF32 matmuls allowed is ``tf32``)."""
+def infer_dtype(
+    model: nn.Module,
+    device: torch.device,
+    cfg: BenchmarkConfig,
+    forward_context: Callable[[], AbstractContextManager[object]] | None = None,
+) -> str:
+    """The peak key MFU is judged by: ``cfg.dtype``; else the autocast the replays run under on ``device``'s
+    type (the caller's, around ``profile_components``, or the one ``forward_context`` enters: the step's
+    ``*-mixed`` precision); else the model's first floating parameter's (``fp32`` on CUDA with TF32 matmuls
+    allowed is ``tf32``)."""
     if cfg.dtype is not None:
         return resolve_dtype(cfg.dtype)[1]
+    autocast = _autocast_dtype(device, forward_context)
+    if autocast is not None:
+        return resolve_dtype(autocast)[1]
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     key = resolve_dtype(dtype)[1]
     if key == "fp32" and device.type == "cuda" and torch.get_float32_matmul_precision() != "highest":
         return "tf32"
     return key
+
+
+def _autocast_dtype(
+    device: torch.device, forward_context: Callable[[], AbstractContextManager[object]] | None
+) -> torch.dtype | None:
+    """The dtype autocast computes in on ``device``'s type here (inside ``forward_context`` when given), or
+    ``None`` where autocast is off."""
+    kind = device.type
+
+    def read() -> torch.dtype | None:
+        return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+
+    if forward_context is None:
+        return read()
+    with forward_context():
+        return read()

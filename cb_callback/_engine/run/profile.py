@@ -132,7 +132,7 @@ def _profile(
     cfg, device, meta = prepared.config, prepared.device, prepared.metadata
     if len(batches) > 1:
         meta["batches"] = len(batches)
-    dtype = infer_dtype(prepared.model, device, cfg)
+    dtype = infer_dtype(prepared.model, device, cfg, forward_context)
     ctx = _run_context(prepared, batches, forward_context)
     measured = _measure(ctx, prepared, dtype, meta)
     schedule, insitu, plan, peaks = measured.schedule, measured.insitu, measured.plan, measured.peaks
