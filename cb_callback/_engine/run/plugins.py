@@ -214,19 +214,39 @@ COUNTED_KEYS = (
 
 
 def checked_values(plugin: object, values: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``values``, unless a key is one the engine owns (:data:`RESERVED_KEYS`).
+    """``values``, unless a key is one the engine owns (:data:`RESERVED_KEYS`) or a column's value is no
+    number (or ``None``); a one-element tensor or a numpy scalar (what tensor arithmetic gives) becomes its
+    Python number, in a column or a details value alike, so report.json holds a number and loads again.
 
     Raises:
-        ValueError: naming the plugin and the key.
+        ValueError: naming the plugin and the key (and the value's type).
     """
+    label = getattr(plugin, "name", None) or type(plugin).__name__
     clash = sorted(k for k in values if k in RESERVED_KEYS)
     if clash:
-        label = getattr(plugin, "name", None) or type(plugin).__name__
         raise ValueError(
             f"metric plugin {label!r} returned {', '.join(map(repr, clash))}, which the engine owns "
             f"(a plugin may fill {', '.join(MEASURED_COLUMNS)} and any details key): rename it"
         )
-    return values
+    out = {k: _as_number(v) for k, v in values.items()}
+    for key in MEASURED_COLUMNS:
+        value = out.get(key)
+        if key in out and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(
+                f"metric plugin {label!r} returned {key}={value!r} ({type(value).__name__}): a column takes a "
+                "number (int or float; a one-element tensor or numpy scalar is converted)"
+            )
+    return out
+
+
+def _as_number(value: object) -> object:
+    """A one-element tensor or a numpy scalar as its Python number (``.item()``), anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value
+    item = getattr(value, "item", None)
+    if type(value).__module__ == "numpy" and callable(item) and getattr(value, "shape", None) == ():
+        return item()
+    return value
 
 
 @runtime_checkable

@@ -272,6 +272,47 @@ def test_a_plugin_returning_status_or_path_is_rejected_by_name() -> None:
     )
 
 
+class Returns:
+    """Returns ``values`` as they are."""
+
+    def __init__(self, name: str, values: dict[str, Any]) -> None:
+        self.name, self.values = name, values
+
+    def measure(self, ctx: MeasureContext) -> Mapping[str, Any]:
+        return self.values
+
+
+def test_a_one_element_tensor_or_numpy_scalar_becomes_a_number_and_the_report_loads_again(tmp_path: Path) -> None:
+    import numpy as np
+
+    from cb_callback import Report
+
+    # What tensor arithmetic gives: a 0-d tensor in a column, a numpy scalar in a column and in details.
+    values = {"activation_mb": torch.tensor(2.5), "bytes": np.int64(64), "ratio": np.float32(0.5)}
+    out = tmp_path / "out"
+    report = profile_components(nn.Linear(4, 2), (torch.randn(2, 4),), metrics=[Returns("tensors", values)],
+                                output_dir=str(out), **FAST)  # fmt: skip
+    row = report.row("")
+    assert (row.activation_mb, row.bytes, row.details["ratio"]) == (2.5, 64, 0.5)
+    assert type(row.activation_mb) is float and type(row.bytes) is int and type(row.details["ratio"]) is float
+    assert "metric_errors" not in row.details
+    loaded = Report.load(out).row("")  # before: "tensor(2.5000)" in report.json, refused on load
+    assert (loaded.activation_mb, loaded.bytes) == (2.5, 64)
+
+
+def test_a_column_that_is_no_number_is_rejected_by_name() -> None:
+    plugins = [Returns("texts", {"fwd_ms": "fast"}), Returns("vectors", {"bytes": torch.ones(3)})]
+    with pytest.warns(RuntimeWarning, match=r"metric plugin '(texts|vectors)' raised"):
+        report = profile_components(nn.Linear(4, 2), (torch.randn(2, 4),), metrics=plugins, **FAST)
+    errors = report.row("").details["metric_errors"]
+    assert errors["texts"] == (
+        "ValueError: metric plugin 'texts' returned fwd_ms='fast' (str): a column takes a number (int or "
+        "float; a one-element tensor or numpy scalar is converted)"
+    )
+    assert errors["vectors"].startswith("ValueError: metric plugin 'vectors' returned bytes=tensor([1., 1., 1.])")
+    assert report.row("").status == "ok"  # the row's own measurements stand
+
+
 @pytest.mark.parametrize("source", ["its own pass", "the census"])
 def test_a_builtin_returning_a_structural_key_fails_the_row(monkeypatch: pytest.MonkeyPatch, source: str) -> None:
     """The same check on a built-in's values whether they come from the row's own instrumented pass
