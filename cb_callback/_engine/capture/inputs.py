@@ -442,7 +442,7 @@ def leading_batch_size(tree: object) -> int | None:
         if _has_rule(x):
             return _BATCH_RULES[type(x)].size(x)
         if isinstance(x, torch.Tensor) and x.dim() > 0:
-            return int(x.shape[0])
+            return int(x.size(0))
     return None
 
 
@@ -453,7 +453,7 @@ def _map_batch(
         if _has_rule(x):
             rule = _BATCH_RULES[type(x)]
             return getattr(rule, rule_fn)(x, n) if rule.size(x) == batch else x
-        if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == batch:
+        if isinstance(x, torch.Tensor) and x.dim() > 0 and x.size(0) == batch:
             out = tensor_fn(x.detach())
             if x.requires_grad:
                 out.requires_grad_(True)

@@ -1,0 +1,48 @@
+"""A nested tensor among the inputs: its batch is its component count, and profiling goes on.
+
+``leading_batch_size`` read ``shape[0]``, which a strided nested tensor refuses ("NestedTensorImpl doesn't
+support sizes"): ``profile_components`` raised out of the capture instead of reporting.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from cb_callback import profile_components
+from cb_callback._engine.capture.inputs import leading_batch_size
+from tests.conftest import FAST
+
+
+def _nested(*lengths: int, layout: torch.layout = torch.strided) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "the PyTorch API of nested tensors is in prototype stage"
+        return torch.nested.nested_tensor([torch.randn(n, 8) for n in lengths], layout=layout)
+
+
+class PerSequence(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(8, 4)
+
+    def forward(self, nt: torch.Tensor) -> torch.Tensor:
+        return torch.nested.nested_tensor([self.l(t) for t in nt.unbind()])
+
+
+def test_the_batch_of_a_nested_tensor_is_its_component_count() -> None:
+    assert leading_batch_size((_nested(2, 3, 5),)) == 3
+    assert leading_batch_size({"x": _nested(2, 3, layout=torch.jagged)}) == 2
+
+
+def test_a_model_taking_a_nested_tensor_is_profiled_without_raising() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        report = profile_components(PerSequence(), (_nested(2, 3),), descend="all", **FAST)
+    lin = report.row("l")
+    # The Linear runs once per sequence (2 calls) on dense tensors: measured like any Linear.
+    assert lin.status == "ok" and lin.calls == 2
+    root = report.row("")
+    # What cannot be measured on the nested tensor itself becomes the row's error, never an exception.
+    assert root.status == "ok" or (root.status == "estimated" and root.error), (root.status, root.error)
