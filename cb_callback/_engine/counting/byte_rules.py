@@ -80,7 +80,8 @@ def unique_bytes(tensors: Sequence[torch.Tensor]) -> int:
     total = 0
     for t in tensors:
         storage = storage_key(t)
-        key = ("tensor", id(t)) if storage is None else (storage, t.storage_offset(), t.shape, t.stride())
+        nested = t.is_nested  # a strided nested tensor has no sizes or strides: the tensor is its own key
+        key = ("tensor", id(t)) if storage is None or nested else (storage, t.storage_offset(), t.shape, t.stride())
         if key in seen:
             continue
         seen.add(key)

@@ -257,8 +257,9 @@ class Replay:
         kinds = [inputs, *inputs.variants] if self.plan is not None else [inputs]
         self._objects = any(holds_objects((k.args, k.kwargs)) for k in kinds)
         self._cached: ReplayInputs | None = None
+        # (each output's layout: its shape, dtype and device, or (id,) for a nested one; the gradients)
         self._grad_outputs: (
-            tuple[tuple[tuple[torch.Size, torch.dtype, torch.device], ...], list[torch.Tensor]] | None
+            tuple[tuple[tuple[torch.Size, torch.dtype, torch.device] | tuple[int], ...], list[torch.Tensor]] | None
         ) = None
         self._flags = self._subtree_flags()
         self._call: Callable[..., Any] | None = None
@@ -427,13 +428,20 @@ class Replay:
             return None
         if self._reentrant is None:  # decided once: every run builds the same graph
             self._reentrant = not self.accumulate and _holds_reentrant_checkpoint(outputs)
-        key = tuple((t.shape, t.dtype, t.device) for t in outputs)
+        # A nested output has no fixed shape to draw for (a jagged one's is symbolic): its gradient is ones
+        # like it, made for each run (outside the timed regions, as the whole of this method).
+        key = tuple((id(t),) if t.is_nested else (t.shape, t.dtype, t.device) for t in outputs)
         if self._grad_outputs is None or self._grad_outputs[0] != key:
             # Seeded, so every run would draw the same values: draw them once (randn
             # is slow on CPU; drawing per run cost more than a small component's backward).
             gen = torch.Generator(device=self.device)
             gen.manual_seed(self.seed)
-            grads = [torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype) for t in outputs]
+            grads = [
+                torch.ones_like(t)
+                if t.is_nested
+                else torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype)
+                for t in outputs
+            ]
             self._grad_outputs = (key, grads)
         return Backward(outputs, list(self._grad_outputs[1]), targets, self.accumulate or self._reentrant)
 

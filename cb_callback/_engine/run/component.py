@@ -629,7 +629,7 @@ class ComponentRun:
         if not self.cfg.harness_floor or not isinstance(self.timing, self._builtin_timing):
             return None
         leaves = [
-            (tuple(t.shape), t.dtype, t.requires_grad) if isinstance(t, torch.Tensor) else type(t).__name__
+            (_shape(t), t.dtype, t.requires_grad) if isinstance(t, torch.Tensor) else type(t).__name__
             for t in pytree.tree_leaves((replay.inputs.args, replay.inputs.kwargs))
         ]
         key = (tuple(leaves), replay.grad_enabled, replay.reuse_inputs, replay.replayed_calls)
@@ -775,3 +775,8 @@ class ComponentRun:
     def _after_error(self, e: BaseException) -> None:
         if isinstance(e, torch.cuda.OutOfMemoryError) and torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...] | tuple[str, int, int]:
+    """``t``'s shape, or for a nested tensor (which has none) ``("nested", dim, components)``."""
+    return ("nested", t.dim(), t.size(0)) if t.is_nested else tuple(t.shape)
