@@ -10,6 +10,7 @@ from types import TracebackType
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
@@ -21,7 +22,7 @@ from cb_callback._engine.capture.inputs import (
     slice_batch,
 )
 from cb_callback._engine.capture.reach import CallOutputs, call_outputs, fill_reach, mark, walk
-from cb_callback._engine.capture.tree import component_paths, owner
+from cb_callback._engine.capture.tree import SCRIPTED, SCRIPTED_ROOT, component_paths, owner, scripted
 from cb_callback._engine.clocks.clock import HookClock
 from cb_callback._engine.replay.batches import input_signature
 from cb_callback._engine.replay.isolate import flatten_output
@@ -167,6 +168,32 @@ class Capture:
                     self._failed(path, module, f"capturing the call raised {text[:400]}")
             clock.hook_end()
             clock.open(path)
+
+        return pre_hook
+
+    def _scripted_hook(self, sealed: dict[int, list[tuple[str, str | None]]]) -> Callable[..., None]:
+        """A global forward pre-hook that counts the calls of the TorchScript modules (``sealed``: their
+        nodes by ``id``), each recorded as failed with :data:`SCRIPTED` (the root with
+        :data:`SCRIPTED_ROOT`); their inputs are not copied. It runs for every module's call while the
+        capture is on (a ScriptModule refuses a hook of its own): a dict lookup for any other."""
+
+        def pre_hook(module: nn.Module, args: tuple[UserValue, ...]) -> None:
+            mine = sealed.get(id(module))
+            if mine is None or _in_backward():
+                return
+            try:
+                path = owner(mine, self._stack)
+                if self._paths is not None and path not in self._paths:
+                    return
+                if self._skip is not None and self._skip(module, args, {}):
+                    return
+                seen = self.calls.get(path)
+                if seen is not None:
+                    seen.calls += 1
+                else:
+                    self._failed(path, module, SCRIPTED if path else SCRIPTED_ROOT)
+            except Exception:  # never into the user's step
+                pass
 
         return pre_hook
 
@@ -368,14 +395,20 @@ class Capture:
         for path, at in component_paths(root).items():
             places.setdefault(id(at.module), []).append((path, at.parent))
             modules[id(at.module)] = at.module
+        sealed: dict[int, list[tuple[str, str | None]]] = {}  # the TorchScript modules' nodes
         try:
             for key, module in modules.items():
                 mine = places[key]
                 if self._paths is not None and not any(p in self._paths for p, _ in mine):
                     continue
+                if scripted(module):
+                    sealed[key] = mine
+                    continue
                 self._handles.append(module.register_forward_pre_hook(self._hook(mine), with_kwargs=True))
                 # always_call: the stack is popped also when the forward raises.
                 self._handles.append(module.register_forward_hook(self._post_hook, always_call=True))
+            if sealed:  # a hook for every module's call (a ScriptModule refuses its own): only theirs count
+                self._handles.append(register_module_forward_pre_hook(self._scripted_hook(sealed)))
         except BaseException:
             self.remove()
             raise

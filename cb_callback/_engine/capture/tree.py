@@ -7,11 +7,14 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from cb_callback._engine.capture.inputs import ComponentInputs
 
 __all__ = [
+    "SCRIPTED",
+    "SCRIPTED_ROOT",
     "Node",
     "Placement",
     "build_tree",
@@ -19,7 +22,35 @@ __all__ = [
     "filter_reasons",
     "owner",
     "register_module_unwrapper",
+    "scripted",
 ]
+
+#: Why a TorchScript module's row is not measured (its ``error``).
+SCRIPTED = (
+    "a TorchScript module (torch.jit.script / torch.jit.trace) cannot be hooked "
+    "(register_forward_pre_hook is not supported on ScriptModules): its inputs were not captured, so it "
+    "is not replayed alone; its time is in its parent's own time"
+)
+#: Why a TorchScript root's row is not measured (its ``error``).
+SCRIPTED_ROOT = (
+    "the model is a TorchScript module (torch.jit.script / torch.jit.trace), which cannot be hooked "
+    "(register_forward_pre_hook is not supported on ScriptModules): nothing of it can be captured or "
+    "replayed; profile the nn.Module before scripting or tracing it"
+)
+
+
+def scripted(module: nn.Module) -> bool:
+    """Whether ``module`` is a TorchScript module (``torch.jit.script`` or ``torch.jit.trace`` output).
+
+    Notes:
+        Such a module refuses per-module hooks, so the engine hooks none of them: it is a leaf of the
+        component tree (:func:`component_paths`) whose row fails with :data:`SCRIPTED` (the root's
+        with :data:`SCRIPTED_ROOT`), and the modules compiled inside it get no rows (their calls run
+        inside TorchScript, where no Python hook sees them). Its work is measured within its parent's
+        replay, in the parent's own time.
+    """
+    return isinstance(module, torch.jit.ScriptModule)
+
 
 _UNWRAPPERS: list[Callable[[nn.Module], nn.Module | None]] = []
 
@@ -130,13 +161,19 @@ def component_paths(root: nn.Module) -> dict[str, Placement]:
     ``blocks.3``) cannot be told apart by who calls them: they are one node under
     the first name, the others its ``aliases``, and a descendant reached through
     an alias is the first name's descendant. Ordered as ``named_modules``
-    enumerates them (parents before children).
+    enumerates them (parents before children). A TorchScript module is a leaf
+    (:func:`scripted`): the modules inside it get no node.
     """
     out: dict[str, Placement] = {}
     canon: dict[str, str] = {}  # every name -> the node it is
     node_of: dict[tuple[int, str | None], str] = {}  # (module, parent node) -> node path
     renames = _renames(root)
+    sealed: list[str] = []  # raw names of the TorchScript modules met: nothing below them is a node
     for index, (raw, mod) in enumerate(root.named_modules(remove_duplicate=False)):
+        if any(raw.startswith(f"{s}.") if s else raw != "" for s in sealed):
+            continue
+        if scripted(mod):
+            sealed.append(raw)
         renamed = _renamed(raw, renames)
         if renamed is None:  # a wrapper's plumbing (register_module_unwrapper)
             continue

@@ -34,7 +34,7 @@ from torch.utils.hooks import RemovableHandle
 
 from cb_callback._engine.capture.inputs import ComponentInputs, call_signature
 from cb_callback._engine.capture.storage import storage_key
-from cb_callback._engine.capture.tree import Node
+from cb_callback._engine.capture.tree import Node, scripted
 from cb_callback._engine.clocks.nodeclock import backward_prefix, claim_nodes, input_nodes, next_node_number
 from cb_callback._engine.counting import flop_rules
 from cb_callback._engine.counting.byte_rules import op_bytes, storage_bytes
@@ -501,6 +501,8 @@ def _count_top(
     mutated = dead = False
     try:
         for m in tracked:
+            if scripted(m):  # a ScriptModule refuses hooks: its ops are its parent's own
+                continue
             # first of its pre-hooks, as the in-situ clock's: a hook's ops are the module's call (its replay runs them)
             handles.append(m.register_forward_pre_hook(attribution.pre, with_kwargs=True, prepend=True))
             handles.append(m.register_forward_hook(attribution.post, always_call=True))
