@@ -89,6 +89,14 @@ class ChildrenOnlyModule(MLPModule):
         return nn.functional.cross_entropy(self.head(self.encoder(x)), y)
 
 
+class ScriptedModule(MLPModule):
+    """The MLP with ``encoder.0`` a TorchScript ``Linear(8 -> 16)`` (``torch.jit.script``): a module no hook can see."""
+
+    def __init__(self, validate: bool = False) -> None:
+        super().__init__(validate=validate)
+        self.encoder[0] = torch.jit.script(self.encoder[0])
+
+
 class GatedOnStep(nn.Module):
     """Doubles its input inside a training step; raises anywhere else (in a replay)."""
 

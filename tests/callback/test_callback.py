@@ -15,6 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import cb_callback._lightning.callback as callback_module
 import cb_callback._lightning.run as run_module
 from cb_callback import BenchmarkConfig, ComponentBenchmark, Report
+from cb_callback._engine.capture.tree import SCRIPTED
 from cb_callback._lightning.step import step_capture
 from cb_callback._lightning.trainer_bar import ProgressBar
 from cb_callback._report.tensorboard import SCALAR_METRICS, scalar_rows
@@ -24,6 +25,7 @@ from tests._callback_models import (
     FEATURES,
     ChildrenOnlyModule,
     MLPModule,
+    ScriptedModule,
     TransformerModule,
     run_fit,
 )
@@ -193,6 +195,27 @@ def test_pause_and_fork_leave_training_bit_identical(
         _assert_files(cb.output_dir, report)
         _assert_tensorboard(trainer.logger.log_dir, report, step=2)
     assert (tmp_path / "fork/tb/version_0/component_benchmark/snapshot/snapshot.pt").is_file()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_a_torchscript_submodule_is_a_failed_row_and_training_stays_bit_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blank_figures(monkeypatch)  # reads no image
+    baseline = run_fit(tmp_path / "base", model_cls=ScriptedModule, max_steps=4, logger=False)
+    cb = ComponentBenchmark(capture_step=2, descend="all", **OPTS)
+    run = run_fit(tmp_path / "pause", [cb], model_cls=ScriptedModule, max_steps=4, logger=False)
+    _assert_same_training(baseline, run)  # register_forward_pre_hook on the ScriptModule raised into the step
+    report = cb.report
+    assert report is not None
+    # encoder.0 is a leaf (no rows below it) whose row fails; everything else is replayed
+    assert [r.path for r in report.rows] == MLP_PATHS
+    assert {r.path: r.status for r in report.rows if r.status != "ok"} == {"encoder.0": "failed"}, report.summary()
+    assert report.row("encoder.0").error == SCRIPTED and report.row("encoder.0").calls == 1
+    # its Linear(8 -> 16) runs inside encoder's replay, 2 * 8 * 8 * 16 FLOPs forward: all of encoder's
+    # (FlopCounterMode counts no FLOPs for BatchNorm, ReLU and Dropout)
+    assert report.row("encoder").fwd_flops == 2 * BATCH * FEATURES * 16
+    assert [report.row(f"encoder.{i}").fwd_flops for i in (1, 2, 3)] == [0, 0, 0]
 
 
 def test_gradient_accumulation_profiles_the_first_micro_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
