@@ -198,16 +198,19 @@ def test_pause_and_fork_leave_training_bit_identical(
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("mode", ["pause", "fork"])
 def test_a_torchscript_submodule_is_a_failed_row_and_training_stays_bit_identical(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     blank_figures(monkeypatch)  # reads no image
+    forked_children(monkeypatch)  # fork mode's child: a fork, not a spawn (the snapshot is still written and read)
     baseline = run_fit(tmp_path / "base", model_cls=ScriptedModule, max_steps=4, logger=False)
-    cb = ComponentBenchmark(capture_step=2, descend="all", **OPTS)
-    run = run_fit(tmp_path / "pause", [cb], model_cls=ScriptedModule, max_steps=4, logger=False)
+    cb = ComponentBenchmark(capture_step=2, mode=mode, descend="all", output_dir=tmp_path / "out", **OPTS)
+    run = run_fit(tmp_path / mode, [cb], model_cls=ScriptedModule, max_steps=4, logger=False)
     _assert_same_training(baseline, run)  # register_forward_pre_hook on the ScriptModule raised into the step
-    report = cb.report
+    report = cb.report  # fork: the snapshot pickles the ScriptModule as its torch.jit.save archive
     assert report is not None
+    assert report.metadata["mode"] == mode
     # encoder.0 is a leaf (no rows below it) whose row fails; everything else is replayed
     assert [r.path for r in report.rows] == MLP_PATHS
     assert {r.path: r.status for r in report.rows if r.status != "ok"} == {"encoder.0": "failed"}, report.summary()
