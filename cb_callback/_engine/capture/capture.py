@@ -76,6 +76,12 @@ class Capture:
         around it (a stack kept by the hooks), or to its first node when none of
         its parents is (called from elsewhere, or through a ``ModuleList`` alias).
 
+        A TorchScript module refuses hooks of its own (``register_forward_pre_hook is not supported on
+        ScriptModules``): while a tree holds one, a global forward pre-hook
+        (``register_module_forward_pre_hook``) counts its calls, each recorded as failed with
+        :data:`cb_callback._engine.capture.tree.SCRIPTED`; nothing is copied, and the modules inside it
+        are no nodes (:func:`cb_callback._engine.capture.tree.component_paths`).
+
         Each record's ``insitu_ms`` is the module's forward per call in the
         captured step, filled when the hooks come off: the hooks mark a clock
         when a module's own work starts and ends, and bracket their own work
