@@ -10,7 +10,7 @@ from types import TracebackType
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
@@ -22,7 +22,7 @@ from cb_callback._engine.capture.inputs import (
     slice_batch,
 )
 from cb_callback._engine.capture.reach import CallOutputs, call_outputs, fill_reach, mark, walk
-from cb_callback._engine.capture.tree import SCRIPTED, SCRIPTED_ROOT, component_paths, owner, scripted
+from cb_callback._engine.capture.tree import SCRIPTED_UNREAD, component_paths, owner, scripted
 from cb_callback._engine.clocks.clock import HookClock
 from cb_callback._engine.replay.batches import input_signature
 from cb_callback._engine.replay.isolate import flatten_output
@@ -77,10 +77,11 @@ class Capture:
         its parents is (called from elsewhere, or through a ``ModuleList`` alias).
 
         A TorchScript module refuses hooks of its own (``register_forward_pre_hook is not supported on
-        ScriptModules``): while a tree holds one, a global forward pre-hook
-        (``register_module_forward_pre_hook``) counts its calls, each recorded as failed with
-        :data:`cb_callback._engine.capture.tree.SCRIPTED`; nothing is copied, and the modules inside it
-        are no nodes (:func:`cb_callback._engine.capture.tree.component_paths`).
+        ScriptModules``): while a tree holds one, global forward hooks
+        (``register_module_forward_pre_hook``, ``register_module_forward_hook``) take its calls as the
+        module hooks take any other's, its keyword arguments read from ``Module._call_impl``'s frame (a
+        call where they cannot be read is recorded as failed); the modules inside it are no nodes
+        (:func:`cb_callback._engine.capture.tree.component_paths`).
 
         Each record's ``insitu_ms`` is the module's forward per call in the
         captured step, filled when the hooks come off: the hooks mark a clock
@@ -177,31 +178,43 @@ class Capture:
 
         return pre_hook
 
-    def _scripted_hook(self, sealed: dict[int, list[tuple[str, str | None]]]) -> Callable[..., None]:
-        """A global forward pre-hook that counts the calls of the TorchScript modules (``sealed``: their
-        nodes by ``id``), each recorded as failed with :data:`SCRIPTED` (the root with
-        :data:`SCRIPTED_ROOT`); their inputs are not copied. It runs for every module's call while the
-        capture is on (a ScriptModule refuses a hook of its own): a dict lookup for any other."""
+    def _scripted_hooks(
+        self, sealed: dict[int, list[tuple[str, str | None]]]
+    ) -> tuple[Callable[..., None], Callable[..., None]]:
+        """Global forward hooks (pre and post) that capture the calls of the TorchScript modules (``sealed``:
+        their nodes by ``id``) as the module hooks capture any other's; a call whose keyword arguments
+        cannot be read (:func:`_call_kwargs`) is counted, and recorded as failed with
+        :data:`SCRIPTED_UNREAD`. They run for every module's call while the capture is on (a ScriptModule
+        refuses a hook of its own): a dict lookup for any other."""
+        hooks = {key: self._hook(mine) for key, mine in sealed.items()}
+        entered: list[bool] = []  # per open call of a sealed module: whether the capture's hooks took it
 
         def pre_hook(module: nn.Module, args: tuple[UserValue, ...]) -> None:
-            mine = sealed.get(id(module))
-            if mine is None or _in_backward():
+            hook = hooks.get(id(module))
+            if hook is None:
+                return
+            kwargs = _call_kwargs()
+            entered.append(kwargs is not None)
+            if kwargs is not None:
+                hook(module, args, kwargs)
                 return
             try:
-                path = owner(mine, self._stack)
-                if self._paths is not None and path not in self._paths:
-                    return
-                if self._skip is not None and self._skip(module, args, {}):
+                path = owner(sealed[id(module)], self._stack)
+                if _in_backward() or (self._paths is not None and path not in self._paths):
                     return
                 seen = self.calls.get(path)
                 if seen is not None:
                     seen.calls += 1
                 else:
-                    self._failed(path, module, SCRIPTED if path else SCRIPTED_ROOT)
+                    self._failed(path, module, SCRIPTED_UNREAD)
             except Exception:  # never into the user's step
                 pass
 
-        return pre_hook
+        def post_hook(module: nn.Module, args: tuple[UserValue, ...], output: UserValue) -> None:
+            if id(module) in hooks and entered and entered.pop():
+                self._post_hook(module, args, output)
+
+        return pre_hook, post_hook
 
     def _post_hook(self, module: nn.Module, args: tuple[UserValue, ...], output: UserValue) -> None:
         if not self._stack or _in_backward():
@@ -413,8 +426,10 @@ class Capture:
                 self._handles.append(module.register_forward_pre_hook(self._hook(mine), with_kwargs=True))
                 # always_call: the stack is popped also when the forward raises.
                 self._handles.append(module.register_forward_hook(self._post_hook, always_call=True))
-            if sealed:  # a hook for every module's call (a ScriptModule refuses its own): only theirs count
-                self._handles.append(register_module_forward_pre_hook(self._scripted_hook(sealed)))
+            if sealed:  # hooks on every module's call (a ScriptModule refuses its own): only theirs count
+                pre, post = self._scripted_hooks(sealed)
+                self._handles.append(register_module_forward_pre_hook(pre))
+                self._handles.append(register_module_forward_hook(post, always_call=True))
         except BaseException:
             self.remove()
             raise
@@ -466,6 +481,20 @@ def _in_backward() -> bool:
         return bool(torch._C._current_graph_task_id() != -1)
     except Exception:
         return False
+
+
+def _call_kwargs() -> dict[str, UserValue] | None:
+    """The keyword arguments of the module call a global forward pre-hook runs in (``Module._call_impl``'s,
+    which such a hook is not given), or ``None`` when that frame is not found (another torch)."""
+    frame: types.FrameType | None = sys._getframe(1)
+    for _ in range(6):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "_call_impl":
+            kwargs = frame.f_locals.get("kwargs")
+            return dict(kwargs) if isinstance(kwargs, dict) else None
+        frame = frame.f_back
+    return None
 
 
 def _reentrant_checkpoint() -> tuple[UserValue, ...] | None:

@@ -14,7 +14,7 @@ from cb_callback._engine.capture.inputs import ComponentInputs
 
 __all__ = [
     "SCRIPTED",
-    "SCRIPTED_ROOT",
+    "SCRIPTED_UNREAD",
     "Node",
     "Placement",
     "build_tree",
@@ -25,17 +25,17 @@ __all__ = [
     "scripted",
 ]
 
-#: Why a TorchScript module's row is not measured (its ``error``).
+#: The note of a TorchScript module's row.
 SCRIPTED = (
-    "a TorchScript module (torch.jit.script / torch.jit.trace) cannot be hooked "
-    "(register_forward_pre_hook is not supported on ScriptModules): its inputs were not captured, so it "
-    "is not replayed alone; its time is in its parent's own time"
+    "a TorchScript module (torch.jit.script / torch.jit.trace): it refuses module hooks, so it is replayed "
+    "whole from the calls a global hook captured, has no in-situ time of its own (its parent's holds it) and "
+    "the modules inside it get no rows (profile the nn.Module before scripting or tracing it to see them)"
 )
-#: Why a TorchScript root's row is not measured (its ``error``).
-SCRIPTED_ROOT = (
-    "the model is a TorchScript module (torch.jit.script / torch.jit.trace), which cannot be hooked "
-    "(register_forward_pre_hook is not supported on ScriptModules): nothing of it can be captured or "
-    "replayed; profile the nn.Module before scripting or tracing it"
+#: Why a TorchScript module's row fails when its call's keyword arguments could not be read.
+SCRIPTED_UNREAD = (
+    "a TorchScript module (torch.jit.script / torch.jit.trace) cannot be hooked (register_forward_pre_hook "
+    "is not supported on ScriptModules), and the keyword arguments of its call could not be read: its inputs "
+    "were not captured, so it is not replayed alone; its time is in its parent's own time"
 )
 
 
@@ -43,11 +43,12 @@ def scripted(module: nn.Module) -> bool:
     """Whether ``module`` is a TorchScript module (``torch.jit.script`` or ``torch.jit.trace`` output).
 
     Notes:
-        Such a module refuses per-module hooks, so the engine hooks none of them: it is a leaf of the
-        component tree (:func:`component_paths`) whose row fails with :data:`SCRIPTED` (the root's
-        with :data:`SCRIPTED_ROOT`), and the modules compiled inside it get no rows (their calls run
-        inside TorchScript, where no Python hook sees them). Its work is measured within its parent's
-        replay, in the parent's own time.
+        Such a module refuses module hooks: the engine hooks none of them. The capture takes its calls
+        with global forward hooks (:class:`cb_callback._engine.capture.capture.Capture`), so it is
+        replayed whole; it is a leaf of the component tree (:func:`component_paths`): the modules
+        compiled inside it get no rows (their calls run inside TorchScript, where no Python hook sees
+        them). Neither the in-situ clock nor the census sees it apart: its in-situ time and its
+        census counts are its parent's own.
     """
     return isinstance(module, torch.jit.ScriptModule)
 
