@@ -613,7 +613,9 @@ def count_step(
             fwd, bwd, moved = counted.flops["fwd"], counted.flops["bwd"], counted.flops["bytes"]
             for path in below:
                 module = modules.get(path)
-                if module is not None and id(module) not in shared:
+                if module is not None and scripted(module):  # no hook saw it: its ops are its parent's own
+                    found[path], inexact[path] = None, _UNHOOKED
+                elif module is not None and id(module) not in shared:
                     key = id(module)
                     mine = found[path] = (fwd.get(key, 0), bwd.get(key, 0), moved.get(key, 0))
                     tally = counted.tally.get(key)
@@ -629,6 +631,10 @@ def count_step(
         out.inexact.append(inexact)
     out.seconds = time.perf_counter() - t0
     return out
+
+
+#: Why a TorchScript module's counts are not the census's (it refuses module hooks).
+_UNHOOKED = "a TorchScript module: the census cannot hook it"
 
 
 def _why_inexact(tally: Tally | None) -> str | None:

@@ -145,3 +145,19 @@ def test_a_scripted_root_is_replayed_whole() -> None:
     assert [(r.path, r.status, r.note) for r in report.rows] == [("", "ok", SCRIPTED)]
     # Linear(8 -> 8) on 4 rows: 2*4*8*8 forward, the weight's gradient 2*4*8*8 backward (x needs none)
     assert (report.row("").fwd_flops, report.row("").bwd_flops) == (2 * ROWS * FEATURES * FEATURES,) * 2
+
+
+def test_a_script_module_left_in_situ_claims_no_census_counts() -> None:
+    # descend_share=1: the root is replayed, "0" (share < 1: "1" holds time too) is left in situ and nothing
+    # below it is descended into: its rows take the census's counts, which cannot see inside a ScriptModule
+    model = nn.Sequential(Net(_script), nn.Linear(OUT, OUT))
+    report = profile_components(
+        model, (torch.randn(ROWS, FEATURES),), descend_share=1.0, peak_flops=1e11, peak_bandwidth=1e10, **FAST
+    )
+    rows = {r.path: r for r in report.rows}
+    assert [rows[p].status for p in ("", "0", "0.feat", "0.head")] == ["ok", "skipped", "skipped", "skipped"]
+    # "0" as the census counted it: Linear(8 -> 8) and Linear(8 -> 2) on 4 rows, 2*4*8*8 + 2*4*8*2 forward
+    assert rows["0"].fwd_flops == 2 * ROWS * FEATURES * FEATURES + 2 * ROWS * FEATURES * OUT
+    assert rows["0.head"].fwd_flops == 2 * ROWS * FEATURES * OUT
+    # feat's own work is no hook's: unknown (NaN), not 0 FLOPs
+    assert math.isnan(rows["0.feat"].fwd_flops) and math.isnan(rows["0.feat"].bytes)

@@ -257,12 +257,18 @@ def test_traced_siblings_with_other_code_are_not_one_group(monkeypatch: pytest.M
     nodes, modules = build_tree(model, cap.calls)
     by_path = {n.path: n for n in nodes}
     # Same class (TopLevelTracedModule), original_name, weights and input: only the traced code differs
-    # (and the census, which cannot hook a ScriptModule, counts none of them apart)
     assert sibling_groups(by_path["branches"], modules, cap.calls) == [["branches.0", "branches.1"], ["branches.2"]]
     default, full = _both(model, x)
     assert _differences(default, full) == []
     # Linear(8 -> 8) on 4 rows: 2 * 4 * 8 * 8 = 512 FLOPs a call; twice in the first two
     assert [default.row(f"branches.{i}").fwd_flops for i in range(3)] == [1024, 1024, 512]
+    # the census cannot hook a ScriptModule, so it proves no copy of one: even the group of two alike
+    # is measured twice, each counted in its own pass
+    assert [default.row(f"branches.{i}").details["as"] for i in range(2)] == ["measured", "measured"]
+    assert default.row("branches.1").details["not_copy"] == (
+        "branches.1: the census of the step's FLOPs could not count branches.1: not proven equal"
+    )
+    assert default.row("branches.2").details["counted"] == "own pass: a TorchScript module: the census cannot hook it"
 
 
 # --- blocks with a scalar loop-count argument -----------------------------------------------------------
