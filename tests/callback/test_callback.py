@@ -207,14 +207,16 @@ def test_a_torchscript_submodule_is_replayed_whole_and_training_stays_bit_identi
     baseline = run_fit(tmp_path / "base", model_cls=ScriptedModule, max_steps=4, logger=False)
     cb = ComponentBenchmark(capture_step=2, mode=mode, descend="all", output_dir=tmp_path / "out", **OPTS)
     run = run_fit(tmp_path / mode, [cb], model_cls=ScriptedModule, max_steps=4, logger=False)
-    _assert_same_training(baseline, run)  # register_forward_pre_hook on the ScriptModule raised into the step
+    # register_forward_pre_hook on a ScriptModule raised into the step; the scripted BatchNorm's running stats
+    # are restored after its replays
+    _assert_same_training(baseline, run)
     report = cb.report  # fork: the snapshot pickles the ScriptModule as its torch.jit.save archive
     assert report is not None
     assert report.metadata["mode"] == mode
-    # every row replayed, encoder.0 whole (global hooks took its call), with the note that says why
+    # every row replayed, encoder.0 and encoder.1 whole (global hooks took their calls), noted so
     assert [r.path for r in report.rows] == MLP_PATHS
     assert {r.path: r.status for r in report.rows if r.status != "ok"} == {}, report.summary()
-    assert {r.path: r.note for r in report.rows if r.note is not None} == {"encoder.0": SCRIPTED}
+    assert {r.path: r.note for r in report.rows if r.note is not None} == {"encoder.0": SCRIPTED, "encoder.1": SCRIPTED}
     # Linear(8 -> 16) on a batch of 8: 2 * 8 * 8 * 16 FLOPs forward, in situ as in its replay
     assert report.row("encoder.0").fwd_flops == 2 * BATCH * FEATURES * 16
     # and all of encoder's (FlopCounterMode counts no FLOPs for BatchNorm, ReLU and Dropout)
