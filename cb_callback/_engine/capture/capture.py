@@ -486,14 +486,17 @@ def _in_backward() -> bool:
 def _call_kwargs() -> dict[str, UserValue] | None:
     """The keyword arguments of the module call a global forward pre-hook runs in (``Module._call_impl``'s,
     which such a hook is not given), or ``None`` when that frame is not found (another torch)."""
-    frame: types.FrameType | None = sys._getframe(1)
-    for _ in range(6):
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "_call_impl":
-            kwargs = frame.f_locals.get("kwargs")
-            return dict(kwargs) if isinstance(kwargs, dict) else None
-        frame = frame.f_back
+    try:
+        frame: types.FrameType | None = sys._getframe(1)
+        for _ in range(6):
+            if frame is None:
+                return None
+            if frame.f_code.co_name == "_call_impl":
+                kwargs = frame.f_locals.get("kwargs")
+                return dict(kwargs) if isinstance(kwargs, dict) else None
+            frame = frame.f_back
+    except Exception:  # never into the user's step: the call is then recorded as failed
+        return None
     return None
 
 

@@ -28,7 +28,7 @@ __all__ = [
 #: The note of a TorchScript module's row.
 SCRIPTED = (
     "a TorchScript module (torch.jit.script / torch.jit.trace): it refuses module hooks, so it is replayed "
-    "whole from the calls a global hook captured, has no in-situ time of its own (its parent's holds it) and "
+    "whole from the calls a global hook captured, has no in-situ time of its own (a parent's counts it) and "
     "the modules inside it get no rows (profile the nn.Module before scripting or tracing it to see them)"
 )
 #: Why a TorchScript module's row fails when its call's keyword arguments could not be read.
