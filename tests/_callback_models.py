@@ -89,6 +89,16 @@ class ChildrenOnlyModule(MLPModule):
         return nn.functional.cross_entropy(self.head(self.encoder(x)), y)
 
 
+class ScriptedModule(MLPModule):
+    """The MLP with ``encoder.0`` (``Linear(8 -> 16)``) and ``encoder.1`` (``BatchNorm1d(16)``: running stats
+    the replays update) TorchScript modules (``torch.jit.script``): modules no module hook can see."""
+
+    def __init__(self, validate: bool = False) -> None:
+        super().__init__(validate=validate)
+        self.encoder[0] = torch.jit.script(self.encoder[0])
+        self.encoder[1] = torch.jit.script(self.encoder[1])
+
+
 class GatedOnStep(nn.Module):
     """Doubles its input inside a training step; raises anywhere else (in a replay)."""
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import io
 import json
 import os
 import pickle
@@ -44,6 +45,7 @@ from torch import nn
 
 from cb_callback._engine.capture.inputs import ComponentInputs
 from cb_callback._engine.capture.storage import model_device
+from cb_callback._engine.capture.tree import scripted
 from cb_callback._engine.run.config import BenchmarkConfig
 from cb_callback._engine.run.precision import AUTOCAST_DTYPES, DEFAULT_DTYPES
 from cb_callback._engine.run.profile import profile_captured
@@ -373,8 +375,34 @@ def save_snapshot(
     return out
 
 
+def _load_script(data: bytes) -> torch.jit.ScriptModule:
+    """A TorchScript module from its ``torch.jit.save`` bytes (what :class:`_ScriptPickler` wrote)."""
+    return torch.jit.load(io.BytesIO(data))
+
+
+class _ScriptPickler(pickle.Pickler):
+    """A pickler that writes each TorchScript module as its ``torch.jit.save`` archive (pickle refuses
+    one: ``Tried to serialize object __torch__... which does not have a __getstate__``); the rest as
+    :class:`pickle.Pickler` does."""
+
+    def reducer_override(self, obj: object) -> tuple[Callable[[bytes], torch.jit.ScriptModule], tuple[bytes]]:
+        if isinstance(obj, nn.Module) and scripted(obj):
+            buffer = io.BytesIO()
+            torch.jit.save(obj, buffer)
+            return _load_script, (buffer.getvalue(),)
+        return NotImplemented  # the default reduction
+
+
+#: ``torch.save``'s ``pickle_module`` for a model holding a TorchScript module (it reads ``Pickler``).
+_SCRIPT_PICKLE = types.SimpleNamespace(__name__="pickle", Pickler=_ScriptPickler)
+
+
 def _write_pickle(out: Path, payload: dict[str, Any], model: nn.Module) -> None:
     """``torch.save`` the payload into ``snapshot.pt.tmp``, then move it onto ``snapshot.pt``.
+
+    A TorchScript module in the model is written as its ``torch.jit.save`` archive
+    (:class:`_ScriptPickler`), read back by ``torch.jit.load`` on the device it was saved from; its
+    parameters are then its own (a weight it shared with a Python module is two after loading).
 
     Raises:
         SnapshotError: something in the payload cannot be pickled (naming the model's class).
@@ -383,7 +411,10 @@ def _write_pickle(out: Path, payload: dict[str, Any], model: nn.Module) -> None:
     tmp = out / (SNAPSHOT_FILE + ".tmp")
     try:
         with open(tmp, "wb") as f:  # a Python file: a failed write raises its OSError (ENOSPC ...)
-            torch.save(payload, f)
+            if any(scripted(m) for m in model.modules()):
+                torch.save(payload, f, pickle_module=_SCRIPT_PICKLE)
+            else:
+                torch.save(payload, f)
     except (OSError, RuntimeError) as e:
         tmp.unlink(missing_ok=True)
         if (os_error := _os_error(e)) is None:

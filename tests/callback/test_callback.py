@@ -15,6 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import cb_callback._lightning.callback as callback_module
 import cb_callback._lightning.run as run_module
 from cb_callback import BenchmarkConfig, ComponentBenchmark, Report
+from cb_callback._engine.capture.tree import SCRIPTED
 from cb_callback._lightning.step import step_capture
 from cb_callback._lightning.trainer_bar import ProgressBar
 from cb_callback._report.tensorboard import SCALAR_METRICS, scalar_rows
@@ -24,6 +25,7 @@ from tests._callback_models import (
     FEATURES,
     ChildrenOnlyModule,
     MLPModule,
+    ScriptedModule,
     TransformerModule,
     run_fit,
 )
@@ -193,6 +195,32 @@ def test_pause_and_fork_leave_training_bit_identical(
         _assert_files(cb.output_dir, report)
         _assert_tensorboard(trainer.logger.log_dir, report, step=2)
     assert (tmp_path / "fork/tb/version_0/component_benchmark/snapshot/snapshot.pt").is_file()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("mode", ["pause", "fork"])
+def test_a_torchscript_submodule_is_replayed_whole_and_training_stays_bit_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    blank_figures(monkeypatch)  # reads no image
+    forked_children(monkeypatch)  # fork mode's child: a fork, not a spawn (the snapshot is still written and read)
+    baseline = run_fit(tmp_path / "base", model_cls=ScriptedModule, max_steps=4, logger=False)
+    cb = ComponentBenchmark(capture_step=2, mode=mode, descend="all", output_dir=tmp_path / "out", **OPTS)
+    run = run_fit(tmp_path / mode, [cb], model_cls=ScriptedModule, max_steps=4, logger=False)
+    # register_forward_pre_hook on a ScriptModule raised into the step; the scripted BatchNorm's running stats
+    # are restored after its replays
+    _assert_same_training(baseline, run)
+    report = cb.report  # fork: the snapshot pickles the ScriptModule as its torch.jit.save archive
+    assert report is not None
+    assert report.metadata["mode"] == mode
+    # every row replayed, encoder.0 and encoder.1 whole (global hooks took their calls), noted so
+    assert [r.path for r in report.rows] == MLP_PATHS
+    assert {r.path: r.status for r in report.rows if r.status != "ok"} == {}, report.summary()
+    assert {r.path: r.note for r in report.rows if r.note is not None} == {"encoder.0": SCRIPTED, "encoder.1": SCRIPTED}
+    # Linear(8 -> 16) on a batch of 8: 2 * 8 * 8 * 16 FLOPs forward, in situ as in its replay
+    assert report.row("encoder.0").fwd_flops == 2 * BATCH * FEATURES * 16
+    # and all of encoder's (FlopCounterMode counts no FLOPs for BatchNorm, ReLU and Dropout)
+    assert report.row("encoder").fwd_flops == 2 * BATCH * FEATURES * 16
 
 
 def test_gradient_accumulation_profiles_the_first_micro_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

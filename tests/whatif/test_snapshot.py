@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from cb_callback import BenchmarkConfig, Capture, profile_components
+from cb_callback._engine.capture.tree import SCRIPTED
 from cb_callback._hardware.devices import device_problem
 from cb_callback._whatif.snapshot import (
     META_FILE,
@@ -94,6 +95,25 @@ def test_a_loaded_snapshot_profiles_like_the_model(tmp_path: Path) -> None:
     assert report.row("0").fwd_flops == direct.row("0").fwd_flops == 2 * 6 * 4 * 8
     assert report.metadata["snapshot_precision"] is None
     assert report.metadata["captured_batch_size"] == 6
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_a_torchscript_submodule_round_trips_and_replays(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(torch.jit.script(nn.Linear(4, 8)), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(6, 4)
+    capture = _captured(model, x)
+    # pickle refuses a ScriptModule ("Tried to serialize object __torch__... __getstate__"): mode="fork" lost
+    # its report; it is written as its torch.jit.save archive instead
+    save_snapshot(tmp_path, model, capture.calls, config=BenchmarkConfig(**FAST, **PEAKS, descend="all"))
+    snap = load_snapshot(tmp_path)
+    assert isinstance(snap.model[0], torch.jit.ScriptModule)
+    assert torch.equal(snap.model(x), model(x))
+    report = snap.profile(device="cpu")
+    assert [(r.path, r.status) for r in report.rows] == [("", "ok"), ("0", "ok"), ("1", "ok"), ("2", "ok")]
+    assert report.row("0").note == SCRIPTED
+    # Linear(4 -> 8) on 6 samples: 2 * 6 * 4 * 8 forward
+    assert report.row("0").fwd_flops == 2 * 6 * 4 * 8
 
 
 def test_unpicklable_parts_give_a_clear_error(tmp_path: Path) -> None:

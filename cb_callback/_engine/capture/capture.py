@@ -10,6 +10,7 @@ from types import TracebackType
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
@@ -21,7 +22,7 @@ from cb_callback._engine.capture.inputs import (
     slice_batch,
 )
 from cb_callback._engine.capture.reach import CallOutputs, call_outputs, fill_reach, mark, walk
-from cb_callback._engine.capture.tree import component_paths, owner
+from cb_callback._engine.capture.tree import SCRIPTED_UNREAD, component_paths, owner, scripted
 from cb_callback._engine.clocks.clock import HookClock
 from cb_callback._engine.replay.batches import input_signature
 from cb_callback._engine.replay.isolate import flatten_output
@@ -74,6 +75,13 @@ class Capture:
         (``a.lin`` or ``b.lin``) whose parent is the innermost module executing
         around it (a stack kept by the hooks), or to its first node when none of
         its parents is (called from elsewhere, or through a ``ModuleList`` alias).
+
+        A TorchScript module refuses hooks of its own (``register_forward_pre_hook is not supported on
+        ScriptModules``): while a tree holds one, global forward hooks
+        (``register_module_forward_pre_hook``, ``register_module_forward_hook``) take its calls as the
+        module hooks take any other's, its keyword arguments read from ``Module._call_impl``'s frame (a
+        call where they cannot be read is recorded as failed); the modules inside it are no nodes
+        (:func:`cb_callback._engine.capture.tree.component_paths`).
 
         Each record's ``insitu_ms`` is the module's forward per call in the
         captured step, filled when the hooks come off: the hooks mark a clock
@@ -169,6 +177,44 @@ class Capture:
             clock.open(path)
 
         return pre_hook
+
+    def _scripted_hooks(
+        self, sealed: dict[int, list[tuple[str, str | None]]]
+    ) -> tuple[Callable[..., None], Callable[..., None]]:
+        """Global forward hooks (pre and post) that capture the calls of the TorchScript modules (``sealed``:
+        their nodes by ``id``) as the module hooks capture any other's; a call whose keyword arguments
+        cannot be read (:func:`_call_kwargs`) is counted, and recorded as failed with
+        :data:`SCRIPTED_UNREAD`. They run for every module's call while the capture is on (a ScriptModule
+        refuses a hook of its own): a dict lookup for any other."""
+        hooks = {key: self._hook(mine) for key, mine in sealed.items()}
+        entered: list[bool] = []  # per open call of a sealed module: whether the capture's hooks took it
+
+        def pre_hook(module: nn.Module, args: tuple[UserValue, ...]) -> None:
+            hook = hooks.get(id(module))
+            if hook is None:
+                return
+            kwargs = _call_kwargs()
+            entered.append(kwargs is not None)
+            if kwargs is not None:
+                hook(module, args, kwargs)
+                return
+            try:
+                path = owner(sealed[id(module)], self._stack)
+                if _in_backward() or (self._paths is not None and path not in self._paths):
+                    return
+                seen = self.calls.get(path)
+                if seen is not None:
+                    seen.calls += 1
+                else:
+                    self._failed(path, module, SCRIPTED_UNREAD)
+            except Exception:  # never into the user's step
+                pass
+
+        def post_hook(module: nn.Module, args: tuple[UserValue, ...], output: UserValue) -> None:
+            if id(module) in hooks and entered and entered.pop():
+                self._post_hook(module, args, output)
+
+        return pre_hook, post_hook
 
     def _post_hook(self, module: nn.Module, args: tuple[UserValue, ...], output: UserValue) -> None:
         if not self._stack or _in_backward():
@@ -368,14 +414,22 @@ class Capture:
         for path, at in component_paths(root).items():
             places.setdefault(id(at.module), []).append((path, at.parent))
             modules[id(at.module)] = at.module
+        sealed: dict[int, list[tuple[str, str | None]]] = {}  # the TorchScript modules' nodes
         try:
             for key, module in modules.items():
                 mine = places[key]
                 if self._paths is not None and not any(p in self._paths for p, _ in mine):
                     continue
+                if scripted(module):
+                    sealed[key] = mine
+                    continue
                 self._handles.append(module.register_forward_pre_hook(self._hook(mine), with_kwargs=True))
                 # always_call: the stack is popped also when the forward raises.
                 self._handles.append(module.register_forward_hook(self._post_hook, always_call=True))
+            if sealed:  # hooks on every module's call (a ScriptModule refuses its own): only theirs count
+                pre, post = self._scripted_hooks(sealed)
+                self._handles.append(register_module_forward_pre_hook(pre))
+                self._handles.append(register_module_forward_hook(post, always_call=True))
         except BaseException:
             self.remove()
             raise
@@ -427,6 +481,23 @@ def _in_backward() -> bool:
         return bool(torch._C._current_graph_task_id() != -1)
     except Exception:
         return False
+
+
+def _call_kwargs() -> dict[str, UserValue] | None:
+    """The keyword arguments of the module call a global forward pre-hook runs in (``Module._call_impl``'s,
+    which such a hook is not given), or ``None`` when that frame is not found (another torch)."""
+    try:
+        frame: types.FrameType | None = sys._getframe(1)
+        for _ in range(6):
+            if frame is None:
+                return None
+            if frame.f_code.co_name == "_call_impl":
+                kwargs = frame.f_locals.get("kwargs")
+                return dict(kwargs) if isinstance(kwargs, dict) else None
+            frame = frame.f_back
+    except Exception:  # never into the user's step: the call is then recorded as failed
+        return None
+    return None
 
 
 def _reentrant_checkpoint() -> tuple[UserValue, ...] | None:

@@ -7,11 +7,14 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from cb_callback._engine.capture.inputs import ComponentInputs
 
 __all__ = [
+    "SCRIPTED",
+    "SCRIPTED_UNREAD",
     "Node",
     "Placement",
     "build_tree",
@@ -19,7 +22,36 @@ __all__ = [
     "filter_reasons",
     "owner",
     "register_module_unwrapper",
+    "scripted",
 ]
+
+#: The note of a TorchScript module's row.
+SCRIPTED = (
+    "a TorchScript module (torch.jit.script / torch.jit.trace): it refuses module hooks, so it is replayed "
+    "whole from the calls a global hook captured, has no in-situ time of its own (a parent's counts it) and "
+    "the modules inside it get no rows (profile the nn.Module before scripting or tracing it to see them)"
+)
+#: Why a TorchScript module's row fails when its call's keyword arguments could not be read.
+SCRIPTED_UNREAD = (
+    "a TorchScript module (torch.jit.script / torch.jit.trace) cannot be hooked (register_forward_pre_hook "
+    "is not supported on ScriptModules), and the keyword arguments of its call could not be read: its inputs "
+    "were not captured, so it is not replayed alone; its time is in its parent's own time"
+)
+
+
+def scripted(module: nn.Module) -> bool:
+    """Whether ``module`` is a TorchScript module (``torch.jit.script`` or ``torch.jit.trace`` output).
+
+    Notes:
+        Such a module refuses module hooks: the engine hooks none of them. The capture takes its calls
+        with global forward hooks (:class:`cb_callback._engine.capture.capture.Capture`), so it is
+        replayed whole; it is a leaf of the component tree (:func:`component_paths`): the modules
+        compiled inside it get no rows (their calls run inside TorchScript, where no Python hook sees
+        them). Neither the in-situ clock nor the census sees it apart: its in-situ time and its
+        census counts are its parent's own.
+    """
+    return isinstance(module, torch.jit.ScriptModule)
+
 
 _UNWRAPPERS: list[Callable[[nn.Module], nn.Module | None]] = []
 
@@ -130,13 +162,19 @@ def component_paths(root: nn.Module) -> dict[str, Placement]:
     ``blocks.3``) cannot be told apart by who calls them: they are one node under
     the first name, the others its ``aliases``, and a descendant reached through
     an alias is the first name's descendant. Ordered as ``named_modules``
-    enumerates them (parents before children).
+    enumerates them (parents before children). A TorchScript module is a leaf
+    (:func:`scripted`): the modules inside it get no node.
     """
     out: dict[str, Placement] = {}
     canon: dict[str, str] = {}  # every name -> the node it is
     node_of: dict[tuple[int, str | None], str] = {}  # (module, parent node) -> node path
     renames = _renames(root)
+    sealed: list[str] = []  # raw names of the TorchScript modules met: nothing below them is a node
     for index, (raw, mod) in enumerate(root.named_modules(remove_duplicate=False)):
+        if any(raw.startswith(f"{s}.") if s else raw != "" for s in sealed):
+            continue
+        if scripted(mod):
+            sealed.append(raw)
         renamed = _renamed(raw, renames)
         if renamed is None:  # a wrapper's plumbing (register_module_unwrapper)
             continue

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from cb_callback._engine.capture.inputs import ComponentInputs
-from cb_callback._engine.capture.tree import component_paths, owner
+from cb_callback._engine.capture.tree import component_paths, owner, scripted
 from cb_callback._engine.clocks.clock import HookClock, HookCost
 from cb_callback._engine.clocks.nodeclock import NodeClock
 from cb_callback._engine.clocks.timing import record_timed
@@ -134,7 +134,7 @@ def hook_clock(
     places: dict[int, list[tuple[str, str | None]]] = {}
     modules: dict[int, nn.Module] = {}
     for path, at in component_paths(root).items():
-        if only is None or path in only:
+        if (only is None or path in only) and not scripted(at.module):  # a ScriptModule refuses hooks
             places.setdefault(id(at.module), []).append((path, at.parent))
             modules[id(at.module)] = at.module
     running: list[str] = []

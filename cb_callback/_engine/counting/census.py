@@ -34,7 +34,7 @@ from torch.utils.hooks import RemovableHandle
 
 from cb_callback._engine.capture.inputs import ComponentInputs, call_signature
 from cb_callback._engine.capture.storage import storage_key
-from cb_callback._engine.capture.tree import Node
+from cb_callback._engine.capture.tree import Node, scripted
 from cb_callback._engine.clocks.nodeclock import backward_prefix, claim_nodes, input_nodes, next_node_number
 from cb_callback._engine.counting import flop_rules
 from cb_callback._engine.counting.byte_rules import op_bytes, storage_bytes
@@ -501,6 +501,8 @@ def _count_top(
     mutated = dead = False
     try:
         for m in tracked:
+            if scripted(m):  # a ScriptModule refuses hooks: its ops are its parent's own
+                continue
             # first of its pre-hooks, as the in-situ clock's: a hook's ops are the module's call (its replay runs them)
             handles.append(m.register_forward_pre_hook(attribution.pre, with_kwargs=True, prepend=True))
             handles.append(m.register_forward_hook(attribution.post, always_call=True))
@@ -611,7 +613,9 @@ def count_step(
             fwd, bwd, moved = counted.flops["fwd"], counted.flops["bwd"], counted.flops["bytes"]
             for path in below:
                 module = modules.get(path)
-                if module is not None and id(module) not in shared:
+                if module is not None and scripted(module):  # no hook saw it: its ops are its parent's own
+                    found[path], inexact[path] = None, _UNHOOKED
+                elif module is not None and id(module) not in shared:
                     key = id(module)
                     mine = found[path] = (fwd.get(key, 0), bwd.get(key, 0), moved.get(key, 0))
                     tally = counted.tally.get(key)
@@ -627,6 +631,10 @@ def count_step(
         out.inexact.append(inexact)
     out.seconds = time.perf_counter() - t0
     return out
+
+
+#: Why a TorchScript module's counts are not the census's (it refuses module hooks).
+_UNHOOKED = "a TorchScript module: the census cannot hook it"
 
 
 def _why_inexact(tally: Tally | None) -> str | None:

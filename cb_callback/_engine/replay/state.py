@@ -414,7 +414,8 @@ class StateGuard:
                 if original is None or copy is None:
                     mod._buffers[name] = original
                     continue
-                if mod._buffers.get(name) is not original:
+                # ``in``, then ``[]``: a TorchScript module's ``_buffers`` is an OrderedDictWrapper (no ``get``)
+                if name not in mod._buffers or mod._buffers[name] is not original:
                     mod._buffers[name] = original
                 original.copy_(copy)
         for mod, flag in self._flags:

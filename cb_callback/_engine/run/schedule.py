@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from cb_callback._engine.capture.tree import Node, filter_reasons
+from cb_callback._engine.capture.tree import SCRIPTED, Node, filter_reasons, scripted
 from cb_callback._engine.clocks.insitu import InSituTimes
 from cb_callback._engine.clocks.timing import SampleSet, cpu_canary, interleave
 from cb_callback._engine.derive.quality import inconsistent_pairs, is_noisy
@@ -228,6 +228,8 @@ class Schedule:
             params_mb=params_mb(self.modules[node.path]),
         )  # fmt: skip
         self._put_insitu(row, node.path, 0)
+        if scripted(self.modules[node.path]):  # a later status's note (not_run, a copy ...) says more
+            row.note = SCRIPTED
         if node.aliases:
             row.details["aliases"] = list(node.aliases)
         if node.shared_with:

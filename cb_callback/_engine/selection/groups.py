@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from cb_callback._engine.capture.inputs import ComponentInputs
-from cb_callback._engine.capture.tree import Node
+from cb_callback._engine.capture.tree import Node, scripted
 from cb_callback._engine.replay.batches import input_signature
 from cb_callback._report.model import ComponentRow
 from cb_callback._report.schema import RowDetails
@@ -42,13 +42,20 @@ def call_signature(inputs: ComponentInputs) -> tuple[Any, ...]:
 
 def _configuration(module: nn.Module) -> tuple[tuple[str, str], ...]:
     """``extra_repr()`` of every module of the subtree, by relative path (a ``Conv2d``'s padding and
-    dilation, a ``Dropout``'s p): the configuration its constructor gave it."""
+    dilation, a ``Dropout``'s p): the configuration its constructor gave it; for a TorchScript module
+    also its code (every one is a ``RecursiveScriptModule``, and a trace bakes in the branches its
+    Python attributes chose)."""
     out = []
     for rel, m in module.named_modules():
         try:
             out.append((rel, m.extra_repr()))
         except Exception:  # an extra_repr that raises says nothing: the class and shapes still decide
             out.append((rel, "?"))
+        if scripted(m):
+            try:
+                out.append((rel, str(m.code)))
+            except Exception:  # code it cannot show: like no other module's
+                out.append((rel, f"code unknown ({id(m)})"))
     return tuple(out)
 
 

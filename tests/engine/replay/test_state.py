@@ -238,3 +238,17 @@ def test_on_cuda_only_the_buffers_are_copied_on_the_device() -> None:
         model(torch.randn(3, 4, device="cuda", requires_grad=True)).sum().backward()
         assert not torch.equal(model.weight, before)
     assert torch.equal(model.weight, before)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_a_scripted_batchnorms_running_stats_are_restored() -> None:
+    # a TorchScript module's _buffers is an OrderedDictWrapper (no .get): the restore raised, and the
+    # replays' updates of the running stats stayed in the user's model
+    bn = torch.jit.script(nn.BatchNorm1d(6))
+    before = {k: v.clone() for k, v in bn.state_dict().items()}
+    with StateGuard(bn):
+        bn(torch.randn(8, 6) * 3 + 1)
+        assert not torch.equal(bn.running_mean, before["running_mean"])
+    after = bn.state_dict()
+    assert list(after) == list(before)  # running_mean, running_var, num_batches_tracked (and the affine pair)
+    assert all(torch.equal(after[k], before[k]) for k in before)

@@ -221,6 +221,56 @@ def test_convs_differing_in_padding_or_dilation_are_not_one_group(monkeypatch: p
     assert sorted(rows[f"branches.{i}"].details["as"] for i in range(2)) == ["measured", "representative"]
 
 
+# --- TorchScript siblings: one class name, the code tells them apart ----------------------------------------
+
+
+class Branch(nn.Module):
+    """``lin(lin(x))`` or ``lin(x)``: a Python attribute a trace bakes into the code it records."""
+
+    def __init__(self, twice: bool) -> None:
+        super().__init__()
+        self.twice = twice
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.lin(self.lin(x)) if self.twice else self.lin(x)
+
+
+class Traced(nn.Module):
+    """Three traced branches on one input: ``twice`` True, True, False."""
+
+    def __init__(self, x: Tensor) -> None:
+        super().__init__()
+        self.branches = nn.ModuleList([torch.jit.trace(Branch(t), x) for t in (True, True, False)])
+
+    def forward(self, x: Tensor) -> Tensor:
+        return sum((b(x) for b in self.branches), torch.zeros(()))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace.*` is deprecated:DeprecationWarning")
+def test_traced_siblings_with_other_code_are_not_one_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(triage_module, "differs", lambda a, b: False)  # the copy is asserted, not timing
+    x = torch.randn(4, 8)
+    model = Traced(x)
+    with Capture(model) as cap:
+        model(x)
+    nodes, modules = build_tree(model, cap.calls)
+    by_path = {n.path: n for n in nodes}
+    # Same class (TopLevelTracedModule), original_name, weights and input: only the traced code differs
+    assert sibling_groups(by_path["branches"], modules, cap.calls) == [["branches.0", "branches.1"], ["branches.2"]]
+    default, full = _both(model, x)
+    assert _differences(default, full) == []
+    # Linear(8 -> 8) on 4 rows: 2 * 4 * 8 * 8 = 512 FLOPs a call; twice in the first two
+    assert [default.row(f"branches.{i}").fwd_flops for i in range(3)] == [1024, 1024, 512]
+    # the census cannot hook a ScriptModule, so it proves no copy of one: even the group of two alike
+    # is measured twice, each counted in its own pass
+    assert [default.row(f"branches.{i}").details["as"] for i in range(2)] == ["measured", "measured"]
+    assert default.row("branches.1").details["not_copy"] == (
+        "branches.1: the census of the step's FLOPs could not count branches.1: not proven equal"
+    )
+    assert default.row("branches.2").details["counted"] == "own pass: a TorchScript module: the census cannot hook it"
+
+
 # --- blocks with a scalar loop-count argument -----------------------------------------------------------
 
 
