@@ -109,7 +109,8 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="print a saved report's summary and hotspots",
         description="Print a saved report's summary and hotspots; with --sort, --filter or --depth, the selected "
         "components in place of the hotspots (one listing). Exit status: 0 printed, 2 no report, none of "
-        "the capture step asked for, or one that cannot be read (not JSON, not a report's schema).",
+        "the capture step asked for, one that cannot be read (not JSON, not a report's schema), or a report.html "
+        "that cannot be written (--html).",
     )
     report.add_argument("report", metavar="DIR", help=_LOCATION_HELP.format(what="report", file=REPORT_FILE))
     report.add_argument("--step", type=_count, default=None, metavar="N", help=_STEP_HELP.format(what="report"))
@@ -133,7 +134,8 @@ def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Compare two saved reports component by component: two runs, or two captures of one run "
         "(cb diff DIR@10 DIR@500). With --fail-over PCT, a regression gate: exit 1 when a component holding at "
         "least --min-share of the step (in either report) got worse by more than PCT and beyond both runs' noise. "
-        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable. "
+        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable, or "
+        "an --html page that cannot be written. "
         "With --fail-over, 2 also when the gate could not compare: a report without rows or root, two different "
         "models (unless --allow-mismatch), a --filter matching nothing, or no component judged.",
     )
@@ -511,10 +513,26 @@ def _report(args: argparse.Namespace) -> int:
     if listing:
         print("\n" + "\n".join(listing))
     if args.html:
-        from cb_callback._report.html import write_html
+        from cb_callback._report.html import HTML_FILE, write_html
 
-        print(f"cb: wrote {write_html(report, directory)}")
+        try:
+            written = write_html(report, directory)
+        except OSError as e:
+            print(f"cb: error: {_cannot_write(directory / HTML_FILE, e)}", file=sys.stderr)
+            return 2
+        print(f"cb: wrote {written}")
     return 0
+
+
+def _cannot_write(target: Path, e: OSError, directory_hint: str = "") -> str:
+    """The one line for a file ``cb`` could not write at ``target``: its errno's words when the error is about
+    ``target`` itself (else the error, which names the file it is about); ``directory_hint`` follows "it is a
+    directory"."""
+    if (e.filename is not None and Path(e.filename) != target) or not e.strerror:
+        return f"cannot write {target}: {e}"
+    if isinstance(e, IsADirectoryError):
+        return f"cannot write {target}: it is a directory{directory_hint}"
+    return f"cannot write {target}: {e.strerror}"
 
 
 def _roofline(args: argparse.Namespace) -> int:
@@ -569,11 +587,13 @@ def _diff(args: argparse.Namespace) -> int:
     if args.html is not None:
         from cb_callback._report.html import write_diff_html
 
-        # the machine formats keep stdout to themselves
-        print(
-            f"cb: wrote {write_diff_html(a, b, d, args.html, labels=(args.a, args.b))}",
-            file=sys.stdout if text else sys.stderr,
-        )
+        try:
+            written = write_diff_html(a, b, d, args.html, labels=(args.a, args.b))
+        except OSError as e:  # 2, could not do it: 1 would read as "the gate failed"
+            hint = f" (--html takes a file: {args.html / 'diff.html'}, say)"
+            print(f"cb: error: --html: {_cannot_write(args.html, e, hint)}", file=sys.stderr)
+            return 2
+        print(f"cb: wrote {written}", file=sys.stdout if text else sys.stderr)  # the machine formats keep stdout
     return status
 
 

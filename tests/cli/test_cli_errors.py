@@ -157,10 +157,12 @@ def test_compare_and_replay_help_promise_these_statuses() -> None:
         "available, an invalid option)."
     ) in sub["replay"].description
     assert (
-        "Exit status: 0 printed, 2 no report, none of the capture step asked for, or one that cannot be read"
+        "Exit status: 0 printed, 2 no report, none of the capture step asked for, one that cannot be read (not "
+        "JSON, not a report's schema), or a report.html that cannot be written (--html)."
     ) in sub["report"].description
     assert (
-        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable."
+        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable, or an "
+        "--html page that cannot be written."
     ) in sub["diff"].description  # the gate: cb diff --fail-over (issue 26)
 
 
