@@ -22,7 +22,7 @@ from cb_callback._engine.capture.inputs import ComponentInputs, to_device
 from cb_callback._engine.capture.storage import model_device
 from cb_callback._engine.replay.isolate import Replay, ReplayInputs, flatten_output
 from cb_callback._engine.replay.state import StateGuard, seeded
-from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.config import BenchmarkConfig, config_or_default
 from cb_callback._engine.run.profile import profile_captured
 from cb_callback._report.finite import is_nan, ratio
 from cb_callback._report.model import ComponentRow, Report
@@ -487,7 +487,7 @@ def _checked_config(
     Raises:
         ValueError: an invalid option, or ``reference`` or ``candidate`` not an ``nn.Module``.
     """
-    base = config or BenchmarkConfig()
+    base = config_or_default(config)
     cfg = base.replace(**options) if options else base
     cfg = cfg.replace(backward=backward)
     if not isinstance(reference, nn.Module) or not isinstance(candidate, nn.Module):

@@ -44,7 +44,7 @@ from torch import nn
 
 from cb_callback._engine.capture.inputs import ComponentInputs
 from cb_callback._engine.capture.storage import model_device
-from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.config import BenchmarkConfig, config_or_default
 from cb_callback._engine.run.precision import AUTOCAST_DTYPES, DEFAULT_DTYPES
 from cb_callback._engine.run.profile import profile_captured
 from cb_callback._hardware.devices import device_problem
@@ -349,7 +349,7 @@ def save_snapshot(
     out.mkdir(parents=True, exist_ok=True)
     batches = [calls] if isinstance(calls, Mapping) else list(calls)
     calls = batches[0]
-    cfg = config or BenchmarkConfig()
+    cfg = config_or_default(config)
     options, dropped = _config_fields(cfg)
     meta = dict(metadata or {})
     if dropped:

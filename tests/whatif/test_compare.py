@@ -253,6 +253,8 @@ def test_captured_component_inputs_and_bad_inputs() -> None:
     broken = ComponentInputs(args=(), kwargs={}, capture_error="could not copy args[0]")
     with pytest.raises(ValueError, match="could not copy args"):
         compare_components(model[0], ElementwiseGemv(D), broken, **OPTS)
+    with pytest.raises(TypeError, match=r"^config=\{'seed': 1\}: expected a BenchmarkConfig, got dict; pass "):
+        compare_components(model[0], ElementwiseGemv(D), capture.calls["0"], config={"seed": 1})  # type: ignore[arg-type]
 
 
 class Net(nn.Module):

@@ -13,7 +13,7 @@ import torch
 
 from cb_callback._types import OptionValue
 
-__all__ = ["ARTIFACT_KINDS", "COMPILE_OPTIONS", "BenchmarkConfig"]
+__all__ = ["ARTIFACT_KINDS", "COMPILE_OPTIONS", "BenchmarkConfig", "config_or_default"]
 
 #: The built-in artifact kinds ``artifacts`` may name (their plugins: :mod:`cb_callback._metrics.artifacts`).
 ARTIFACT_KINDS: tuple[str, ...] = ("trace", "ops", "memory")
@@ -368,6 +368,26 @@ class BenchmarkConfig:
                 v = list(v)
             out[f.name] = v
         return out
+
+
+def config_or_default(config: object) -> BenchmarkConfig:
+    """``config`` as the run's options: a :class:`BenchmarkConfig` itself, ``None`` the defaults.
+
+    Raises:
+        TypeError: anything else, naming what it is; a mapping (``config={"max_depth": 0}``) is
+            told the two ways its fields are given, ``BenchmarkConfig(**...)`` or keywords.
+    """
+    if config is None:
+        return BenchmarkConfig()
+    if isinstance(config, BenchmarkConfig):
+        return config
+    shown = repr(config) if len(repr(config)) <= 80 else repr(config)[:77] + "..."
+    how = (
+        "pass config=BenchmarkConfig(**options) or the options themselves as keywords"
+        if isinstance(config, Mapping)
+        else "pass a BenchmarkConfig or None"
+    )
+    raise TypeError(f"config={shown}: expected a BenchmarkConfig, got {type(config).__name__}; {how}")
 
 
 _PEAK_KEYS = {

@@ -26,3 +26,18 @@ def test_an_unknown_option_names_the_close_ones() -> None:
         profile_components(torch.nn.Linear(2, 2), (torch.randn(1, 2),), warmpu=1)
     with pytest.raises(ValueError, match=r"^unknown option\(s\) \['zzzzzz'\]; BenchmarkConfig fields are \["):
         BenchmarkConfig().replace(zzzzzz=1)  # nothing close: no hint
+
+
+def test_a_config_that_is_not_a_benchmark_config_is_a_type_error_saying_how() -> None:
+    import torch
+
+    model, x = torch.nn.Linear(2, 2), torch.randn(1, 2)
+    with pytest.raises(TypeError) as e:
+        profile_components(model, (x,), config={"max_depth": 0})  # type: ignore[arg-type]
+    assert str(e.value) == (
+        "config={'max_depth': 0}: expected a BenchmarkConfig, got dict; pass config=BenchmarkConfig(**options) "
+        "or the options themselves as keywords"
+    )
+    expected = r"^config=3: expected a BenchmarkConfig, got int; pass a BenchmarkConfig or None$"
+    with pytest.raises(TypeError, match=expected):
+        profile_components(model, (x,), config=3, max_depth=0)  # type: ignore[arg-type]
