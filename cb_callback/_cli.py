@@ -210,6 +210,8 @@ def _share_percent(text: str) -> float:
 
 def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``cb compare``: check a re-authored component against a snapshot's component."""
+    import re
+
     compare = sub.add_parser(
         "compare",
         help="check a re-authored component against a snapshot's component (numerics and speed)",
@@ -217,6 +219,9 @@ def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "compare outputs and gradients, and time both. Exit status: 0 equivalent, 1 not equivalent, "
         f"2 could not compare. {_TRUST}",
     )
+    # "--rtol -inf", "--atol -1": a value that looks negative is a value here, so _tolerance names what is wrong
+    # with it (argparse would say "expected one argument"); this parser has no option named like one
+    compare._negative_number_matcher = re.compile(r"^-(\.?\d|inf|nan)", re.IGNORECASE)
     _add_snapshot(compare)
     compare.add_argument("--path", required=True, help="the component's dotted path ('' for the root)")
     compare.add_argument(
@@ -227,13 +232,31 @@ def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "takes one argument); the module must be importable (PYTHONPATH)",
     )
     compare.add_argument("--device", default=None, help="where to run (default: as for cb replay)")
-    compare.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: by dtype)")
-    compare.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: by dtype)")
+    compare.add_argument(
+        "--rtol", type=_tolerance, default=None, help="relative tolerance, a finite number >= 0 (default: by dtype)"
+    )
+    compare.add_argument(
+        "--atol", type=_tolerance, default=None, help="absolute tolerance, a finite number >= 0 (default: by dtype)"
+    )
     compare.add_argument("--no-backward", action="store_true", help="compare and time the forward only")
     _add_compile(compare, top=False)
     compare.add_argument(
         "--script", type=Path, default=None, help="the training script defining the model's class (as for cb replay)"
     )
+
+
+def _tolerance(text: str) -> float:
+    """A tolerance, a finite number >= 0, for argparse (``inf`` would call any candidate equivalent, a negative
+    or NaN one none)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
 
 
 def _add_roofline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

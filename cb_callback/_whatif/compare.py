@@ -36,7 +36,14 @@ from cb_callback._whatif.tolerances import (
     number_tolerances,
 )
 
-__all__ = ["DEFAULT_TOLERANCES", "Comparison", "TensorComparison", "compare_components", "default_tolerances"]
+__all__ = [
+    "DEFAULT_TOLERANCES",
+    "Comparison",
+    "TensorComparison",
+    "check_tolerance",
+    "compare_components",
+    "default_tolerances",
+]
 
 #: The Python numbers an output leaf may be (compared like 0-d tensors).
 Number = bool | int | float | complex
@@ -449,8 +456,8 @@ def compare_components(
         (``to_dataframe()``), the two engine rows side by side (``summary()``).
 
     Raises:
-        ValueError: ``inputs`` of another kind or with a capture error, or an
-            invalid option.
+        ValueError: ``inputs`` of another kind or with a capture error, an invalid option, or
+            a tolerance not a finite number >= 0 (``rtol=inf`` calls any candidate equivalent).
 
     Notes:
         Closeness is :func:`torch.isclose`'s with ``equal_nan=True``
@@ -468,11 +475,26 @@ def compare_components(
         they cannot see fusion with the neighbours in the real model, which is
         often why a component is re-authored.
     """
+    check_tolerance("rtol", rtol)
+    check_tolerance("atol", atol)
     cfg = _checked_config(reference, candidate, config, options, backward)
     sides = _place(reference, candidate, _as_inputs(inputs, reference), cfg, load_state)
     tensors, not_compared = _compare_numerics(sides, cfg, backward, rtol, atol, forward_context)
     report = _time_both(sides, cfg, forward_context)
     return sides.comparison(tensors, report, not_compared)
+
+
+def check_tolerance(name: str, value: object) -> None:
+    """Refuse a tolerance that is not ``None`` or a finite number >= 0 (``inf`` accepts any candidate, a
+    negative or NaN one none), naming it (``rtol=inf is invalid: ...``).
+
+    Raises:
+        ValueError: naming ``name`` and the value.
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value!r} is invalid: expected a finite number >= 0 (or None: by dtype)")
 
 
 def _checked_config(

@@ -148,6 +148,22 @@ def test_compare_names_the_reference_when_it_raises(
     assert line.endswith(" in forward)")
 
 
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-1", "-0.5", "x", "1e400"])
+def test_compare_refuses_a_tolerance_that_is_not_finite_and_non_negative(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --rtol inf --atol inf called any candidate "equivalent"; a usage error, exit 2, before the snapshot is read
+    for flag in ("--rtol", "--atol"):
+        with pytest.raises(SystemExit) as e:
+            main(["compare", "no-such-dir", "--path", "", "--candidate", "m:f", flag, value])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert (
+            err.splitlines()[-1] == f"cb compare: error: argument {flag}: expected a finite number >= 0, got {value!r}"
+        )
+    assert _parser().parse_args(["compare", "d", "--path", "", "--candidate", "m:f", "--rtol", "0"]).rtol == 0.0
+
+
 def test_compare_and_replay_help_promise_these_statuses() -> None:
     sub = next(a for a in _parser()._actions if a.dest == "command").choices  # type: ignore[attr-defined]
     assert "Exit status: 0 equivalent, 1 not equivalent, 2 could not compare." in sub["compare"].description
