@@ -426,12 +426,28 @@ def _description(
 
 
 def read_description(directory: str | Path) -> dict[str, Any]:
-    """``snapshot.json`` of a snapshot directory (no unpickling), ``{}`` if missing or unreadable."""
+    """``snapshot.json`` of a snapshot directory (no unpickling), ``{}`` if missing or unreadable
+    (:func:`description_problem` says why)."""
     try:
         data = json.loads((Path(directory) / META_FILE).read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def description_problem(directory: str | Path) -> str | None:
+    """Why the ``snapshot.json`` of ``directory`` cannot be read (``"PATH is unreadable (not JSON: ...)"``);
+    ``None`` when it can, or when there is none (a snapshot written without it)."""
+    path = Path(directory) / META_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        return f"{path} is unreadable ({e.strerror or e})"
+    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+        return f"{path} is unreadable (not JSON: {e})"
+    return None if isinstance(data, dict) else f"{path} is unreadable (not a JSON object: {type(data).__name__})"
 
 
 def resolve_snapshot_dir(location: str | Path, step: int | None = None) -> Resolved:
@@ -457,8 +473,11 @@ def resolve_snapshot_dir(location: str | Path, step: int | None = None) -> Resol
 class _MainScript:
     """How to import the training script as ``__mp_main__``, as ``spawn`` does."""
 
-    def __init__(self, description: Mapping[str, Any], override: str | Path | None) -> None:
+    def __init__(
+        self, description: Mapping[str, Any], override: str | Path | None, unreadable: str | None = None
+    ) -> None:
         self.override = None if override is None else os.path.abspath(override)
+        self.unreadable = unreadable  # why snapshot.json, where the script is recorded, cannot be read
         recorded = description.get("script")
         self.path: str | None = self.override or (recorded if isinstance(recorded, str) else None)
         module = description.get("script_module")
@@ -471,7 +490,8 @@ class _MainScript:
         self.loaded: types.ModuleType | None = None
 
     def describe(self) -> str:
-        return self.path or (f"-m {self.module}" if self.module else "(not recorded)")
+        unknown = f"(not known: {self.unreadable})" if self.unreadable else "(not recorded)"
+        return self.path or (f"-m {self.module}" if self.module else unknown)
 
     def already_main(self) -> bool:
         """Whether ``__main__`` already is that script (a spawned child, the script itself)."""
@@ -488,7 +508,9 @@ class _MainScript:
             return self.loaded
         path = self.path
         if self.module is None and (path is None or not os.path.isfile(path)):
-            where = "was not recorded" if path is None else f"is not at {path}"
+            where = f"is not at {path}" if path is not None else "was not recorded"
+            if path is None and self.unreadable:
+                where = f"cannot be found: {self.unreadable}, where its path is recorded"
             raise SnapshotError(
                 f"the snapshot's classes include some defined in its training script (`__main__`), "
                 f"and the script {where}: pass it with `cb replay --script PATH` "
@@ -572,7 +594,7 @@ def load_snapshot(
     path = _snapshot_file(directory, map_location)
     description = read_description(path.parent)
     model_class = description.get("model_class", "the model's class")
-    main = _MainScript(description, script)
+    main = _MainScript(description, script, description_problem(path.parent))
     if script is not None or str(model_class).startswith("__main__."):
         main.load()
     payload = _unpickle(path, map_location, main, model_class)
