@@ -643,6 +643,8 @@ def _unpickle(path: Path, map_location: str | torch.device | None, main: _MainSc
         ) from e
     except (pickle.UnpicklingError, EOFError) as e:
         raise SnapshotError(f"cannot read the snapshot {path} (truncated or not a snapshot?): {e}") from e
+    except SnapshotError:  # the training script's own message (not found, it raised): says it all, once
+        raise
     except RuntimeError as e:
         if any(marker in str(e) for marker in _FORMAT_ERRORS):
             raise SnapshotError(f"cannot read the snapshot {path} (truncated or not a snapshot?): {e}") from e

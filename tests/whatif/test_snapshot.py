@@ -268,11 +268,12 @@ def test_a_corrupt_snapshot_json_is_named_unreadable_not_a_script_never_recorded
     assert description_problem(snap) == why
     with pytest.raises(SnapshotError) as e:
         load_snapshot(snap)
-    # before: "... and the script was not recorded: pass it with cb replay --script PATH"
-    assert (
+    # before: "cannot load the snapshot ...: SnapshotError: ... and the script was not recorded: pass it with ..."
+    assert str(e.value) == (
         f"the snapshot's classes include some defined in its training script (`__main__`), and the script cannot "
-        f"be found: {why}, where its path is recorded: pass it with `cb replay --script PATH`"
-    ) in str(e.value)
+        f"be found: {why}, where its path is recorded: pass it with `cb replay --script PATH` "
+        "(load_snapshot(..., script=PATH))"
+    )
     (snap / META_FILE).write_text("[1]")
     assert description_problem(snap) == f"{snap / META_FILE} is unreadable (not a JSON object: list)"
     (snap / META_FILE).unlink()
