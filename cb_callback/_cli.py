@@ -70,7 +70,8 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         description=f"Profile a snapshot offline, e.g. on another machine or GPU. Exit status: 0 profiled "
         "and written, 1 profiled but the report files could not be written, 2 could not replay (the "
         "snapshot cannot be read, none of the capture step asked for, the device is not available, an invalid "
-        "option). Progress goes to stderr: on a terminal one line rewritten in place; into a file or a pipe "
+        "option, an --out that is a file or cannot be made a directory: said before replaying). Progress goes "
+        "to stderr: on a terminal one line rewritten in place; into a file or a pipe "
         f"plain lines, one per level of timing rounds. {_TRUST}",
     )
     _add_snapshot(replay)
@@ -462,6 +463,10 @@ def _replay(args: argparse.Namespace) -> int:
     except (SnapshotError, ValueError) as e:
         print(f"cb: error: {e}", file=sys.stderr)
         return 2
+    problem = _unwritable_dir(out)
+    if problem is not None:  # before the replay's minutes, not after them
+        print(f"cb: error: --out: {problem}", file=sys.stderr)
+        return 2
     from cb_callback._engine.run.schedule_count import ConsoleProgress
     from cb_callback._lightning.publish import error_line
     from cb_callback._report.context import ReportContext
@@ -482,6 +487,18 @@ def _replay(args: argparse.Namespace) -> int:
     print(report.summary(top=args.top))
     print(f"\ncb: report written to {out} ({', '.join(p.name for p in written)})")
     return 0
+
+
+def _unwritable_dir(out: Path) -> str | None:
+    """Why the report files cannot go to the directory ``out`` (a file there, one that cannot be made);
+    ``None``: it is one now (created if missing)."""
+    if out.exists() and not out.is_dir():
+        return f"cannot write the report files to {out}: it is a file, not a directory"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return _cannot_write(out, e)
+    return None
 
 
 def _unreadable(where: Path, e: BaseException) -> str:

@@ -92,7 +92,11 @@ def _candidates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
     """The one line the command wrote to stderr (it must be one, without a traceback)."""
-    err = capsys.readouterr().err
+    return _err_line_of(capsys.readouterr().err)
+
+
+def _err_line_of(err: str) -> str:
+    """The one line of ``err`` (it must be one, without a traceback)."""
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1, err
     assert "Traceback" not in err
@@ -170,7 +174,8 @@ def test_compare_and_replay_help_promise_these_statuses() -> None:
     assert (
         "Exit status: 0 profiled and written, 1 profiled but the report files could not be written, 2 could "
         "not replay (the snapshot cannot be read, none of the capture step asked for, the device is not "
-        "available, an invalid option)."
+        "available, an invalid option, an --out that is a file or cannot be made a directory: said before "
+        "replaying)."
     ) in sub["replay"].description
     assert (
         "Exit status: 0 printed, 2 no report, none of the capture step asked for, one that cannot be read (not "
@@ -269,6 +274,22 @@ def test_replay_that_cannot_write_its_files_says_why(
     assert errors == [
         f"cb: error: could not write the report files to {out} (OSError: [Errno 28] No space left on device (ENOSPC))"
     ]
+
+
+def test_replay_to_an_out_it_cannot_make_a_directory_exits_2_before_replaying(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snap = _snapshot(tmp_path / "snap")
+    (tmp_path / "afile").write_text("")
+    cases = {
+        tmp_path / "afile": f"cannot write the report files to {tmp_path / 'afile'}: it is a file, not a directory",
+        tmp_path / "afile" / "out": f"cannot write {tmp_path / 'afile' / 'out'}: Not a directory",  # under a file
+    }
+    for out, expected in cases.items():
+        assert main(["replay", str(snap), "--device", "cpu", "--out", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert "cb_callback component benchmark" not in captured.out  # nothing replayed: said before its minutes
+        assert _err_line_of(captured.err) == f"cb: error: --out: {expected}"
 
 
 # --- cb report on files that are not reports --------------------------------------------------
