@@ -257,8 +257,17 @@ def format_summary(report: Report, top: int = 10) -> str:
     lines += distributed_lines(report)
     reduced = reduced_lines(report)
     lines += ["", *reduced] if reduced else []
-    lines += _readable(("quality",), lambda: quality_lines(report), blank=True)
+    lines += _readable(("quality",), lambda: _quality_section(report), blank=True)
     return "\n".join(lines)
+
+
+def _quality_section(report: Report) -> list[str]:
+    """:func:`quality_lines`, once ``metadata["quality"]`` is an object or absent (a verdict written alone,
+    ``"quality": "noisy"``, is a value of the wrong kind, not a report without quality)."""
+    quality = report.metadata.get("quality")
+    if quality is not None and not isinstance(quality, dict):
+        raise TypeError(f"expected an object such as {{'verdict': 'clean', ...}}, got {type(quality).__name__}")
+    return quality_lines(report)
 
 
 def _readable(keys: Sequence[str], section: Callable[[], list[str]], blank: bool = False) -> list[str]:

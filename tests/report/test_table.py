@@ -289,3 +289,8 @@ def test_a_malformed_metadata_value_is_named_and_the_rest_of_the_summary_prints(
         lines[-1]
         == "(metadata['quality'] not shown: a value of the wrong kind, TypeError: 'int' object is not iterable)"
     )
+    report.metadata.update(quality="noisy", cost={})  # a verdict alone, where an object goes
+    assert format_summary(report).splitlines()[-1] == (
+        "(metadata['quality'] not shown: a value of the wrong kind, TypeError: expected an object such as "
+        "{'verdict': 'clean', ...}, got str)"
+    )
