@@ -70,7 +70,8 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         description=f"Profile a snapshot offline, e.g. on another machine or GPU. Exit status: 0 profiled "
         "and written, 1 profiled but the report files could not be written, 2 could not replay (the "
         "snapshot cannot be read, none of the capture step asked for, the device is not available, an invalid "
-        "option). Progress goes to stderr: on a terminal one line rewritten in place; into a file or a pipe "
+        "option, an --out that is a file or cannot be made a directory: said before replaying). Progress goes "
+        "to stderr: on a terminal one line rewritten in place; into a file or a pipe "
         f"plain lines, one per level of timing rounds. {_TRUST}",
     )
     _add_snapshot(replay)
@@ -109,7 +110,8 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="print a saved report's summary and hotspots",
         description="Print a saved report's summary and hotspots; with --sort, --filter or --depth, the selected "
         "components in place of the hotspots (one listing). Exit status: 0 printed, 2 no report, none of "
-        "the capture step asked for, or one that cannot be read (not JSON, not a report's schema).",
+        "the capture step asked for, one that cannot be read (not JSON, not a report's schema), or a report.html "
+        "that cannot be written (--html).",
     )
     report.add_argument("report", metavar="DIR", help=_LOCATION_HELP.format(what="report", file=REPORT_FILE))
     report.add_argument("--step", type=_count, default=None, metavar="N", help=_STEP_HELP.format(what="report"))
@@ -133,7 +135,8 @@ def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Compare two saved reports component by component: two runs, or two captures of one run "
         "(cb diff DIR@10 DIR@500). With --fail-over PCT, a regression gate: exit 1 when a component holding at "
         "least --min-share of the step (in either report) got worse by more than PCT and beyond both runs' noise. "
-        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable. "
+        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable, or "
+        "an --html page that cannot be written. "
         "With --fail-over, 2 also when the gate could not compare: a report without rows or root, two different "
         "models (unless --allow-mismatch), a --filter matching nothing, or no component judged.",
     )
@@ -208,6 +211,8 @@ def _share_percent(text: str) -> float:
 
 def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``cb compare``: check a re-authored component against a snapshot's component."""
+    import re
+
     compare = sub.add_parser(
         "compare",
         help="check a re-authored component against a snapshot's component (numerics and speed)",
@@ -215,6 +220,9 @@ def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "compare outputs and gradients, and time both. Exit status: 0 equivalent, 1 not equivalent, "
         f"2 could not compare. {_TRUST}",
     )
+    # "--rtol -inf", "--atol -1": a value that looks negative is a value here, so _tolerance names what is wrong
+    # with it (argparse would say "expected one argument"); this parser has no option named like one
+    compare._negative_number_matcher = re.compile(r"^-(\.?\d|inf|nan)", re.IGNORECASE)
     _add_snapshot(compare)
     compare.add_argument("--path", required=True, help="the component's dotted path ('' for the root)")
     compare.add_argument(
@@ -225,13 +233,31 @@ def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "takes one argument); the module must be importable (PYTHONPATH)",
     )
     compare.add_argument("--device", default=None, help="where to run (default: as for cb replay)")
-    compare.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: by dtype)")
-    compare.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: by dtype)")
+    compare.add_argument(
+        "--rtol", type=_tolerance, default=None, help="relative tolerance, a finite number >= 0 (default: by dtype)"
+    )
+    compare.add_argument(
+        "--atol", type=_tolerance, default=None, help="absolute tolerance, a finite number >= 0 (default: by dtype)"
+    )
     compare.add_argument("--no-backward", action="store_true", help="compare and time the forward only")
     _add_compile(compare, top=False)
     compare.add_argument(
         "--script", type=Path, default=None, help="the training script defining the model's class (as for cb replay)"
     )
+
+
+def _tolerance(text: str) -> float:
+    """A tolerance, a finite number >= 0, for argparse (``inf`` would call any candidate equivalent, a negative
+    or NaN one none)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
 
 
 def _add_roofline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -437,6 +463,10 @@ def _replay(args: argparse.Namespace) -> int:
     except (SnapshotError, ValueError) as e:
         print(f"cb: error: {e}", file=sys.stderr)
         return 2
+    problem = _unwritable_dir(out)
+    if problem is not None:  # before the replay's minutes, not after them
+        print(f"cb: error: --out: {problem}", file=sys.stderr)
+        return 2
     from cb_callback._engine.run.schedule_count import ConsoleProgress
     from cb_callback._lightning.publish import error_line
     from cb_callback._report.context import ReportContext
@@ -457,6 +487,18 @@ def _replay(args: argparse.Namespace) -> int:
     print(report.summary(top=args.top))
     print(f"\ncb: report written to {out} ({', '.join(p.name for p in written)})")
     return 0
+
+
+def _unwritable_dir(out: Path) -> str | None:
+    """Why the report files cannot go to the directory ``out`` (a file there, one that cannot be made);
+    ``None``: it is one now (created if missing)."""
+    if out.exists() and not out.is_dir():
+        return f"cannot write the report files to {out}: it is a file, not a directory"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return _cannot_write(out, e)
+    return None
 
 
 def _unreadable(where: Path, e: BaseException) -> str:
@@ -511,10 +553,26 @@ def _report(args: argparse.Namespace) -> int:
     if listing:
         print("\n" + "\n".join(listing))
     if args.html:
-        from cb_callback._report.html import write_html
+        from cb_callback._report.html import HTML_FILE, write_html
 
-        print(f"cb: wrote {write_html(report, directory)}")
+        try:
+            written = write_html(report, directory)
+        except OSError as e:
+            print(f"cb: error: {_cannot_write(directory / HTML_FILE, e)}", file=sys.stderr)
+            return 2
+        print(f"cb: wrote {written}")
     return 0
+
+
+def _cannot_write(target: Path, e: OSError, directory_hint: str = "") -> str:
+    """The one line for a file ``cb`` could not write at ``target``: its errno's words when the error is about
+    ``target`` itself (else the error, which names the file it is about); ``directory_hint`` follows "it is a
+    directory"."""
+    if (e.filename is not None and Path(e.filename) != target) or not e.strerror:
+        return f"cannot write {target}: {e}"
+    if isinstance(e, IsADirectoryError):
+        return f"cannot write {target}: it is a directory{directory_hint}"
+    return f"cannot write {target}: {e.strerror}"
 
 
 def _roofline(args: argparse.Namespace) -> int:
@@ -569,11 +627,13 @@ def _diff(args: argparse.Namespace) -> int:
     if args.html is not None:
         from cb_callback._report.html import write_diff_html
 
-        # the machine formats keep stdout to themselves
-        print(
-            f"cb: wrote {write_diff_html(a, b, d, args.html, labels=(args.a, args.b))}",
-            file=sys.stdout if text else sys.stderr,
-        )
+        try:
+            written = write_diff_html(a, b, d, args.html, labels=(args.a, args.b))
+        except OSError as e:  # 2, could not do it: 1 would read as "the gate failed"
+            hint = f" (--html takes a file: {args.html / 'diff.html'}, say)"
+            print(f"cb: error: --html: {_cannot_write(args.html, e, hint)}", file=sys.stderr)
+            return 2
+        print(f"cb: wrote {written}", file=sys.stdout if text else sys.stderr)  # the machine formats keep stdout
     return status
 
 

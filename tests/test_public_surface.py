@@ -72,6 +72,33 @@ def test_an_old_import_line_warns_where_it_is_written() -> None:
     assert "<string>:3: DeprecationWarning: cb_callback.MetricPlugin has moved to cb_callback.plugins" in out.stderr
 
 
+def test_one_from_import_warns_once_per_name_and_every_attribute_access_warns() -> None:
+    # importlib's from-import looks a package's names up twice (hasattr, then getattr): under an "always"
+    # filter, pytest's default, that was two warnings for one line
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from cb_callback import MetricPlugin  # noqa: F401
+
+        line = sys._getframe().f_lineno - 2
+        from cb_callback import MetricPlugin as again, register_flop_rule  # noqa: F401, I001 (one statement, two names)
+
+        _ = cb_callback.MetricPlugin
+        _ = cb_callback.MetricPlugin
+    assert [(str(w.message).split(" has moved")[0], w.filename, w.lineno) for w in caught] == [
+        ("cb_callback.MetricPlugin", __file__, line),
+        ("cb_callback.MetricPlugin", __file__, line + 3),
+        ("cb_callback.register_flop_rule", __file__, line + 3),
+        ("cb_callback.MetricPlugin", __file__, line + 5),  # an attribute access: each one warns
+        ("cb_callback.MetricPlugin", __file__, line + 6),
+    ]
+    assert all(issubclass(w.category, DeprecationWarning) for w in caught)
+    assert str(caught[0].message) == (
+        "cb_callback.MetricPlugin has moved to cb_callback.plugins.MetricPlugin: import it from there (the old "
+        "name goes in the next release)"
+    )
+    assert not set(cb_callback.MOVED) & set(dir(cb_callback))  # nothing cached at the top level
+
+
 def test_an_unknown_name_is_still_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'MetricPlugins'"):
         _ = cb_callback.MetricPlugins

@@ -234,8 +234,15 @@ def _value(row: ComponentRow | None, metric: str, over_step: bool) -> float:
 
 
 def _quality(report: Report) -> Mapping[str, Any] | None:
+    """``metadata["quality"]`` with a verdict, its ``advice`` a list of strings whatever a hand-edited
+    report.json holds there (one string: that advice; another value: none); ``None`` without a verdict."""
     q = report.metadata.get("quality")
-    return q if isinstance(q, Mapping) and q.get("verdict") is not None else None
+    if not isinstance(q, Mapping) or q.get("verdict") is None:
+        return None
+    advice = q.get("advice")
+    if isinstance(advice, str):
+        return {**q, "advice": [advice]}
+    return {**q, "advice": [str(a) for a in advice] if isinstance(advice, (list, tuple)) else []}
 
 
 def pair_change(ra: ComponentRow | None, rb: ComponentRow | None, metric: str) -> Change:

@@ -238,13 +238,14 @@ def format_summary(report: Report, top: int = 10) -> str:
         (:func:`cb_callback._report.distributed.distributed_lines`).
     """
     multi = _multi(report)
+    meta = report.metadata
     lines = [
         "cb_callback component benchmark",
-        *_metadata_lines(report.metadata),
+        *_readable(("device_name", "dtype", "peaks"), lambda: _metadata_lines(meta)),
         _counts_line(report),
-        *_triage_lines(report.metadata),
+        *_readable(("triage", "cost"), lambda: _triage_lines(meta)),
         *_insitu_lines(report),
-        *_budget_lines(report.metadata),
+        *_readable(("cost",), lambda: _budget_lines(meta)),
         *_batches_lines(report, multi),
         *_component_tables(report, top, multi),
         *_headroom_lines(report, top),
@@ -256,8 +257,29 @@ def format_summary(report: Report, top: int = 10) -> str:
     lines += distributed_lines(report)
     reduced = reduced_lines(report)
     lines += ["", *reduced] if reduced else []
-    lines += quality_lines(report)
+    lines += _readable(("quality",), lambda: _quality_section(report), blank=True)
     return "\n".join(lines)
+
+
+def _quality_section(report: Report) -> list[str]:
+    """:func:`quality_lines`, once ``metadata["quality"]`` is an object or absent (a verdict written alone,
+    ``"quality": "noisy"``, is a value of the wrong kind, not a report without quality)."""
+    quality = report.metadata.get("quality")
+    if quality is not None and not isinstance(quality, dict):
+        raise TypeError(f"expected an object such as {{'verdict': 'clean', ...}}, got {type(quality).__name__}")
+    return quality_lines(report)
+
+
+def _readable(keys: Sequence[str], section: Callable[[], list[str]], blank: bool = False) -> list[str]:
+    """``section()``, the summary's lines from ``metadata[keys]``; one line naming them instead when a value
+    there is not of its kind (a hand-edited report.json: ``"quality": {"flags": "x"}``), so the rest still
+    prints. ``blank``: the line opens with an empty one, as the section would."""
+    try:
+        return section()
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+        named = " or ".join(f"metadata[{k!r}]" for k in keys)
+        line = f"({named} not shown: a value of the wrong kind, {type(e).__name__}: {e})"
+        return ["", line] if blank else [line]
 
 
 def _counts_line(report: Report) -> str:
@@ -469,7 +491,9 @@ def quality_lines(report: Report) -> list[str]:
         lines.append("  machine: " + "; ".join(machine))
     for r in flagged[:_QUALITY_ROWS_SHOWN]:
         noise = f" (noise {_num(r.noise, 100.0)} %)" if math.isfinite(r.noise) else ""
-        lines.append(f"  {_path_label(r)}: {', '.join(r.details['flags'])}{noise}")
+        flags = r.details["flags"]
+        shown_flags = ", ".join(map(str, flags)) if isinstance(flags, (list, tuple)) else str(flags)
+        lines.append(f"  {_path_label(r)}: {shown_flags}{noise}")
     if len(flagged) > _QUALITY_ROWS_SHOWN:
         lines.append(f"  ... and {len(flagged) - _QUALITY_ROWS_SHOWN} more flagged rows")
     for advice in quality.get("advice") or []:

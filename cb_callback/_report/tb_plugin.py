@@ -17,7 +17,11 @@ Routes, under ``data/plugin/components/``:
   last ``step_<N>`` folder, as ``ComponentBenchmark(capture_every=N)`` writes
   each capture), ``step``, ``created_at``, ``device_name``, ``components``, and
   ``newest`` (true for the most recently written one, which the tab opens
-  on); grouped by ``group``, each group's captures by step;
+  on); grouped by ``group``, each group's captures by step. A ``report.json``
+  that cannot be shown (its ``rows`` not a list of objects, its ``metadata`` not
+  an object, a file that cannot be read) is listed after them as ``run``,
+  ``group`` and ``unreadable`` (why), which the tab names beside the others, and
+  logged once;
 - ``report?run=RUN``: the page of one report;
 - ``plotly.js``, ``viewer.js``: the page's scripts;
 - ``artifact?run=RUN&path=PATH``: a file of that report's directory (artifact
@@ -27,6 +31,7 @@ Routes, under ``data/plugin/components/``:
 from __future__ import annotations
 
 import json
+import logging
 import mimetypes
 import time
 from pathlib import Path
@@ -44,6 +49,7 @@ __all__ = ["ComponentsPlugin"]
 
 _REPORT_FILE = REPORT_FILE
 _CACHE_S = 10.0
+_log = logging.getLogger(__name__)
 
 
 _INDEX_JS = r"""
@@ -64,11 +70,22 @@ export async function render() {
   frame.id = "cb-report";
   frame.style.cssText = "border:0;width:100%;height:calc(100vh - 40px)";
   document.body.append(bar, frame);
-  const runs = await (await fetch(new URL("runs", base))).json();
+  const listed = await (await fetch(new URL("runs", base))).json();
+  const runs = listed.filter((r) => !r.unreadable);
+  const skipped = listed.filter((r) => r.unreadable).map((r) => `${r.run || "."} (${r.unreadable})`);
   if (!runs.length) {
-    bar.textContent = "No component report in this log directory yet.";
+    bar.textContent = skipped.length
+      ? `No readable component report in this log directory; not shown: ${skipped.join("; ")}`
+      : "No component report in this log directory yet.";
     frame.remove();
     return;
+  }
+  if (skipped.length) {
+    const note = document.createElement("span");
+    note.id = "cb-unreadable";
+    note.style.cssText = "margin-left:12px;color:#a00";
+    note.textContent = `not shown, unreadable: ${skipped.join("; ")}`;
+    bar.append(note);
   }
   // One group per run, its captures by step (the route's order); the tab opens on the newest report.
   const groups = new Map();
@@ -94,6 +111,23 @@ export async function render() {
 """
 
 
+def _unshowable(data: object) -> str | None:
+    """Why a parsed ``report.json`` cannot be listed as a report (its ``rows`` or ``metadata`` of another
+    kind); ``None``: it can."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    rows = data.get("rows") or []
+    if not isinstance(rows, list):
+        return f"rows: expected a list, got {type(rows).__name__}"
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+    if bad is not None:
+        return f"rows[{bad}]: expected an object, got {type(rows[bad]).__name__}"
+    meta = data.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        return f"metadata: expected an object, got {type(meta).__name__}"
+    return None
+
+
 def _by_group_and_step(run: dict[str, Any]) -> tuple[str, int, float, str]:
     """The tab's order: by run, then step (a run's captures 8 < 10 < 500, not by name), no step first."""
     step = run["step"]
@@ -109,6 +143,7 @@ class ComponentsPlugin(base_plugin.TBPlugin):
     def __init__(self, context: base_plugin.TBContext) -> None:
         self._logdir = Path(context.logdir or ".")
         self._cache: tuple[float, list[Path]] | None = None
+        self._warned: set[tuple[Path, str]] = set()  # each unreadable report logged once
 
     def _reports(self) -> list[Path]:
         now = time.monotonic()
@@ -148,24 +183,34 @@ class ComponentsPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, _INDEX_JS, "application/javascript")
 
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
-        out, mtimes = [], []
+        out: list[dict[str, Any]] = []
+        mtimes: list[float] = []
+        unreadable: list[dict[str, Any]] = []
         for d in self._reports():
             try:
                 data = json.loads((d / _REPORT_FILE).read_text(), parse_constant=lambda _: None)
                 mtime = (d / _REPORT_FILE).stat().st_mtime
-            except (OSError, ValueError):
+                why = _unshowable(data)
+            except (OSError, ValueError) as e:
+                why = f"cannot read it: {e}"
+            if why is not None:  # skipped and named: the other runs are listed all the same
+                unreadable.append({"run": self._name(d), "group": self._name(run_of(d)), "unreadable": why})
+                if (d, why) not in self._warned:
+                    self._warned.add((d, why))
+                    _log.warning("cb_callback: the Components tab skips %s: %s", d / _REPORT_FILE, why)
                 continue
-            meta = data.get("metadata") if isinstance(data, dict) else None
+            meta = data.get("metadata")
             meta = meta if isinstance(meta, dict) else {}
             step = meta.get("capture_step", meta.get("step"))
+            device = meta.get("device_name")
             out.append(
                 {
                     "run": self._name(d),
                     "group": self._name(run_of(d)),
-                    "step": step,
+                    "step": step if isinstance(step, (int, float)) and not isinstance(step, bool) else None,
                     "created_at": meta.get("created_at"),
-                    "device_name": meta.get("device_name"),
-                    "components": len(data.get("rows") or []) if isinstance(data, dict) else 0,
+                    "device_name": device if isinstance(device, str) else None,
+                    "components": len(data.get("rows") or []),
                     "newest": False,
                 }
             )
@@ -173,7 +218,7 @@ class ComponentsPlugin(base_plugin.TBPlugin):
         if out:
             out[max(range(len(out)), key=mtimes.__getitem__)]["newest"] = True
         out.sort(key=_by_group_and_step)
-        return http_util.Respond(request, out, "application/json")
+        return http_util.Respond(request, out + unreadable, "application/json")
 
     def _serve_report(self, request: wrappers.Request) -> wrappers.Response:
         run = request.args.get("run", "")

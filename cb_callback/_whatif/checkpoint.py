@@ -33,6 +33,7 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from cb_callback._report.model import ComponentRow, Report
@@ -586,13 +587,16 @@ def page_data(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan_checkpointing(
-    report: Report, save_bytes: int | None = None, memory_budget_bytes: int | None = None
+    report: Report | str | Path, save_bytes: int | None = None, memory_budget_bytes: int | None = None
 ) -> CheckpointPlan:
     """Choose the components to checkpoint, at the least added time, from a report's measurements.
 
     Args:
         report: a report whose rows were replayed (``activation_mb``, ``fwd_ms``; ``descend="all"``
-            measures every row, the default triage only the hotspots: the others are refused).
+            measures every row, the default triage only the hotspots: the others are refused): a
+            :class:`~cb_callback.Report`, or a location as :meth:`Report.load
+            <cb_callback.Report.load>` accepts (a directory, a ``report.json``, ``DIR@N``), as
+            :func:`cb_callback.testing.assert_no_regression` takes it.
         save_bytes: save at least this many bytes of activations held from the forward to the
             backward (:attr:`CheckpointPlan.saved_bytes`).
         memory_budget_bytes: bring the root's peak (its ``peak_mem_mb``: its forward and
@@ -606,9 +610,12 @@ def plan_checkpointing(
         candidates reaches the target (the plan then holds the point that saves most).
 
     Raises:
-        TypeError: a target that is not a number (a string, a bool), naming the argument.
+        TypeError: a target that is not a number (a string, a bool), naming the argument; a ``report``
+            neither a :class:`~cb_callback.Report` nor a location.
         ValueError: a negative, NaN or infinite target (naming the argument), or a budget on a report
-            whose root has no ``peak_mem_mb``.
+            whose root has no ``peak_mem_mb``; a location's report that cannot be read (as
+            :meth:`Report.load <cb_callback.Report.load>` raises it).
+        FileNotFoundError: a location holds no report.
 
     Notes:
         Optimal (least ``extra_ms`` over every antichain of the candidates) for ``save_bytes``
@@ -621,6 +628,13 @@ def plan_checkpointing(
     """
     _check_bytes("save_bytes", save_bytes)
     _check_bytes("memory_budget_bytes", memory_budget_bytes)
+    if isinstance(report, (str, Path)):
+        report = Report.load(report)
+    elif not isinstance(report, Report):
+        raise TypeError(
+            f"report={type(report).__name__!r}: expected a Report or a report's location (a directory, a "
+            "report.json, DIR@N)"
+        )
     root_peak = _root_peak(report)
     if memory_budget_bytes is not None and root_peak is None:
         raise ValueError("a memory budget needs the root's peak_mem_mb, which this report does not have")

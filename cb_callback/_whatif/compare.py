@@ -22,7 +22,7 @@ from cb_callback._engine.capture.inputs import ComponentInputs, to_device
 from cb_callback._engine.capture.storage import model_device
 from cb_callback._engine.replay.isolate import Replay, ReplayInputs, flatten_output
 from cb_callback._engine.replay.state import StateGuard, seeded
-from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.config import BenchmarkConfig, config_or_default
 from cb_callback._engine.run.profile import profile_captured
 from cb_callback._report.finite import is_nan, ratio
 from cb_callback._report.model import ComponentRow, Report
@@ -36,7 +36,14 @@ from cb_callback._whatif.tolerances import (
     number_tolerances,
 )
 
-__all__ = ["DEFAULT_TOLERANCES", "Comparison", "TensorComparison", "compare_components", "default_tolerances"]
+__all__ = [
+    "DEFAULT_TOLERANCES",
+    "Comparison",
+    "TensorComparison",
+    "check_tolerance",
+    "compare_components",
+    "default_tolerances",
+]
 
 #: The Python numbers an output leaf may be (compared like 0-d tensors).
 Number = bool | int | float | complex
@@ -449,8 +456,8 @@ def compare_components(
         (``to_dataframe()``), the two engine rows side by side (``summary()``).
 
     Raises:
-        ValueError: ``inputs`` of another kind or with a capture error, or an
-            invalid option.
+        ValueError: ``inputs`` of another kind or with a capture error, an invalid option, or
+            a tolerance not a finite number >= 0 (``rtol=inf`` calls any candidate equivalent).
 
     Notes:
         Closeness is :func:`torch.isclose`'s with ``equal_nan=True``
@@ -468,11 +475,26 @@ def compare_components(
         they cannot see fusion with the neighbours in the real model, which is
         often why a component is re-authored.
     """
+    check_tolerance("rtol", rtol)
+    check_tolerance("atol", atol)
     cfg = _checked_config(reference, candidate, config, options, backward)
     sides = _place(reference, candidate, _as_inputs(inputs, reference), cfg, load_state)
     tensors, not_compared = _compare_numerics(sides, cfg, backward, rtol, atol, forward_context)
     report = _time_both(sides, cfg, forward_context)
     return sides.comparison(tensors, report, not_compared)
+
+
+def check_tolerance(name: str, value: object) -> None:
+    """Refuse a tolerance that is not ``None`` or a finite number >= 0 (``inf`` accepts any candidate, a
+    negative or NaN one none), naming it (``rtol=inf is invalid: ...``).
+
+    Raises:
+        ValueError: naming ``name`` and the value.
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value!r} is invalid: expected a finite number >= 0 (or None: by dtype)")
 
 
 def _checked_config(
@@ -487,7 +509,7 @@ def _checked_config(
     Raises:
         ValueError: an invalid option, or ``reference`` or ``candidate`` not an ``nn.Module``.
     """
-    base = config or BenchmarkConfig()
+    base = config_or_default(config)
     cfg = base.replace(**options) if options else base
     cfg = cfg.replace(backward=backward)
     if not isinstance(reference, nn.Module) or not isinstance(candidate, nn.Module):

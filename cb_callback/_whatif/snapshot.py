@@ -46,7 +46,7 @@ from torch import nn
 from cb_callback._engine.capture.inputs import ComponentInputs
 from cb_callback._engine.capture.storage import model_device
 from cb_callback._engine.capture.tree import scripted
-from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.config import BenchmarkConfig, config_or_default
 from cb_callback._engine.run.precision import AUTOCAST_DTYPES, DEFAULT_DTYPES
 from cb_callback._engine.run.profile import profile_captured
 from cb_callback._hardware.devices import device_problem
@@ -351,7 +351,7 @@ def save_snapshot(
     out.mkdir(parents=True, exist_ok=True)
     batches = [calls] if isinstance(calls, Mapping) else list(calls)
     calls = batches[0]
-    cfg = config or BenchmarkConfig()
+    cfg = config_or_default(config)
     options, dropped = _config_fields(cfg)
     meta = dict(metadata or {})
     if dropped:
@@ -457,12 +457,28 @@ def _description(
 
 
 def read_description(directory: str | Path) -> dict[str, Any]:
-    """``snapshot.json`` of a snapshot directory (no unpickling), ``{}`` if missing or unreadable."""
+    """``snapshot.json`` of a snapshot directory (no unpickling), ``{}`` if missing or unreadable
+    (:func:`description_problem` says why)."""
     try:
         data = json.loads((Path(directory) / META_FILE).read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def description_problem(directory: str | Path) -> str | None:
+    """Why the ``snapshot.json`` of ``directory`` cannot be read (``"PATH is unreadable (not JSON: ...)"``);
+    ``None`` when it can, or when there is none (a snapshot written without it)."""
+    path = Path(directory) / META_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        return f"{path} is unreadable ({e.strerror or e})"
+    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+        return f"{path} is unreadable (not JSON: {e})"
+    return None if isinstance(data, dict) else f"{path} is unreadable (not a JSON object: {type(data).__name__})"
 
 
 def resolve_snapshot_dir(location: str | Path, step: int | None = None) -> Resolved:
@@ -488,8 +504,11 @@ def resolve_snapshot_dir(location: str | Path, step: int | None = None) -> Resol
 class _MainScript:
     """How to import the training script as ``__mp_main__``, as ``spawn`` does."""
 
-    def __init__(self, description: Mapping[str, Any], override: str | Path | None) -> None:
+    def __init__(
+        self, description: Mapping[str, Any], override: str | Path | None, unreadable: str | None = None
+    ) -> None:
         self.override = None if override is None else os.path.abspath(override)
+        self.unreadable = unreadable  # why snapshot.json, where the script is recorded, cannot be read
         recorded = description.get("script")
         self.path: str | None = self.override or (recorded if isinstance(recorded, str) else None)
         module = description.get("script_module")
@@ -502,7 +521,8 @@ class _MainScript:
         self.loaded: types.ModuleType | None = None
 
     def describe(self) -> str:
-        return self.path or (f"-m {self.module}" if self.module else "(not recorded)")
+        unknown = f"(not known: {self.unreadable})" if self.unreadable else "(not recorded)"
+        return self.path or (f"-m {self.module}" if self.module else unknown)
 
     def already_main(self) -> bool:
         """Whether ``__main__`` already is that script (a spawned child, the script itself)."""
@@ -519,7 +539,9 @@ class _MainScript:
             return self.loaded
         path = self.path
         if self.module is None and (path is None or not os.path.isfile(path)):
-            where = "was not recorded" if path is None else f"is not at {path}"
+            where = f"is not at {path}" if path is not None else "was not recorded"
+            if path is None and self.unreadable:
+                where = f"cannot be found: {self.unreadable}, where its path is recorded"
             raise SnapshotError(
                 f"the snapshot's classes include some defined in its training script (`__main__`), "
                 f"and the script {where}: pass it with `cb replay --script PATH` "
@@ -603,7 +625,7 @@ def load_snapshot(
     path = _snapshot_file(directory, map_location)
     description = read_description(path.parent)
     model_class = description.get("model_class", "the model's class")
-    main = _MainScript(description, script)
+    main = _MainScript(description, script, description_problem(path.parent))
     if script is not None or str(model_class).startswith("__main__."):
         main.load()
     payload = _unpickle(path, map_location, main, model_class)
@@ -652,6 +674,8 @@ def _unpickle(path: Path, map_location: str | torch.device | None, main: _MainSc
         ) from e
     except (pickle.UnpicklingError, EOFError) as e:
         raise SnapshotError(f"cannot read the snapshot {path} (truncated or not a snapshot?): {e}") from e
+    except SnapshotError:  # the training script's own message (not found, it raised): says it all, once
+        raise
     except RuntimeError as e:
         if any(marker in str(e) for marker in _FORMAT_ERRORS):
             raise SnapshotError(f"cannot read the snapshot {path} (truncated or not a snapshot?): {e}") from e

@@ -58,3 +58,9 @@ def test_an_engine_option_reaches_the_config_and_an_unknown_keyword_is_a_type_er
         ComponentBenchmark(progress=print)  # the callback draws its own progress: not an argument
     with pytest.raises(ValueError, match=r"^ComponentBenchmark: .*warmup="):
         ComponentBenchmark(warmup=-1)
+    with pytest.raises(ValueError) as e:  # before: accepted, then every row failed "manual_seed expected a long"
+        ComponentBenchmark(seed="a")
+    assert str(e.value) == (
+        "ComponentBenchmark: BenchmarkConfig.seed='a' is invalid: expected an integer from -2**63 to 2**64 - 1 "
+        "(what torch.manual_seed takes)"
+    )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,6 +83,43 @@ def test_cb_diff_filters_depth_and_writes_a_page(tmp_path: Path, capsys: pytest.
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--filter", "a.*", "--sort", "path"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [ln.split()[0] for ln in out if ln.startswith("a.")] == ["a.x"]
+
+
+def test_cb_diff_html_it_cannot_write_exits_2_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 2, could not do it: never 1, which a CI job reads as "the gate failed"; and no traceback
+    _report({"": (10.0, 0.02)}).save(tmp_path / "a", html=False)
+    _report({"": (10.0, 0.02)}).save(tmp_path / "b", html=False)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    (tmp_path / "afile").write_text("")
+    cases = [
+        (tmp_path, f"cannot write {tmp_path}: it is a directory (--html takes a file: {tmp_path / 'diff.html'}, say)"),
+        # the parent is a file: the error names the parent, the file mkdir could not make a directory of
+        (tmp_path / "afile" / "d.html", f"cannot write {tmp_path / 'afile' / 'd.html'}: [Errno 17] File exists: "),
+    ]
+    for target, expected in cases:
+        for gate in ([], ["--fail-over", "10"]):  # the gate passed: the page it could not write decides
+            assert main(["diff", a, b, "--html", str(target), *gate]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"cb: error: --html: {expected}") and err.count("\n") == 1, err
+    real = Path.write_text
+
+    def denied(self: Path, *args: Any, **kwargs: Any) -> int:
+        if self.suffix == ".html":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", denied)
+    assert main(["diff", a, b, "--html", str(tmp_path / "x.html")]) == 2
+    assert capsys.readouterr().err == f"cb: error: --html: cannot write {tmp_path / 'x.html'}: Permission denied\n"
+    # cb report --html: the same, 2 (cb report has no 1)
+    assert main(["report", a, "--html"]) == 2
+    assert capsys.readouterr().err == f"cb: error: cannot write {tmp_path / 'a' / 'report.html'}: Permission denied\n"
+    monkeypatch.undo()
+    (tmp_path / "b" / "report.html").mkdir()
+    assert main(["report", b, "--html"]) == 2
+    assert capsys.readouterr().err == f"cb: error: cannot write {tmp_path / 'b' / 'report.html'}: it is a directory\n"
 
 
 def test_cb_report_finds_the_report_under_a_lightning_log_dir(

@@ -92,7 +92,11 @@ def _candidates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
     """The one line the command wrote to stderr (it must be one, without a traceback)."""
-    err = capsys.readouterr().err
+    return _err_line_of(capsys.readouterr().err)
+
+
+def _err_line_of(err: str) -> str:
+    """The one line of ``err`` (it must be one, without a traceback)."""
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1, err
     assert "Traceback" not in err
@@ -148,19 +152,38 @@ def test_compare_names_the_reference_when_it_raises(
     assert line.endswith(" in forward)")
 
 
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-1", "-0.5", "x", "1e400"])
+def test_compare_refuses_a_tolerance_that_is_not_finite_and_non_negative(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --rtol inf --atol inf called any candidate "equivalent"; a usage error, exit 2, before the snapshot is read
+    for flag in ("--rtol", "--atol"):
+        with pytest.raises(SystemExit) as e:
+            main(["compare", "no-such-dir", "--path", "", "--candidate", "m:f", flag, value])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert (
+            err.splitlines()[-1] == f"cb compare: error: argument {flag}: expected a finite number >= 0, got {value!r}"
+        )
+    assert _parser().parse_args(["compare", "d", "--path", "", "--candidate", "m:f", "--rtol", "0"]).rtol == 0.0
+
+
 def test_compare_and_replay_help_promise_these_statuses() -> None:
     sub = next(a for a in _parser()._actions if a.dest == "command").choices  # type: ignore[attr-defined]
     assert "Exit status: 0 equivalent, 1 not equivalent, 2 could not compare." in sub["compare"].description
     assert (
         "Exit status: 0 profiled and written, 1 profiled but the report files could not be written, 2 could "
         "not replay (the snapshot cannot be read, none of the capture step asked for, the device is not "
-        "available, an invalid option)."
+        "available, an invalid option, an --out that is a file or cannot be made a directory: said before "
+        "replaying)."
     ) in sub["replay"].description
     assert (
-        "Exit status: 0 printed, 2 no report, none of the capture step asked for, or one that cannot be read"
+        "Exit status: 0 printed, 2 no report, none of the capture step asked for, one that cannot be read (not "
+        "JSON, not a report's schema), or a report.html that cannot be written (--html)."
     ) in sub["report"].description
     assert (
-        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable."
+        "Exit status: 0 compared (and the gate passed), 1 the gate failed, 2 a report missing or unreadable, or an "
+        "--html page that cannot be written."
     ) in sub["diff"].description  # the gate: cb diff --fail-over (issue 26)
 
 
@@ -251,6 +274,22 @@ def test_replay_that_cannot_write_its_files_says_why(
     assert errors == [
         f"cb: error: could not write the report files to {out} (OSError: [Errno 28] No space left on device (ENOSPC))"
     ]
+
+
+def test_replay_to_an_out_it_cannot_make_a_directory_exits_2_before_replaying(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snap = _snapshot(tmp_path / "snap")
+    (tmp_path / "afile").write_text("")
+    cases = {
+        tmp_path / "afile": f"cannot write the report files to {tmp_path / 'afile'}: it is a file, not a directory",
+        tmp_path / "afile" / "out": f"cannot write {tmp_path / 'afile' / 'out'}: Not a directory",  # under a file
+    }
+    for out, expected in cases.items():
+        assert main(["replay", str(snap), "--device", "cpu", "--out", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert "cb_callback component benchmark" not in captured.out  # nothing replayed: said before its minutes
+        assert _err_line_of(captured.err) == f"cb: error: --out: {expected}"
 
 
 # --- cb report on files that are not reports --------------------------------------------------

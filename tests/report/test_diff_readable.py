@@ -182,6 +182,22 @@ def test_diff_html_header_shows_both_runs_quality(tmp_path: Path, capsys: pytest
     assert '<div id="quality" class="quality"></div>' in render_html(a, plotly_src="p.js", viewer_src="v.js")
 
 
+def test_a_hand_edited_quality_advice_is_read_as_advice_not_a_traceback() -> None:
+    # advice 5 raised TypeError in cb diff (text and gate formats alike); one string was split into letters
+    a = _net({"": 1.0}, quality={"verdict": "noisy", "advice": 5})
+    b = _net({"": 1.0}, quality={"verdict": "clean", "advice": "quiet"})
+    d = compare_reports(a, b)
+    assert (d.quality["A"], d.quality["B"]) == (
+        {"verdict": "noisy", "advice": []},
+        {"verdict": "clean", "advice": ["quiet"]},
+    )
+    lines = format_diff(d)
+    assert lines[:2] == [
+        "quality: A noisy, B clean (a timed change may be the machine's, not the model's)",
+        "  B: quiet",
+    ]
+
+
 def test_the_diff_page_in_a_browser_keeps_both_runs_quality_and_says_sig_in_words(browser: Any, tmp_path: Path) -> None:
     a = _net({"": 1.0, "fc": 0.5, "same": 0.2}, quality={"verdict": "noisy", "advice": ["A: pin the threads"]})
     # fc 0.5 -> 2.0: +1.5 beyond 2 x 0.1 x 2.0 = 0.4 (slower); the root 1.0 -> 1.1 within 0.22 (noise)

@@ -265,3 +265,32 @@ def test_the_summary_folds_rows_taken_from_a_representative_into_it() -> None:
     assert hot[3].startswith("h.0 ×4 ") and " 100 " in hot[3]  # 1.0 -> "100" (3 significant figures)
     assert hot[4].startswith("head ")
     assert not any(line.startswith("h.1") for line in hot)
+
+
+def test_a_malformed_metadata_value_is_named_and_the_rest_of_the_summary_prints() -> None:
+    # a hand-edited report.json: Report.load takes any JSON there, the summary must not crash on it
+    report = _report()
+    good = format_summary(report).splitlines()
+    report.metadata["quality"] = {"verdict": "noisy", "flags": "x"}  # flags: {flag: count}
+    lines = format_summary(report).splitlines()
+    assert lines[-2:] == [
+        "",
+        "(metadata['quality'] not shown: a value of the wrong kind, AttributeError: 'str' object has no attribute "
+        "'items')",
+    ]
+    assert lines[:-2] == good  # everything before the quality section as it was
+    report.metadata.update(quality={"verdict": "noisy", "advice": 5}, cost="x")
+    lines = format_summary(report).splitlines()
+    assert (
+        "(metadata['cost'] not shown: a value of the wrong kind, AttributeError: 'str' object has no attribute 'get')"
+        in lines
+    )
+    assert (
+        lines[-1]
+        == "(metadata['quality'] not shown: a value of the wrong kind, TypeError: 'int' object is not iterable)"
+    )
+    report.metadata.update(quality="noisy", cost={})  # a verdict alone, where an object goes
+    assert format_summary(report).splitlines()[-1] == (
+        "(metadata['quality'] not shown: a value of the wrong kind, TypeError: expected an object such as "
+        "{'verdict': 'clean', ...}, got str)"
+    )

@@ -196,6 +196,8 @@ def stepped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     single = root / "version_1" / "component_benchmark"
     Report([ComponentRow("", "Net", 0, None, "ok", calls=1, total_ms=1.0)], {"capture_step": 3}).save(single)
     os.utime(single / "report.json", (500, 500))  # older than every capture of version_0
+    (root / "version_2").mkdir()  # a hand-edited report: named by the tab, not listed
+    (root / "version_2" / "report.json").write_text('{"metadata": {}, "rows": 5}')
     return root
 
 
@@ -203,12 +205,13 @@ def test_runs_list_each_capture_by_step_and_mark_the_newest(stepped: Path) -> No
     runs = json.loads(_app(stepped).get("/runs").get_data())
     # grouped by run, each run's captures by step (8 < 10 < 500, not by name); the newest written
     # (version_0's step 500, mtime 1002) is the one the tab shows first
-    assert [(r["group"], r["run"], r["step"], r["newest"]) for r in runs] == [
+    assert [(r["group"], r["run"], r["step"], r["newest"]) for r in runs[:4]] == [
         ("version_0/component_benchmark", "version_0/component_benchmark/step_8", 8, False),
         ("version_0/component_benchmark", "version_0/component_benchmark/step_10", 10, False),
         ("version_0/component_benchmark", "version_0/component_benchmark/step_500", 500, True),
         ("version_1/component_benchmark", "version_1/component_benchmark", 3, False),
     ]
+    assert runs[4:] == [{"run": "version_2", "group": "version_2", "unreadable": "rows: expected a list, got int"}]
 
 
 @pytest.fixture(scope="module")
@@ -261,4 +264,46 @@ def test_the_tab_shows_the_newest_capture_and_lists_the_others_by_step(browser: 
         ]
         src = page.locator("#cb-report").get_attribute("src") or ""
         assert src.endswith("report?run=version_0%2Fcomponent_benchmark%2Fstep_500")
+        # the unreadable one is named beside the list, not offered in it
+        assert page.locator("#cb-unreadable").text_content() == (
+            "not shown, unreadable: version_2 (rows: expected a list, got int)"
+        )
         assert log.errors == []
+
+
+def test_an_unreadable_report_is_named_and_the_others_still_listed(
+    logdir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import shutil
+
+    shutil.copytree(logdir / "version_0", tmp_path / "good")
+    for name, content in {
+        "rows": '{"metadata": {}, "rows": 5}',
+        "row": '{"metadata": {}, "rows": [{"path": ""}, 7]}',
+        "meta": '{"metadata": [1], "rows": []}',
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(content)
+    (tmp_path / "step").mkdir()  # a step of another kind: listed without one
+    (tmp_path / "step" / "report.json").write_text('{"metadata": {"capture_step": [1]}, "rows": []}')
+    client = _app(tmp_path)
+    with caplog.at_level("WARNING", logger="cb_callback._report.tb_plugin"):
+        runs = json.loads(client.get("/runs").get_data())
+        json.loads(client.get("/runs").get_data())  # logged once per report, not per request
+    assert [(r["run"], r.get("step"), r.get("unreadable")) for r in runs] == [
+        ("good/component_benchmark", 3, None),
+        ("step", None, None),
+        ("meta", None, "metadata: expected an object, got list"),
+        ("row", None, "rows[1]: expected an object, got int"),
+        ("rows", None, "rows: expected a list, got int"),
+    ]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"cb_callback: the Components tab skips {tmp_path / name / 'report.json'}: {why}"
+        for name, why in [
+            ("meta", "metadata: expected an object, got list"),
+            ("row", "rows[1]: expected an object, got int"),
+            ("rows", "rows: expected a list, got int"),
+        ]
+    ]
+    # the newest among the readable: step (written now; copytree kept good's older time), never an unreadable one
+    assert [r.get("newest") for r in runs] == [False, True, None, None, None]

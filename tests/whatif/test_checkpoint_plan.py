@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -446,3 +447,14 @@ def test_a_budget_the_threshold_search_misses_is_found_by_greedy_additions(monke
     assert plan.reached and plan.peak_saved_bytes == need
     assert plan.modules == best == ("m0.m6", "m1.m2.m3")  # the optimum, here (7.34 ms)
     assert plan.extra_ms == pytest.approx(7.339802665780265)
+
+
+def test_a_report_is_taken_from_its_location_as_assert_no_regression_takes_it(tmp_path: Path) -> None:
+    _tree().save(tmp_path / "run", html=False)
+    for location in (tmp_path / "run", str(tmp_path / "run"), str(tmp_path / "run" / "report.json")):
+        plan = plan_checkpointing(location, save_bytes=14 * MIB)
+        assert (plan.modules, plan.saved_bytes, plan.extra_ms) == (("a.x", "b"), 14 * MIB, 3.0)  # as from _tree()
+    with pytest.raises(FileNotFoundError, match=r"^no report\.json at or under "):
+        plan_checkpointing(tmp_path / "none", save_bytes=1)
+    with pytest.raises(TypeError, match=r"^report='dict': expected a Report or a report's location \(a directory, "):
+        plan_checkpointing({"rows": []}, save_bytes=1)  # type: ignore[arg-type]

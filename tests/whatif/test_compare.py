@@ -253,6 +253,12 @@ def test_captured_component_inputs_and_bad_inputs() -> None:
     broken = ComponentInputs(args=(), kwargs={}, capture_error="could not copy args[0]")
     with pytest.raises(ValueError, match="could not copy args"):
         compare_components(model[0], ElementwiseGemv(D), broken, **OPTS)
+    for name, value in [("rtol", math.inf), ("atol", -1.0), ("rtol", math.nan), ("atol", "1e-3"), ("rtol", True)]:
+        with pytest.raises(ValueError) as e:  # rtol=inf called any candidate equivalent
+            compare_components(model[0], ElementwiseGemv(D), capture.calls["0"], **{name: value}, **OPTS)
+        assert str(e.value) == f"{name}={value!r} is invalid: expected a finite number >= 0 (or None: by dtype)"
+    with pytest.raises(TypeError, match=r"^config=\{'seed': 1\}: expected a BenchmarkConfig, got dict; pass "):
+        compare_components(model[0], ElementwiseGemv(D), capture.calls["0"], config={"seed": 1})  # type: ignore[arg-type]
 
 
 class Net(nn.Module):

@@ -263,3 +263,38 @@ def test_a_snapshot_json_the_disk_cannot_hold_names_the_file(tmp_path: Path, mon
     with pytest.raises(OSError) as info:
         _small_snapshot(tmp_path)
     assert (info.value.errno, info.value.filename) == (errno.ENOSPC, str(tmp_path / META_FILE))
+
+
+class MainNet(nn.Linear):
+    """A model class as a training script defines it: pickled as ``__main__.MainNet``."""
+
+
+def test_a_corrupt_snapshot_json_is_named_unreadable_not_a_script_never_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cb_callback._whatif.snapshot import description_problem
+
+    monkeypatch.setattr(MainNet, "__module__", "__main__")
+    monkeypatch.setattr(sys.modules["__main__"], "MainNet", MainNet, raising=False)
+    model = MainNet(4, 2)
+    snap = save_snapshot(tmp_path / "snap", model, _captured(model, torch.randn(3, 4)).calls)
+    monkeypatch.delattr(sys.modules["__main__"], "MainNet")  # a replay elsewhere: the class is in the script
+    assert description_problem(snap) is None
+    (snap / META_FILE).write_text("{\n")  # next to a good snapshot.pt
+    why = (
+        f"{snap / META_FILE} is unreadable (not JSON: Expecting property name enclosed in double quotes: line 2 "
+        "column 1 (char 2))"
+    )
+    assert description_problem(snap) == why
+    with pytest.raises(SnapshotError) as e:
+        load_snapshot(snap)
+    # before: "cannot load the snapshot ...: SnapshotError: ... and the script was not recorded: pass it with ..."
+    assert str(e.value) == (
+        f"the snapshot's classes include some defined in its training script (`__main__`), and the script cannot "
+        f"be found: {why}, where its path is recorded: pass it with `cb replay --script PATH` "
+        "(load_snapshot(..., script=PATH))"
+    )
+    (snap / META_FILE).write_text("[1]")
+    assert description_problem(snap) == f"{snap / META_FILE} is unreadable (not a JSON object: list)"
+    (snap / META_FILE).unlink()
+    assert description_problem(snap) is None  # a snapshot without one: nothing unreadable

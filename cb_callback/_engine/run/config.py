@@ -13,7 +13,7 @@ import torch
 
 from cb_callback._types import OptionValue
 
-__all__ = ["ARTIFACT_KINDS", "COMPILE_OPTIONS", "BenchmarkConfig"]
+__all__ = ["ARTIFACT_KINDS", "COMPILE_OPTIONS", "BenchmarkConfig", "config_or_default"]
 
 #: The built-in artifact kinds ``artifacts`` may name (their plugins: :mod:`cb_callback._metrics.artifacts`).
 ARTIFACT_KINDS: tuple[str, ...] = ("trace", "ops", "memory")
@@ -136,7 +136,8 @@ class BenchmarkConfig:
             nothing is written. ``profile_components`` with an ``output_dir``
             and no ``reporters`` of the caller's own writes the report's files
             there (a ``FileReporter``).
-        seed: seed of the random gradient of the outputs in the backward replay.
+        seed: seed of the random gradient of the outputs in the backward replay: an integer
+            ``torch.manual_seed`` takes (-2**63 to 2**64 - 1).
         progress: called as ``progress(done, total, path)`` after each component.
         artifacts: per-component artifacts to write under
             ``<output_dir>/artifacts/<path or "root">/``, each from an isolated
@@ -230,12 +231,13 @@ class BenchmarkConfig:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"BenchmarkConfig.{name}={getattr(self, name)!r} is invalid: {why}")
 
-        def non_negative_int(name: str, allow_none: bool = False) -> None:
+        def non_negative_int(name: str, allow_none: bool = False, least: int = 0, also: str = "") -> None:
+            # one message for a value of another type and one below the bound: the bound itself
             v = getattr(self, name)
             if v is None and allow_none:
                 return
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise bad(name, "expected an integer >= 0" + (" or None" if allow_none else ""))
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise bad(name, f"expected an integer >= {least}{also}" + (" or None" if allow_none else ""))
 
         def positive_number(name: str, allow_none: bool = False, allow_zero: bool = False) -> None:
             v = getattr(self, name)
@@ -249,12 +251,8 @@ class BenchmarkConfig:
         non_negative_int("max_depth", allow_none=True)
         non_negative_int("warmup")
         non_negative_int("min_repeats")
-        non_negative_int("max_repeats")
-        non_negative_int("rounds")
-        if self.rounds < 1:
-            raise bad("rounds", "expected an integer >= 1")
-        if self.max_repeats < max(self.min_repeats, 1):
-            raise bad("max_repeats", f"must be >= max(min_repeats, 1) = {max(self.min_repeats, 1)}")
+        non_negative_int("max_repeats", least=max(self.min_repeats, 1), also=" (max(min_repeats, 1))")
+        non_negative_int("rounds", least=1)
         positive_number("min_run_time_s", allow_zero=True)
         positive_number("max_total_time_s", allow_none=True, allow_zero=True)
         positive_number("budget_s", allow_none=True, allow_zero=True)
@@ -273,10 +271,7 @@ class BenchmarkConfig:
         if self.descend_share > 1:
             raise bad("descend_share", "expected a share in [0, 1]")
         positive_number("peak_bandwidth", allow_none=True)
-        if self.batch_size is not None:
-            non_negative_int("batch_size")
-            if self.batch_size == 0:
-                raise bad("batch_size", "expected an integer >= 1 or None")
+        non_negative_int("batch_size", allow_none=True, least=1)
         if not isinstance(self.backward, bool):
             raise bad("backward", "expected True or False")
         for name in ("include", "exclude"):
@@ -300,7 +295,9 @@ class BenchmarkConfig:
         if self.dtype is not None and not isinstance(self.dtype, torch.dtype) and self.dtype not in _DTYPES:
             raise bad("dtype", f"expected a torch.dtype or one of {sorted(_DTYPES)}")
         if self.log_scalars not in ("all", None):
-            non_negative_int("log_scalars")
+            non_negative_int("log_scalars", allow_none=True, also=", 'all'")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64:
+            raise bad("seed", "expected an integer from -2**63 to 2**64 - 1 (what torch.manual_seed takes)")
         if self.progress is not None and not callable(self.progress):
             raise bad("progress", "expected a callable progress(done, total, path)")
 
@@ -368,6 +365,26 @@ class BenchmarkConfig:
                 v = list(v)
             out[f.name] = v
         return out
+
+
+def config_or_default(config: object) -> BenchmarkConfig:
+    """``config`` as the run's options: a :class:`BenchmarkConfig` itself, ``None`` the defaults.
+
+    Raises:
+        TypeError: anything else, naming what it is; a mapping (``config={"max_depth": 0}``) is
+            told the two ways its fields are given, ``BenchmarkConfig(**...)`` or keywords.
+    """
+    if config is None:
+        return BenchmarkConfig()
+    if isinstance(config, BenchmarkConfig):
+        return config
+    shown = repr(config) if len(repr(config)) <= 80 else repr(config)[:77] + "..."
+    how = (
+        "pass config=BenchmarkConfig(**options) or the options themselves as keywords"
+        if isinstance(config, Mapping)
+        else "pass a BenchmarkConfig or None"
+    )
+    raise TypeError(f"config={shown}: expected a BenchmarkConfig, got {type(config).__name__}; {how}")
 
 
 _PEAK_KEYS = {

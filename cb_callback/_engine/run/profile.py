@@ -39,7 +39,7 @@ from cb_callback._engine.replay.batches import batch_size_of, merged_calls
 from cb_callback._engine.replay.preprocessors import builtin_preprocessors
 from cb_callback._engine.replay.state import StateGuard
 from cb_callback._engine.run.component import ComponentRun
-from cb_callback._engine.run.config import BenchmarkConfig
+from cb_callback._engine.run.config import BenchmarkConfig, config_or_default
 from cb_callback._engine.run.context import RunContext
 from cb_callback._engine.run.extensions import EXTENSIONS
 from cb_callback._engine.run.metadata import insitu_ratio, run_cost, run_metadata
@@ -109,7 +109,7 @@ def profile_captured(
         without in-situ times it goes one depth level at a time on measured
         shares. ``"all"`` starts and times every component.
     """
-    cfg = config or BenchmarkConfig()
+    cfg = config_or_default(config)
     batches = [calls] if isinstance(calls, Mapping) else list(calls)
     if not batches or not all(isinstance(c, Mapping) for c in batches):
         raise ValueError("calls: expected {path: ComponentInputs}, or a non-empty list of them (one per batch)")
@@ -371,6 +371,8 @@ def profile_components(
             not ``(args, kwargs)``, or a model sharded with FSDP1
             (``FullyShardedDataParallel``; the message names FSDP2, the
             supported path).
+        TypeError: ``config`` not a :class:`BenchmarkConfig` (nor ``None``), e.g. a dict of its
+            fields: pass ``BenchmarkConfig(**fields)`` or the fields as keywords.
 
     Notes:
         Isolation cannot see cross-module fusion, cache warmth left by the
@@ -385,7 +387,8 @@ def profile_components(
         and says so in ``report.metadata["grad_mode"]`` (one warning when a
         backward was asked for).
     """
-    cfg = (config or BenchmarkConfig()).replace(**options) if options else (config or BenchmarkConfig())
+    cfg = config_or_default(config)
+    cfg = cfg.replace(**options) if options else cfg
     if not isinstance(model, nn.Module):
         raise ValueError(f"model={type(model).__name__!r} is not an nn.Module")
     if (problem := fsdp1_problem(model)) is not None:  # before the capture forward: nothing runs
