@@ -22,11 +22,11 @@ in-situ pass reads a top's backward.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
+from _mlp import arguments, plain_forward_ms, tiny_mlp
 from torch import nn
 
 from cb_callback._engine.clocks.clock import HookClock, HookCost
@@ -34,10 +34,6 @@ from cb_callback._engine.clocks.insitu import hook_clock, measure_hook_cost
 from cb_callback._engine.clocks.nodeclock import NodeClock
 
 _UNTIMED = 5
-
-
-def _model(blocks: int, width: int) -> nn.Module:
-    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(blocks)])
 
 
 def _hooked_ms(model: nn.Module, x: torch.Tensor, only: set[str] | None, cost: HookCost, passes: int) -> float:
@@ -73,34 +69,14 @@ def _backward_ms(model: nn.Module, x: torch.Tensor, timed: bool, passes: int) ->
     return statistics.median(took)
 
 
-def _plain_ms(model: nn.Module, x: torch.Tensor, passes: int) -> float:
-    took = []
-    for i in range(passes + _UNTIMED):
-        t0 = time.perf_counter()
-        y = model(x)
-        t1 = time.perf_counter()
-        y.sum().backward()
-        if i >= _UNTIMED:
-            took.append((t1 - t0) * 1e3)
-    return statistics.median(took)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--blocks", type=int, default=30)
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--passes", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = _model(args.blocks, args.width)
-    x = torch.randn(32, args.width)
+    args = arguments(__doc__, passes=30)
+    model, x = tiny_mlp(args.blocks, args.width)
     modules = sum(1 for _ in model.modules())
     print(f"Sequential of {args.blocks} x (Linear({args.width}, {args.width}), ReLU): {modules} modules, batch 32")
     for r in range(args.repeats):
         cost = measure_hook_cost(torch.device("cpu"), nodes=True)
-        plain = _plain_ms(model, x, args.passes)
+        plain = plain_forward_ms(model, x, args.passes, _UNTIMED)
         alone = _hooked_ms(model, x, {""}, HookCost(), args.passes)
         raw = _hooked_ms(model, x, None, HookCost(), args.passes)
         net = _hooked_ms(model, x, None, cost, args.passes)

@@ -12,43 +12,19 @@ the code.
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
-
-import torch
-from torch import nn
+from _mlp import arguments, plain_forward_ms, tiny_mlp
 
 from cb_callback import profile_components
 
 
-def _plain_ms(module: nn.Module, x: torch.Tensor, runs: int = 200) -> float:
-    took = []
-    for i in range(runs + 10):
-        t0 = time.perf_counter()
-        y = module(x)
-        t1 = time.perf_counter()
-        y.sum().backward()
-        if i >= 10:
-            took.append((t1 - t0) * 1e3)
-    return statistics.median(took)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--blocks", type=int, default=30)
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU()) for _ in range(args.blocks)])
-    x = torch.randn(32, args.width)
+    args = arguments(__doc__)
+    model, x = tiny_mlp(args.blocks, args.width)
     print(f"Sequential of {args.blocks} x (Linear({args.width}, {args.width}), ReLU), batch 32, 1 thread")
     for r in range(args.repeats):
         report = profile_components(model, (x,), descend="all")
         root, block = report.row(""), report.row("1")
-        plain_root, plain_block = _plain_ms(model, x), _plain_ms(model[1], x)
+        plain_root, plain_block = plain_forward_ms(model, x, 200, 10), plain_forward_ms(model[1], x, 200, 10)
         print(
             f"repeat {r + 1}: root isolated {root.fwd_ms:.4f} ms vs plain {plain_root:.4f} ms "
             f"({root.fwd_ms / plain_root:.2f}x); block isolated {block.fwd_ms:.4f} ms vs plain {plain_block:.4f} ms "
