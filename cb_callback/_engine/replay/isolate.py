@@ -657,7 +657,11 @@ def _adapted(ins: Instrument | _LegacyInstrument) -> Instrument:
 _UNSET = object()
 
 
-def flatten_output(out: UserValue, _seen: frozenset[int] = frozenset()) -> tuple[list[UserValue], object]:
+#: Containers :func:`flatten_output` opens in one call at most (a larger output keeps the rest whole).
+_MAX_OPENED = 256
+
+
+def flatten_output(out: UserValue) -> tuple[list[UserValue], object]:
     """The leaves of a component's output and its structure (comparable with ``==``).
 
     :mod:`torch.utils._pytree`'s flattening, with the containers it leaves whole opened, recursively, so
@@ -665,42 +669,62 @@ def flatten_output(out: UserValue, _seen: frozenset[int] = frozenset()) -> tuple
     would differentiate nothing): a dataclass instance not registered with pytree (an LLM block's
     ``@dataclass`` output) field by field, a field never set (``field(init=False)``) left out; a mapping
     pytree does not know (a ``dict`` or ``OrderedDict`` subclass, a hand-written ``ModelOutput``) by its
-    keys; a ``list`` or ``tuple`` subclass by position; any other object but a module, a class or a tensor
-    by its instance attributes (``vars``: a ``torch.distributions`` object's tensors). A container met
-    again inside itself (``o.me = o``), or deeper than 32 levels, stays one leaf.
+    keys; a ``list`` or ``tuple`` subclass by position; another object (not a module, a class or a tensor)
+    by its instance attributes (``vars``: a ``torch.distributions`` object's tensors) when one of them holds a
+    tensor (a logger or a config is no output to differentiate).
+
+    Each container is opened once, wherever else it is met (two attributes pointing at one object, a
+    cycle: the second stays one leaf), at most :data:`_MAX_OPENED` in all, and one whose items cannot be
+    read (a raising ``__getitem__`` or attribute) stays one leaf.
     """
+    return _flatten(out, set())
+
+
+def _flatten(out: UserValue, opened_ids: set[int]) -> tuple[list[UserValue], object]:
     leaves, spec = pytree.tree_flatten(out)
     flat: list[UserValue] = []
     opened: list[tuple[int, str, tuple[object, ...], object]] = []
     for i, x in enumerate(leaves):
-        parts = _parts(x, _seen)
+        parts = _parts(x, opened_ids)
         if parts is None:
             flat.append(x)
             continue
+        opened_ids.add(id(x))
         names, values = parts
-        sub, sub_structure = flatten_output(tuple(values), _seen | {id(x)})
+        sub, sub_structure = _flatten(tuple(values), opened_ids)
         flat += sub
         opened.append((i, type(x).__qualname__, names, sub_structure))
     return flat, (spec, tuple(opened))
 
 
-def _parts(x: UserValue, seen: frozenset[int]) -> tuple[tuple[object, ...], list[UserValue]] | None:
+def _parts(x: UserValue, opened: set[int]) -> tuple[tuple[object, ...], list[UserValue]] | None:
     """The names and values :func:`flatten_output` opens a leaf into, or ``None`` (a leaf it keeps)."""
-    if isinstance(x, (torch.Tensor, nn.Module, type, str, bytes)) or id(x) in seen or len(seen) >= 32:
+    if isinstance(x, (torch.Tensor, nn.Module, type, str, bytes)) or id(x) in opened or len(opened) >= _MAX_OPENED:
         return None
-    if dataclasses.is_dataclass(x):
-        fields = [(f.name, getattr(x, f.name, _UNSET)) for f in dataclasses.fields(x)]
-        fields = [(n, v) for n, v in fields if v is not _UNSET]
-        return tuple(n for n, _ in fields), [v for _, v in fields]
-    if isinstance(x, Mapping):
-        keys = list(x.keys())
-        return tuple(keys), [x[k] for k in keys]
-    if isinstance(x, (list, tuple)):
-        return (), list(x)
-    attributes = getattr(x, "__dict__", None)
-    if isinstance(attributes, dict) and attributes and not callable(x):
-        return tuple(attributes), list(attributes.values())
+    try:
+        if dataclasses.is_dataclass(x):
+            fields = [(f.name, getattr(x, f.name, _UNSET)) for f in dataclasses.fields(x)]
+            fields = [(n, v) for n, v in fields if v is not _UNSET]
+            return tuple(n for n, _ in fields), [v for _, v in fields]
+        if isinstance(x, Mapping):
+            keys = list(x.keys())
+            return tuple(keys), [x[k] for k in keys]
+        if isinstance(x, (list, tuple)):
+            return (), list(x)
+        attributes = getattr(x, "__dict__", None)
+        if isinstance(attributes, dict) and not callable(x) and _holds_tensor(attributes.values()):
+            return tuple(attributes), list(attributes.values())
+    except Exception:  # an item or attribute that cannot be read: the container stays one leaf
+        return None
     return None
+
+
+def _holds_tensor(values: Iterable[UserValue]) -> bool:
+    """Whether one of ``values`` is a tensor, or a pytree container holding one (no deeper look)."""
+    return any(
+        isinstance(v, torch.Tensor) or any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(v))
+        for v in values
+    )
 
 
 def versions(inputs: ReplayInputs) -> tuple[pytree.TreeSpec, list[tuple[int, int]]]:

@@ -104,3 +104,43 @@ def test_the_roots_backward_is_replayed_whatever_holds_its_output(kind: str) -> 
     assert lin.bwd_flops == 512.0
     assert root.bwd_flops == 512.0 and root.bwd_ms > 0.0, (root.bwd_flops, root.details.get("no_backward"))
     assert "no_backward" not in root.details
+
+
+@dataclasses.dataclass
+class Node2:
+    """Two fields pointing at one next level: 2^depth paths to the tensor at the bottom."""
+
+    a: object
+    b: object
+
+
+def test_a_container_met_twice_is_opened_once_so_shared_structure_stays_small() -> None:
+    y = torch.randn(2)
+    out: object = (y,)
+    for _ in range(18):
+        out = Node2(out, out)
+    # Opened along every path, depth 18 gave 2^18 = 262 144 leaves and took seconds per call. Each level is
+    # now opened once, at its first path: levels 18 to 2 each keep their second field (the level below, met
+    # again) whole, 17 leaves; level 1's two fields are the bottom tuple, a pytree container flattened at
+    # each: its tensor twice. 17 + 2 = 19.
+    leaves = flatten_output(out)[0]
+    assert [x is y for x in leaves if isinstance(x, torch.Tensor)] == [True, True] and len(leaves) == 19
+
+
+def test_objects_without_tensors_and_unreadable_ones_stay_leaves() -> None:
+    import logging
+
+    class WithLogger:
+        def __init__(self, y: torch.Tensor) -> None:
+            self.logits = y
+            self.log = logging.getLogger("torch")  # its attributes hold no tensor: not opened
+
+    class Unreadable(dict):  # type: ignore[type-arg]
+        def __getitem__(self, key: object) -> object:
+            raise RuntimeError("no item for you")
+
+    y = torch.randn(2)
+    leaves = flatten_output(WithLogger(y))[0]
+    assert len(leaves) == 2 and leaves[0] is y and isinstance(leaves[1], logging.Logger)
+    broken = Unreadable(logits=y)
+    assert flatten_output(broken)[0] == [broken]  # its keys are listed, its items raise: kept whole
