@@ -124,16 +124,20 @@ def infer_dtype(
     cfg: BenchmarkConfig,
     forward_context: Callable[[], AbstractContextManager[object]] | None = None,
 ) -> str:
-    """The peak key MFU is judged by: ``cfg.dtype``; else the autocast the replays run under on ``device``'s
-    type (the caller's, around ``profile_components``, or the one ``forward_context`` enters: the step's
-    ``*-mixed`` precision); else the model's first floating parameter's (``fp32`` on CUDA with TF32 matmuls
-    allowed is ``tf32``)."""
+    """The peak key MFU is judged by: ``cfg.dtype``; else, for a model whose first floating parameter is
+    float32, the autocast the replays run under on ``device``'s type (the caller's, around
+    ``profile_components``, or the one ``forward_context`` enters: the step's ``*-mixed`` precision); else
+    that parameter's dtype (``fp32`` on CUDA with TF32 matmuls allowed is ``tf32``).
+
+    Autocast casts float32 only: a float64 model under it still computes in float64. What this cannot see: a
+    forward that turns autocast off inside itself (its matmuls run in float32 and are judged by the
+    autocast dtype's peak: pass ``dtype`` then)."""
     if cfg.dtype is not None:
         return resolve_dtype(cfg.dtype)[1]
-    autocast = _autocast_dtype(device, forward_context)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    autocast = _autocast_dtype(device, forward_context) if dtype == torch.float32 else None
     if autocast is not None:
         return resolve_dtype(autocast)[1]
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     key = resolve_dtype(dtype)[1]
     if key == "fp32" and device.type == "cuda" and torch.get_float32_matmul_precision() != "highest":
         return "tf32"

@@ -26,6 +26,9 @@ def test_the_option_comes_first_then_autocast_then_the_parameters() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the caller's, around profile_components
         assert infer_dtype(model, CPU, plain) == "bf16"
         assert infer_dtype(model, CPU, BenchmarkConfig(dtype="fp32")) == "fp32"  # the option wins
+        # Autocast casts float32 alone: a float64 model under it computes in float64 (a reviewer's case:
+        # judged by the bf16 peak, its MFU read 8x low).
+        assert infer_dtype(nn.Linear(2, 2).double(), CPU, plain) == "fp64"
 
     # The step's precision, entered around each replay (a "bf16-mixed" snapshot, the callback's fork child).
     def mixed() -> contextlib.AbstractContextManager[object]:
