@@ -9,6 +9,7 @@ for the weight's gradient plus one for the input's when the input requires grad.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Callable
 
@@ -150,10 +151,24 @@ def test_a_scripted_root_is_replayed_whole() -> None:
     assert (report.row("").fwd_flops, report.row("").bwd_flops) == (2 * ROWS * FEATURES * FEATURES,) * 2
 
 
+class _Pause(nn.Module):
+    """30 ms of sleep, then ``Linear(OUT, OUT)``: most of the step, so that no leaf of "0" reaches a fifth of
+    it (a top hotspot, replayed) even when a busy machine preempts its in-situ pass for a few ms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(OUT, OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.03)
+        return self.lin(x)
+
+
 def test_a_script_module_left_in_situ_claims_no_census_counts() -> None:
-    # descend_share=1: the root is replayed, "0" (share < 1: "1" holds time too) is left in situ and nothing
-    # below it is descended into: its rows take the census's counts, which cannot see inside a ScriptModule
-    model = nn.Sequential(Net(_script), nn.Linear(OUT, OUT))
+    # descend_share=1: the root is replayed, "0" (share < 1: "1" holds most of the time) is left in situ and
+    # nothing below it is descended into: its rows take the census's counts, which cannot see inside a
+    # ScriptModule
+    model = nn.Sequential(Net(_script), _Pause())
     report = profile_components(
         model, (torch.randn(ROWS, FEATURES),), descend_share=1.0, peak_flops=1e11, peak_bandwidth=1e10, **FAST
     )
